@@ -1,0 +1,185 @@
+"""`RolloutBatch`: the object that flows through one RL step (rollout -> score -> filter -> advantages -> update).
+
+Layout is prompt-major: sample ``b = p * n + s`` is sample ``s`` of prompt ``p``, so any per-sample tensor ``x`` of
+shape ``[P*N]`` views as groups with ``x.view(P, N)`` (see :meth:`RolloutBatch.grouped`).
+
+    batch = rollout(engine, items, n=16)       # engines fill tokens, logprobs, lengths, texts
+    batch = score(batch)                       # rewards fill `rewards` and `correct`
+    batch.to_pandas().head()                   # or just display `batch` in Jupyter for an HTML table
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    prompts: list  # [P] prompt strings as given to the engine
+    prompt_ids: list  # [P] lists of prompt token ids (the trainer re-runs prompt + response)
+    n: int  # rollouts per prompt (N)
+    response_ids: torch.Tensor  # [P*N, T] long, padded with `pad_id` past each length
+    logprobs: torch.Tensor  # [P*N, T] float32, engine's log pi(token) at the sampling temperature, 0 on padding
+    lengths: torch.Tensor  # [P*N] long, response tokens including a generated EOS
+    truncated: torch.Tensor  # [P*N] bool, hit max_new_tokens without EOS
+    texts: list  # [P*N] decoded responses (special tokens stripped)
+    pad_id: int = 0
+    items: Optional[list] = None  # [P] task items (tasks.TaskItem) the prompts came from, used by score()
+    rewards: Optional[torch.Tensor] = None  # [P*N] float32
+    correct: Optional[torch.Tensor] = None  # [P*N] bool
+    meta: dict = field(default_factory=dict)  # engine name, sampling settings, timings
+
+    # ---- shape helpers --------------------------------------------------------------------------------------------
+    @property
+    def num_prompts(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def size(self) -> int:
+        return self.num_prompts * self.n
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def prompt_index(self) -> torch.Tensor:  # [P*N]
+        return torch.arange(self.num_prompts).repeat_interleave(self.n)
+
+    @property
+    def sample_index(self) -> torch.Tensor:  # [P*N]
+        return torch.arange(self.n).repeat(self.num_prompts)
+
+    @property
+    def response_mask(self) -> torch.Tensor:  # [P*N, T] bool, True on real response tokens
+        t = torch.arange(self.response_ids.shape[1])
+        return t[None, :] < self.lengths[:, None]
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """View a per-sample tensor [P*N, ...] as groups [P, N, ...]."""
+        return x.view(self.num_prompts, self.n, *x.shape[1:])
+
+    def group(self, p: int) -> "RolloutBatch":
+        """The N samples of prompt ``p`` as a batch of one prompt."""
+        return self.select_prompts([p])
+
+    def select_prompts(self, keep: Sequence[int] | torch.Tensor) -> "RolloutBatch":
+        """A batch with only the given prompts (and all their samples), in the given order."""
+        keep = torch.as_tensor(keep, dtype=torch.long).reshape(-1)
+        rows = (keep[:, None] * self.n + torch.arange(self.n)[None, :]).reshape(-1)  # [len(keep)*N]
+        pick = lambda xs: [xs[i] for i in keep.tolist()]  # noqa: E731
+        take = lambda t: None if t is None else t[rows]  # noqa: E731
+        return replace(
+            self,
+            prompts=pick(self.prompts),
+            prompt_ids=pick(self.prompt_ids),
+            items=None if self.items is None else pick(self.items),
+            response_ids=self.response_ids[rows],
+            logprobs=self.logprobs[rows],
+            lengths=self.lengths[rows],
+            truncated=self.truncated[rows],
+            texts=[self.texts[i] for i in rows.tolist()],
+            rewards=take(self.rewards),
+            correct=take(self.correct),
+            meta=dict(self.meta),
+        )
+
+    @staticmethod
+    def concat(batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+        """Join batches with the same N (e.g. dynamic-sampling refill rounds) into one, prompts in order."""
+        batches = [b for b in batches if b.num_prompts > 0] or list(batches[:1])
+        if not batches:
+            raise ValueError("RolloutBatch.concat: got no batches")
+        if len({b.n for b in batches}) != 1:
+            raise ValueError(f"RolloutBatch.concat: batches have different n: {[b.n for b in batches]}")
+        width = max(b.response_ids.shape[1] for b in batches)
+
+        def pad(t: torch.Tensor, value) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+        def cat_opt(name):
+            vals = [getattr(b, name) for b in batches]
+            return None if any(v is None for v in vals) else torch.cat(vals)
+
+        first = batches[0]
+        return replace(
+            first,
+            prompts=[p for b in batches for p in b.prompts],
+            prompt_ids=[p for b in batches for p in b.prompt_ids],
+            items=None if any(b.items is None for b in batches) else [i for b in batches for i in b.items],
+            response_ids=torch.cat([pad(b.response_ids, first.pad_id) for b in batches]),
+            logprobs=torch.cat([pad(b.logprobs, 0.0) for b in batches]),
+            lengths=torch.cat([b.lengths for b in batches]),
+            truncated=torch.cat([b.truncated for b in batches]),
+            texts=[t for b in batches for t in b.texts],
+            rewards=cat_opt("rewards"),
+            correct=cat_opt("correct"),
+            meta=dict(first.meta),
+        )
+
+    def validate(self) -> "RolloutBatch":
+        """Check shapes and invariants; returns self so engines can ``return batch.validate()``."""
+        B = self.size
+        if len(self.prompt_ids) != self.num_prompts:
+            raise ValueError(f"RolloutBatch: {len(self.prompt_ids)} prompt_ids for {self.num_prompts} prompts")
+        if self.response_ids.ndim != 2 or self.response_ids.shape[0] != B:
+            raise ValueError(f"RolloutBatch.response_ids: shape {tuple(self.response_ids.shape)}, expected [{B}, T]")
+        if self.logprobs.shape != self.response_ids.shape:
+            raise ValueError(f"RolloutBatch.logprobs: shape {tuple(self.logprobs.shape)} != response_ids "
+                             f"{tuple(self.response_ids.shape)}")
+        for name in ("lengths", "truncated"):
+            if getattr(self, name).shape != (B,):
+                raise ValueError(f"RolloutBatch.{name}: shape {tuple(getattr(self, name).shape)}, expected [{B}]")
+        if len(self.texts) != B:
+            raise ValueError(f"RolloutBatch.texts: {len(self.texts)} texts for {B} samples")
+        if B and (self.lengths.min() < 0 or self.lengths.max() > self.response_ids.shape[1]):
+            raise ValueError("RolloutBatch.lengths: outside [0, T]")
+        return self
+
+    # ---- display --------------------------------------------------------------------------------------------------
+    def to_pandas(self):
+        """One row per sample: prompt/sample index, text, length, truncated, sum logprob, reward, correct."""
+        import pandas as pd
+
+        mask = self.response_mask
+        data: dict[str, Any] = {
+            "prompt_index": self.prompt_index.numpy(),
+            "sample_index": self.sample_index.numpy(),
+            "prompt": [self.prompts[p] for p in self.prompt_index.tolist()],
+            "response": self.texts,
+            "length": self.lengths.numpy(),
+            "truncated": self.truncated.numpy(),
+            "logprob_sum": (self.logprobs * mask).sum(1).numpy(),
+        }
+        if self.rewards is not None:
+            data["reward"] = self.rewards.numpy()
+        if self.correct is not None:
+            data["correct"] = self.correct.numpy()
+        return pd.DataFrame(data)
+
+    def summary(self) -> dict:
+        """Plain numbers for a metrics row."""
+        out = {"prompts": self.num_prompts, "rollouts_per_prompt": self.n, "samples": self.size,
+               "response_length_mean": float(self.lengths.float().mean()) if self.size else 0.0,
+               "response_length_max": int(self.lengths.max()) if self.size else 0,
+               "truncation_rate": float(self.truncated.float().mean()) if self.size else 0.0}
+        if self.rewards is not None and self.size:
+            out["reward_mean"] = float(self.rewards.mean())
+        if self.correct is not None and self.size:
+            out["pass_at_1"] = float(self.correct.float().mean())
+        return out
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"RolloutBatch(prompts={s['prompts']}, n={self.n}, samples={s['samples']}, "
+                f"T={self.response_ids.shape[1]}, mean_len={s['response_length_mean']:.1f}"
+                + (f", pass@1={s['pass_at_1']:.3f}" if "pass_at_1" in s else "") + ")")
+
+    def _repr_html_(self, samples_per_prompt: int = 3, max_prompts: int = 4) -> str:
+        df = self.to_pandas()
+        df = df[(df.sample_index < samples_per_prompt) & (df.prompt_index < max_prompts)]
+        return (f"<p><b>{html.escape(repr(self))}</b> (showing {samples_per_prompt} samples of the first "
+                f"{max_prompts} prompts)</p>" + df.to_html(index=False, max_colwidth=80))
