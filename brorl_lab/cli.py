@@ -1,0 +1,247 @@
+"""``python -m brorl_lab <command>``: demo, train, eval, sweep, bench.
+
+Every Config field is a ``train`` option (``--rollouts-per-prompt 512``), and ``--config run.yaml`` reads a file
+of the same fields; options override the file. Everything is validated before any work starts, and a bad value
+ends with one line naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .config import Config, ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+FLAGSHIP = "02_rollout_scaling.ipynb"
+THEORY = "01_mass_balance_theory.ipynb"
+
+
+# ---- Config fields as options ------------------------------------------------------------------------------------
+def _none_or(cast):
+    def parse(s: str):
+        return None if s.lower() in ("none", "null", "") else cast(s)
+
+    parse.__name__ = getattr(cast, "__name__", "value")
+    return parse
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(Config)
+    group = parser.add_argument_group("config fields (see brorl_lab/config.py; each help cites its paper)")
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        hint, optional = hints[f.name], False
+        if typing.get_origin(hint) is typing.Union:
+            hint, optional = next(a for a in typing.get_args(hint) if a is not type(None)), True
+        helptext = f.metadata.get("help", "").replace("%", "%%")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
+        if hint is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif hint is list:
+            elem = type(f.default_factory()[0]) if f.default_factory is not dataclasses.MISSING else str  # type: ignore
+            group.add_argument(flag, nargs="+", type=elem, metavar=elem.__name__.upper(), **kw)
+        else:
+            cast = {int: int, float: float, str: str}.get(hint, str)
+            group.add_argument(flag, type=_none_or(cast) if optional else cast, metavar=cast.__name__.upper(), **kw)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """File fields, then command-line overrides; validated once, as a whole."""
+    data: dict = {}
+    if getattr(args, "config", None):
+        import yaml
+
+        path = Path(args.config)
+        if not path.exists():
+            raise ConfigError(f"--config: file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--config: {path} must hold a mapping of config fields")
+        data.update(loaded)
+    data.update({f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if hasattr(args, f.name)})
+    return Config.from_dict(data)
+
+
+# ---- commands -------------------------------------------------------------------------------------------------------
+def cmd_train(args) -> int:
+    from .trainer import Trainer
+
+    if args.resume:
+        trainer = Trainer.resume(args.resume, progress=not args.quiet)
+    else:
+        cfg = config_from_args(args)
+        trainer = Trainer(cfg, progress=not args.quiet)
+    with trainer:
+        df = trainer.run()
+    print(f"run directory: {trainer.run.path}")
+    print(f"metrics: {trainer.run.metrics_path} ({len(df)} rows)")
+    evals = [c for c in df.columns if c.startswith("eval/") and c.endswith("pass@1")]
+    if evals:
+        print(df[["step", *evals]].dropna().tail(3).to_string(index=False))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from .engines import make_engine
+    from .engines.base import SamplingParams
+    from .evaluation import evaluate
+    from .models import load_policy
+    from .tasks import TASKS
+
+    for t in args.tasks:
+        TASKS.get(t)  # one clear error for an unknown family
+    policy, tok = load_policy(args.model)
+    engine = make_engine(args.engine, policy, tok)
+    template = args.template if args.template != "auto" else ("plain" if args.model == "default" else "chat")
+    try:
+        res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
+                       sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                               max_new_tokens=args.max_new_tokens, seed=args.seed),
+                       template=template)
+    finally:
+        engine.close()
+    table = res.table()
+    print(f"model={args.model} engine={args.engine} samples={args.samples} prompts<={args.prompts} "
+          f"temperature={args.temperature} top_p={args.top_p} seed={args.seed}")
+    print(table.to_string(float_format=lambda x: f"{x:.3f}"))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res.metrics, indent=2))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .sweep import run_notebook
+
+    nb = NOTEBOOKS / (FLAGSHIP if (NOTEBOOKS / FLAGSHIP).exists() else THEORY)
+    out = Path(args.out)
+    params = {}
+    for kv in args.param or []:
+        k, _, v = kv.partition("=")
+        params[k] = _literal(v)
+    print(f"running {nb.name} under papermill -> {out}/ (progress below; this takes a while on a CPU)")
+    status = run_notebook(nb, out, params, progress=True)
+    print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else ""))
+    print(f"executed notebook: {out / nb.name}")
+    if status.get("html"):
+        print(f"html export:       {status['html']}")
+    pngs = sorted(out.glob("*.png"))
+    if pngs:
+        print("figures:           " + ", ".join(str(p) for p in pngs))
+    if (out / "metrics.parquet").exists():
+        print(f"metrics:           {out / 'metrics.parquet'}")
+    return 0 if status["status"] == "finished" else 1
+
+
+def cmd_sweep(args) -> int:
+    from .sweep import run_sweep
+
+    nb = Path(args.notebook)
+    if not nb.exists() and (NOTEBOOKS / args.notebook).exists():
+        nb = NOTEBOOKS / args.notebook
+    grid: dict = {}
+    for kv in args.grid or []:
+        k, _, v = kv.partition("=")
+        if not v:
+            raise ConfigError(f"--grid: got {kv!r}; allowed: name=v1,v2,...")
+        grid[k] = [_literal(x) for x in v.split(",")]
+    base = {}
+    for kv in args.param or []:
+        k, _, v = kv.partition("=")
+        base[k] = _literal(v)
+    df = run_sweep(nb, grid or {"seed": [0]}, out=args.out, parallel=args.parallel, base=base)
+    print(df.to_string(index=False))
+    print(f"index: {Path(args.out) / 'index.parquet'}")
+    return 0 if (df["status"] == "finished").all() else 1
+
+
+def cmd_bench(args) -> int:
+    sys.path.insert(0, str(REPO))
+    try:
+        from bench import run_all
+    except ImportError as e:
+        raise ConfigError(f"bench: the bench/ package is not available ({e})") from e
+    return run_all.main(only=args.only, smoke=args.smoke, json_path=args.json)
+
+
+def _literal(s: str) -> Any:
+    import ast
+
+    try:
+        return ast.literal_eval(s)
+    except (ValueError, SyntaxError):
+        return s
+
+
+# ---- parser ---------------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,sweep,bench}")
+
+    d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
+    d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    d.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="notebook parameter override")
+    d.set_defaults(func=cmd_demo)
+
+    t = sub.add_parser("train", help="train with a config (options and/or --config YAML)")
+    t.add_argument("--config", help="YAML file of config fields")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_options(t)
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="pass@k of a model on the frozen eval sets")
+    e.add_argument("--model", default="default")
+    e.add_argument("--engine", default="torch")
+    e.add_argument("--tasks", nargs="+", required=False, default=None)
+    e.add_argument("--samples", type=int, default=8)
+    e.add_argument("--k", type=int, nargs="+", default=[1])
+    e.add_argument("--prompts", type=int, default=200)
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--top-p", type=float, default=1.0)
+    e.add_argument("--max-new-tokens", type=int, default=16)
+    e.add_argument("--template", default="auto", choices=["auto", "plain", "chat"])
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--json", help="also write the metrics as JSON here")
+    e.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("sweep", help="run a notebook over a parameter grid with papermill")
+    s.add_argument("notebook", help="notebook path or name under notebooks/")
+    s.add_argument("--grid", "-g", action="append", metavar="NAME=V1,V2", help="a swept parameter")
+    s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="a fixed parameter")
+    s.add_argument("--out", default="runs/sweeps/sweep", help="sweep directory")
+    s.add_argument("--parallel", type=int, default=1, help="runs at a time (each gets cores // parallel threads)")
+    s.set_defaults(func=cmd_sweep)
+
+    b = sub.add_parser("bench", help="benchmarks: ratios against peers, measured side by side")
+    b.add_argument("--only", nargs="+", help="run only these figures")
+    b.add_argument("--smoke", action="store_true", help="tiny sizes (what the tests run)")
+    b.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "tasks", "x") is None:
+        from .registry import task_names
+
+        args.tasks = [t for t in task_names() if t != "code"]
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError) as e:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
