@@ -1,1 +1,53 @@
-"""(family module: registers its families with brorl_lab.tasks.register_task)"""
+r"""Math families verified by math-verify: questions from reasoning-gym generators, answers checked symbolically.
+
+The answer is extracted first (``<answer>`` tags, ``\boxed{}``, or the plain first line; see :mod:`.templates`) and
+capped at ``MAX_ANSWER_CHARS``, then ``math_verify.verify(parse(reference), parse(answer))`` decides: reward 1 and
+correct iff they are mathematically equal (``13``, ``13.0``, ``\frac{26}{2}`` and ``x = 13`` all match ``13``).
+
+math-verify's own timeouts use ``signal.alarm``, which fails outside the main thread (papermill kernels, Ray actors,
+thread pools), so it is called with ``parsing_timeout=None`` / ``timeout_seconds=None`` and its run time is bounded by
+the answer-length cap instead.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from . import register_task
+from .base import TaskItem
+from .gym import GymFamily
+from .templates import CHAT_BOXED
+
+# name -> (reasoning-gym dataset, difficulty config, description)
+MATH_FAMILIES: dict[str, tuple[str, dict, str]] = {
+    "simple_equations": ("simple_equations", dict(min_terms=2, max_terms=2, min_value=1, max_value=10),
+                         "solve a*x + b = c for x, values 1..10, verified by math-verify"),
+}
+
+
+@lru_cache(maxsize=4096)
+def _parse(text: str):
+    from math_verify import parse
+
+    return parse(text, parsing_timeout=None)
+
+
+def math_equal(reference: str, answer: str) -> bool:
+    """``True`` iff math-verify finds ``answer`` equal to ``reference`` (both short strings)."""
+    from math_verify import verify
+
+    gold, pred = _parse(reference), _parse(answer)
+    return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
+
+
+class MathVerifyFamily(GymFamily):
+    """A reasoning-gym question generator whose answers are checked by math-verify instead of ``score_answer``."""
+
+    chat_instruction = CHAT_BOXED
+
+    def verify(self, answer: str, item: TaskItem) -> float:
+        return 1.0 if math_equal(item.answer, answer) else 0.0
+
+
+for _name, (_dataset, _config, _description) in MATH_FAMILIES.items():
+    register_task(MathVerifyFamily(_name, _dataset, _config, _description))
