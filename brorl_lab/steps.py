@@ -13,7 +13,6 @@ Each returns a plain value a notebook can display (RolloutBatch renders as an HT
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -143,44 +142,49 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     # Mini-batches split whole groups, so each optimizer step sees complete groups.
     groups = torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step)
     snapshot = _snapshot(policy, optimizer) if len(groups) > 1 else None
-    sums: dict[str, float] = {}
+    per_minibatch: list[dict] = []
     for g in groups:
         rows = (g[:, None] * batch.n + torch.arange(batch.n)[None, :]).reshape(-1)  # [|g|*N]
-        norm = {"num_tokens": float(mask[rows].sum().clamp(min=1)), "num_seqs": float(len(rows)),
-                "max_response_len": int(batch.response_ids.shape[1])}
+        # The mini-batch's global normalisers, so micro-batch losses (and gradients) add up to the mini-batch's.
+        norm = {"num_tokens": max(1, int(mask[rows].sum())), "num_seqs": len(rows),
+                "max_response_len": cfg.max_new_tokens}
         optimizer.zero_grad(set_to_none=True)
+        parts: list[dict] = []
         for mb in micro_batches(token_counts[rows], cfg.train_micro_batch_tokens):
             r = rows[mb]
             logp, ent = token_logprobs(policy, batch, r, temperature=temperature, with_entropy=True)  # [b, T]
             m = mask[r].to(device)
-            A = adv[r].to(device)
-            loss, met = loss_fn(logp, old_logprobs[r].to(device), A, m, eps_low=cfg.eps_low,
+            loss, met = loss_fn(logp, old_logprobs[r].to(device), adv[r].to(device), m, eps_low=cfg.eps_low,
                                 eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
                                 tis_weights=None if tis is None else tis[r].to(device), **norm)
-            kl = torch.zeros((), device=device)
-            if ref_logprobs is not None:
+            met = {**met, "policy_loss": met["loss"]}
+            if ref_logprobs is not None:  # L += beta * KL(pi || pi_ref)
                 kl = algo.aggregate(algo.kl_penalty(logp, ref_logprobs[r].to(device), cfg.kl_estimator), m,
                                     cfg.loss_agg, **norm)
                 loss = loss + cfg.kl_beta * kl
-            ent_agg = algo.aggregate(ent, m, cfg.loss_agg, **norm)
+                met["kl"] = kl.item()
+            ent_agg = algo.aggregate(ent, m, cfg.loss_agg, **norm)  # H of the full distribution, not the NLL
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * ent_agg
+            met.update(loss=loss.item(), entropy=ent_agg.item())
             if not torch.isfinite(loss):
+                optimizer.zero_grad(set_to_none=True)
                 _restore(policy, optimizer, snapshot)
-                raise NonFiniteError(f"loss is {loss.item()} (policy loss {met.get('loss', float('nan'))})")
+                raise NonFiniteError(f"loss is {loss.item()} (policy loss {met['policy_loss']})")
             loss.backward()
-            # Each micro-batch's pieces are already scaled by the mini-batch normalisers: sums add up.
-            _accumulate(sums, {"loss": loss.item(), "kl": kl.item(), "entropy": ent_agg.item()})
-            _accumulate(sums, {k: v for k, v in met.items() if k != "loss"}, weight=len(r) / len(rows))
+            parts.append(met)
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             _restore(policy, optimizer, snapshot)
             raise NonFiniteError(f"gradient norm is {grad_norm.item()}")
-        _accumulate(sums, {"grad_norm": grad_norm.item()})
         optimizer.step()
-    k = len(groups)
-    return UpdateReport({name: v / k for name, v in sums.items()}, optimizer_steps=k)
+        per_minibatch.append({**algo.merge_metrics(parts), "grad_norm": grad_norm.item()})
+    k = len(per_minibatch)
+    keys = [key for key in per_minibatch[0] if key not in ("tokens",) and not key.endswith(("_tokens", "_sum"))]
+    metrics = {key: sum(mb.get(key, 0.0) for mb in per_minibatch) / k for key in keys}  # mean over mini-batches
+    metrics["train_tokens"] = sum(mb.get("tokens", 0.0) for mb in per_minibatch)
+    return UpdateReport(metrics, optimizer_steps=k)
 
 
 def sync(engine: RolloutEngine, policy: torch.nn.Module) -> None:
@@ -189,12 +193,6 @@ def sync(engine: RolloutEngine, policy: torch.nn.Module) -> None:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
-def _accumulate(sums: dict, values: dict, weight: float = 1.0) -> None:
-    for name, v in values.items():
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            sums[name] = sums.get(name, 0.0) + weight * float(v)
-
-
 def _snapshot(policy, optimizer):
     """Copies to roll back a multi-mini-batch step whose later mini-batch turns out non-finite."""
     import copy
