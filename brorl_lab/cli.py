@@ -71,12 +71,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 # ---- commands -------------------------------------------------------------------------------------------------------
 def cmd_train(args) -> int:
+    cfg = None if args.resume else config_from_args(args)  # validate before importing anything heavy
     from .trainer import Trainer
 
     if args.resume:
         trainer = Trainer.resume(args.resume, progress=not args.quiet)
     else:
-        cfg = config_from_args(args)
         trainer = Trainer(cfg, progress=not args.quiet)
     with trainer:
         df = trainer.run()
