@@ -307,16 +307,17 @@ def _loss_metrics(loss: torch.Tensor, mask: torch.Tensor, log_ratio: Optional[to
     """Sums and counts over the real tokens of one micro-batch, plus the means they give (see merge_metrics)."""
     with torch.no_grad():
         count = lambda x: float(x.sum()) if x is not None else 0.0  # noqa: E731
-        sums = {"loss": float(loss), "tokens": count(mask), "clip_low_tokens": count(clip_low),
+        wide = lambda x: x.to(torch.promote_types(x.dtype, torch.float32))[mask]  # noqa: E731  [tokens], >= fp32
+        sums = {"loss": loss.detach().item(), "tokens": count(mask), "clip_low_tokens": count(clip_low),
                 "clip_high_tokens": count(clip_high)}
         if log_ratio is not None:
-            log_r = log_ratio.float()[mask]  # [tokens] log pi_theta - log pi_old
+            log_r = wide(log_ratio)  # [tokens] log pi_theta - log pi_old
             ratio = log_r.exp()
             sums["ratio_sum"] = float(ratio.sum())
             # k3 estimate of KL(pi_old || pi_theta) from tokens sampled by pi_old: (r - 1) - log r >= 0
             sums["approx_kl_sum"] = float((ratio - 1 - log_r).sum())
         if tis_weights is not None:
-            sums["tis_weight_sum"] = float(tis_weights.float()[mask].sum())
+            sums["tis_weight_sum"] = float(wide(tis_weights).sum())
         return _with_means(sums)
 
 
