@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from brorl_lab import algo, registry
@@ -429,11 +429,19 @@ def test_k2_clamps_the_log_ratio_at_ten():
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.floats(-30, 0), st.floats(-30, 0)), min_size=1, max_size=8))
+@example([(-2.0966257572231344e-10, 0.0)])  # exp(d) - d - 1 gives -1.1e-16 here
 def test_k3_and_k2_are_non_negative(pairs):
     logp = torch.tensor([[a for a, _ in pairs]], dtype=torch.float64)
     ref = torch.tensor([[b for _, b in pairs]], dtype=torch.float64)
     for name in ("k2", "k3"):
         assert bool((kl_penalty(logp, ref, name) >= 0).all())
+
+
+def test_k3_is_accurate_near_the_reference_in_float32():
+    d = [1e-3, 1e-4, -1e-5]  # log pi_ref - log pi
+    k3 = kl_penalty(torch.zeros(1, 3), torch.tensor([d]), "k3")  # float32
+    # Taylor: k3 = d^2/2 + O(d^3); the naive float32 exp(d) - d - 1 gives 0.0 for the last two and 5% off the first
+    assert_close([k / (x * x / 2) for k, x in zip(as_list(k3), d)], [1.0, 1.0, 1.0], tol=2e-3)
 
 
 def test_k1_and_k3_are_unbiased_for_the_kl_under_sampling_from_pi():
