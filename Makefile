@@ -32,11 +32,11 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt
 	$(BIN)/python -c "import torch; assert not torch.version.cuda, 'a CUDA torch was installed: ' + torch.__version__"
 	@touch $@
 
-demo: env
+demo: env browser-deps
 	$(BIN)/python -m brorl_lab demo
 
-# Chromium for the real-browser test (Debian packages; needs root or passwordless sudo). Where it cannot be
-# installed the browser test skips and says why.
+# Chromium for the real-browser test and for kaleido's PNG export (Debian packages; needs root or passwordless sudo).
+# Where it cannot be installed the browser test skips and says why, and notebooks skip PNG export.
 browser-deps:
 	@if [ -x /usr/bin/chromium ]; then :; \
 	elif [ "$$(id -u)" = 0 ]; then (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || echo "chromium could not be installed: the browser test will skip"; \
