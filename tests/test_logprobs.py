@@ -1,0 +1,170 @@
+"""The trainer's log-prob recomputation against a plain per-row forward of a real (tiny) transformers Qwen2."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from brorl_lab.batch import RolloutBatch
+from brorl_lab.logprobs import compute_logprobs, micro_batches, pack, row_token_counts, token_logprobs
+from helpers_models import tiny_qwen2, tiny_tokenizer
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return tiny_qwen2(len(tok), seed=3)
+
+
+def hand_batch(tok, prompts, n, T, seed=0):
+    """A RolloutBatch built directly (not by an engine): random response tokens, ragged lengths incl. 1 and T."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = [tok(p)["input_ids"] for p in prompts]
+    B = len(prompts) * n
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0], lengths[-1] = T, 1
+    ids = torch.randint(3, len(tok), (B, T), generator=g)
+    ids = torch.where(torch.arange(T)[None] < lengths[:, None], ids, tok.pad_token_id)
+    return RolloutBatch(prompts=list(prompts), prompt_ids=prompt_ids, n=n, response_ids=ids,
+                        logprobs=torch.zeros(B, T), lengths=lengths, truncated=lengths == T,
+                        texts=[""] * B, pad_id=tok.pad_token_id).validate()
+
+
+def naive_row(model, batch, b, temperature):
+    """Reference: one unpadded forward of prompt + response for row b; full log-softmax over all positions."""
+    x = batch.prompt_ids[b // batch.n]
+    L = int(batch.lengths[b])
+    y = batch.response_ids[b, :L].tolist()
+    z = model(torch.tensor([x + y])).logits[0].float() / temperature  # [len(x)+L, V]
+    logp_all = torch.log_softmax(z[len(x) - 1: len(x) - 1 + L], dim=-1)  # [L, V]
+    logp = logp_all.gather(-1, torch.tensor(y)[:, None])[:, 0]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+PROMPTS = ["What is 12+7?", "hi", "Count: 1 2 3 4 5 6 7 8"]
+
+
+# ---- micro_batches ---------------------------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=40), st.integers(1, 120))
+def test_micro_batches_cover_in_order_within_budget_and_greedy(counts, budget):
+    groups = micro_batches(torch.tensor(counts, dtype=torch.long), budget)
+    assert [i for g in groups for i in g.tolist()] == list(range(len(counts)))
+    for j, g in enumerate(groups):
+        total = sum(counts[i] for i in g.tolist())
+        assert total <= budget or len(g) == 1
+        if j + 1 < len(groups):  # greedy: the next row would not have fitted
+            assert total + counts[groups[j + 1][0]] > budget
+
+
+def test_micro_batches_reject_bad_arguments():
+    with pytest.raises(ValueError, match="token_budget"):
+        micro_batches(torch.tensor([1, 2]), 0)
+    with pytest.raises(ValueError, match="token_budget"):
+        micro_batches(torch.tensor([1, 2]), 2.5)
+    with pytest.raises(ValueError, match="token_counts"):
+        micro_batches(torch.ones(2, 2), 10)
+
+
+# ---- pack --------------------------------------------------------------------------------------------------------------
+def test_pack_aligns_every_response_at_one_column(tok):
+    batch = hand_batch(tok, PROMPTS, n=2, T=5)
+    rows = torch.tensor([0, 3, 5])
+    p = pack(batch, rows)
+    S = max(len(x) for x in batch.prompt_ids)
+    assert p.start == S and p.width == int(batch.lengths[rows].max())
+    assert p.input_ids.shape == p.attention_mask.shape == p.position_ids.shape == (3, S + p.width)
+    for i, b in enumerate(rows.tolist()):
+        x = batch.prompt_ids[b // batch.n]
+        L = int(batch.lengths[b])
+        real = p.input_ids[i][p.attention_mask[i].bool()].tolist()
+        assert real == x + batch.response_ids[b, :L].tolist()
+        assert p.input_ids[i, S - len(x): S].tolist() == x  # prompt ends right before the response column
+        assert p.position_ids[i][p.attention_mask[i].bool()].tolist() == list(range(len(x) + L))
+    assert row_token_counts(batch).tolist() == [len(batch.prompt_ids[b // 2]) + int(batch.lengths[b])
+                                                for b in range(batch.size)]
+
+
+def test_pack_rejects_out_of_range_rows(tok):
+    batch = hand_batch(tok, PROMPTS, n=2, T=5)
+    with pytest.raises(ValueError, match="rows"):
+        pack(batch, [0, 6])
+    with pytest.raises(ValueError, match="rows"):
+        pack(batch, [])
+
+
+# ---- token_logprobs / compute_logprobs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_token_logprobs_match_a_plain_forward_per_row(model, tok, temperature):
+    batch = hand_batch(tok, PROMPTS, n=3, T=7, seed=1)
+    rows = torch.arange(batch.size)
+    with torch.no_grad():
+        logp, ent = token_logprobs(model, batch, rows, temperature=temperature, with_entropy=True)
+    assert logp.shape == ent.shape == batch.response_ids.shape
+    mask = batch.response_mask
+    assert (logp[~mask] == 0).all() and (ent[~mask] == 0).all()
+    for b in range(batch.size):
+        ref_lp, ref_ent = naive_row(model, batch, b, temperature)
+        L = int(batch.lengths[b])
+        torch.testing.assert_close(logp[b, :L], ref_lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent[b, :L], ref_ent, atol=1e-5, rtol=0)
+    # the entropy is of the whole distribution, not the sampled token's surprisal
+    assert (ent[mask] - (-logp[mask])).abs().max() > 0.1
+    assert (ent[mask] <= torch.log(torch.tensor(float(len(tok)))) + 1e-4).all()
+
+
+def test_token_logprobs_is_differentiable(tok):
+    model = tiny_qwen2(len(tok), seed=4).train()
+    batch = hand_batch(tok, PROMPTS, n=2, T=4)
+    logp, ent = token_logprobs(model, batch, [1, 2, 4], temperature=1.0, with_entropy=True)
+    assert logp.requires_grad and ent.requires_grad
+    (logp.sum() + 0.1 * ent.sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(list(model.parameters()))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert sum(float(g.abs().sum()) for g in grads) > 0
+
+
+def test_compute_logprobs_is_invariant_to_the_micro_batch_budget(model, tok):
+    batch = hand_batch(tok, PROMPTS, n=4, T=6, seed=2)
+    one_per_row = compute_logprobs(model, batch, temperature=0.8, micro_batch_tokens=1)
+    all_at_once, ent = compute_logprobs(model, batch, temperature=0.8, micro_batch_tokens=10_000, with_entropy=True)
+    assert one_per_row.shape == all_at_once.shape == ent.shape == (batch.size, 6)
+    assert not one_per_row.requires_grad
+    torch.testing.assert_close(one_per_row, all_at_once, atol=1e-5, rtol=0)
+    for b in (0, 5, batch.size - 1):
+        ref_lp, _ = naive_row(model, batch, b, 0.8)
+        torch.testing.assert_close(all_at_once[b, : len(ref_lp)], ref_lp, atol=1e-5, rtol=0)
+
+
+def test_memory_is_set_by_the_token_budget_and_only_response_logits_are_built(model, tok):
+    """Every forward carries at most `budget` real tokens, and the LM head only sees the response columns."""
+    batch = hand_batch(tok, PROMPTS, n=8, T=6, seed=5)
+    budget = 60
+    seen_tokens, head_inputs = [], []
+    h1 = model.register_forward_pre_hook(
+        lambda m, args, kw: seen_tokens.append(int(kw["attention_mask"].sum())), with_kwargs=True)
+    h2 = model.lm_head.register_forward_pre_hook(lambda m, args: head_inputs.append(tuple(args[0].shape)))
+    try:
+        compute_logprobs(model, batch, temperature=1.0, micro_batch_tokens=budget)
+    finally:
+        h1.remove()
+        h2.remove()
+    counts = row_token_counts(batch)
+    assert len(seen_tokens) == len(micro_batches(counts, budget)) > 1
+    assert max(seen_tokens) <= budget and sum(seen_tokens) == int(counts.sum())
+    assert all(width <= 6 + 1 for _, width, _ in head_inputs)  # [b, W+1, H], never the prompt columns
+
+
+def test_token_logprobs_rejects_bad_temperature(model, tok):
+    batch = hand_batch(tok, PROMPTS, n=1, T=3)
+    for bad in (0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="temperature"):
+            token_logprobs(model, batch, [0], temperature=bad)
