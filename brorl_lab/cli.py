@@ -80,8 +80,8 @@ def cmd_train(args) -> int:
         trainer = Trainer(cfg, progress=not args.quiet)
     with trainer:
         df = trainer.run()
-    print(f"run directory: {trainer.run.path}")
-    print(f"metrics: {trainer.run.metrics_path} ({len(df)} rows)")
+    print(f"run directory: {trainer.run_dir.path}")
+    print(f"metrics: {trainer.run_dir.metrics_path} ({len(df)} rows)")
     evals = [c for c in df.columns if c.startswith("eval/") and c.endswith("pass@1")]
     if evals:
         print(df[["step", *evals]].dropna().tail(3).to_string(index=False))

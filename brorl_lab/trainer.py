@@ -78,7 +78,7 @@ class Trainer:
         self.engine = engine if engine is not None else self._make_engine()
         self._own_engine = engine is None
         self.template = cfg.template if cfg.template != "auto" else ("plain" if cfg.model == "default" else "chat")
-        self.run = RunDir.create(cfg.run_dir, cfg.run_name or default_run_name(cfg)) if run_dir is None \
+        self.run_dir = RunDir.create(cfg.run_dir, cfg.run_name or default_run_name(cfg)) if run_dir is None \
             else RunDir(run_dir)
         self.progress = progress
         self.callbacks = list(callbacks)
@@ -87,8 +87,8 @@ class Trainer:
         self.cum = {"samples": 0, "tokens": 0, "wall_s": 0.0}
         self.bad_steps = 0
         self._stop = threading.Event()
-        self.run.write_config(cfg.to_dict())
-        self.run.write_environment()
+        self.run_dir.write_config(cfg.to_dict())
+        self.run_dir.write_environment()
 
     # ---- construction -----------------------------------------------------------------------------------------------
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -191,7 +191,7 @@ class Trainer:
             row["time/update"] = time.perf_counter() - t0
         if skipped:
             self.bad_steps += 1 if skipped.startswith("non-finite") else 0
-            self.run.log_event("skipped_step", step=step, reason=skipped)
+            self.run_dir.log_event("skipped_step", step=step, reason=skipped)
         else:
             self.bad_steps = 0
             t0 = time.perf_counter()
@@ -214,7 +214,7 @@ class Trainer:
             self.save_checkpoint()
             raise RuntimeError(f"stopping: {self.bad_steps} consecutive non-finite steps (max_bad_steps="
                                f"{c.max_bad_steps}); last: {skipped}. The last good state is checkpointed in "
-                               f"{self.run.checkpoint_dir}")
+                               f"{self.run_dir.checkpoint_dir}")
         return row
 
     def _adv_options(self) -> dict:
@@ -238,8 +238,8 @@ class Trainer:
             self.reference.load_state_dict(self.policy.state_dict())
         if self.cfg.reset_optimizer:
             self.optimizer = self._make_optimizer()
-        self.run.log_event("reset", step=step if step is not None else self.step_idx, reason=reason,
-                           optimizer_reset=self.cfg.reset_optimizer, reference_reset=self.reference is not None)
+        self.run_dir.log_event("reset", step=step if step is not None else self.step_idx, reason=reason,
+                               optimizer_reset=self.cfg.reset_optimizer, reference_reset=self.reference is not None)
 
     # ---- evaluation -----------------------------------------------------------------------------------------------------
     def evaluate(self, step: Optional[int] = None):
@@ -262,8 +262,8 @@ class Trainer:
             row["time/eval"] = time.perf_counter() - t0
             self.rows.append(row)
             self._emit(row)
-        self.run.write_status("running", step=self.step_idx)
-        bar = tqdm(total=total, initial=self.step_idx, desc=self.run.path.name, disable=not self.progress)
+        self.run_dir.write_status("running", step=self.step_idx)
+        bar = tqdm(total=total, initial=self.step_idx, desc=self.run_dir.path.name, disable=not self.progress)
         try:
             with self._interruptible():
                 while self.step_idx < total and not self._stop.is_set():
@@ -278,13 +278,13 @@ class Trainer:
             bar.close()
         interrupted = self._stop.is_set() and self.step_idx < total
         self.save_checkpoint()
-        self.run.write_status("interrupted" if interrupted else "finished", step=self.step_idx)
+        self.run_dir.write_status("interrupted" if interrupted else "finished", step=self.step_idx)
         if interrupted:
-            self.run.log_event("interrupted", step=self.step_idx)
+            self.run_dir.log_event("interrupted", step=self.step_idx)
         return self.metrics
 
     def _emit(self, row: dict) -> None:
-        self.run.write_metrics(self.rows)
+        self.run_dir.write_metrics(self.rows)
         for cb in self.callbacks:
             cb(self, row)
 
@@ -328,7 +328,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write the whole state atomically to ``<run>/checkpoint/state.pt`` (temp + fsync + rename)."""
         state = self.state_dict()
-        return atomic_write(self.run.checkpoint_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
+        return atomic_write(self.run_dir.checkpoint_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
