@@ -127,6 +127,12 @@ class Config:
     torch_threads: int = knob(0, "torch.set_num_threads for this process; 0 = leave torch's default.")
 
     # ------------------------------------------------------------------------------------------------------------
+    def __new__(cls, *args, **kwargs):
+        # Config(rollout_per_prompt=4) would be a TypeError from the generated __init__; make it a ConfigError
+        # with the nearest field name, as from_dict does.
+        _check_names(kwargs, cls.field_names())
+        return super().__new__(cls)
+
     def __post_init__(self):
         self.validate()
 
@@ -139,12 +145,7 @@ class Config:
         """Build from a plain dict (YAML, papermill parameters, CLI), rejecting unknown keys with a suggestion."""
         if not isinstance(d, dict):
             raise ConfigError(f"config: expected a mapping of field names to values, got {type(d).__name__}")
-        names = cls.field_names()
-        for key in d:
-            if key not in names:
-                near = difflib.get_close_matches(str(key), names, n=1)
-                hint = f"; did you mean '{near[0]}'?" if near else f"; valid fields: {', '.join(names)}"
-                raise ConfigError(f"config: unknown field '{key}'{hint}")
+        _check_names(d, cls.field_names())
         return cls(**d)
 
     def to_dict(self) -> dict:
@@ -191,13 +192,14 @@ class Config:
         _require("grad_clip", math.isfinite(self.grad_clip) and self.grad_clip > 0, "a finite float > 0")
         _require("tis_cap", self.tis_cap is None or (math.isfinite(self.tis_cap) and self.tis_cap >= 1),
                  "None or a float >= 1")
-        _require("adam_betas", len(self.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1
-                                                                  for b in self.adam_betas), "two floats in [0, 1)")
+        _require("adam_betas", len(self.adam_betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                                                  and 0 <= b < 1 for b in self.adam_betas),
+                 "two floats in [0, 1)")
         _require("eval_k", len(self.eval_k) >= 1 and all(isinstance(k, int) and not isinstance(k, bool)
                                                           and 1 <= k <= self.eval_samples for k in self.eval_k),
                  f"a non-empty list of integers in [1, eval_samples={self.eval_samples}]")
-        _require("optimizer_steps_per_step", self.optimizer_steps_per_step <= self.prompts_per_step,
-                 f"at most prompts_per_step={self.prompts_per_step} (mini-batches split whole groups)")
+        _require("optimizer_steps_per_step", self.prompts_per_step % self.optimizer_steps_per_step == 0,
+                 f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
         _choice("loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
         _choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
@@ -205,6 +207,10 @@ class Config:
         _choice("dtype", self.dtype, DTYPES)
         _choice("template", self.template, ("auto", "plain", "chat"))
         _require("model", bool(self.model.strip()), "'default', a local HF model directory or a hub id")
+        _require("run_dir", bool(self.run_dir.strip()), "a non-empty directory path")
+        _require("run_name", self.run_name is None or (self.run_name.strip() not in ("", ".", "..")
+                                                       and "/" not in self.run_name and "\\" not in self.run_name),
+                 "None or one directory name (no '/', not '.' or '..'), created under run_dir")
         self._validate_registries()
 
     def _validate_registries(self) -> None:
@@ -227,6 +233,7 @@ class Config:
             _require(name, len(value) >= 1 and all(isinstance(t, str) for t in value), "a non-empty list of task names")
             for t in value:
                 _choice(name, t, known)
+            _require(name, len(set(value)) == len(value), "a list of distinct task names")
         if self.model != "default" and (self.model.startswith((".", "/", "~")) or Path(self.model).exists()):
             path = Path(self.model).expanduser()
             _require("model", path.is_dir() and (path / "config.json").exists(),
@@ -240,6 +247,14 @@ def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: st
 
 
 # ---- small validation helpers ---------------------------------------------------------------------------------
+def _check_names(d: dict, names: list[str]) -> None:
+    for key in d:
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else f"; valid fields: {', '.join(names)}"
+            raise ConfigError(f"config: unknown field {key!r}{hint}")
+
+
 def _require(name: str, ok: bool, allowed: str, value: Any) -> None:
     if not ok:
         raise ConfigError(f"config field '{name}': got {value!r}; allowed: {allowed}")
