@@ -78,7 +78,7 @@ def test_reset_resets_reference_and_optimizer(tmp_path):
         assert all(torch.equal(t.reference.state_dict()[k], pol[k]) for k in pol)
         assert t.optimizer is not old_opt and not t.optimizer.state
         assert not any(p.requires_grad for p in t.reference.parameters())
-        events = [e["event"] for e in t.run.read_events()]
+        events = [e["event"] for e in t.run_dir.read_events()]
         assert "reset" in events
 
 
@@ -106,7 +106,7 @@ def test_metrics_row_has_the_documented_columns(tmp_path):
     assert row["eval/chain_sum/pass@4"] >= row["eval/chain_sum/pass@1"]
     # on-policy with a single mini-batch: the PPO ratio is exactly 1, nothing is clipped
     assert row["clipfrac_low"] == 0 and row["clipfrac_high"] == 0
-    assert len(pd.read_parquet(t.run.metrics_path)) == len(df)
+    assert len(pd.read_parquet(t.run_dir.metrics_path)) == len(df)
 
 
 MEMORY_PROBE = textwrap.dedent("""
