@@ -40,7 +40,8 @@ def _check_names(names: str | Sequence[str]) -> list[str]:
     for name in names:
         TASKS.get(name)  # unknown name -> ValueError naming it and the nearest valid one
         if names.count(name) > 1:
-            raise ValueError(f"names: task {name!r} is listed {names.count(name)} times; list each family once")
+            raise ValueError(f"names: got {names!r} (task {name!r} listed {names.count(name)} times); "
+                             "allowed: each task name at most once")
     return names
 
 

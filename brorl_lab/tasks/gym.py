@@ -29,7 +29,7 @@ from .templates import CHAT_ANSWER_TAGS, MAX_ANSWER_CHARS, check_template, extra
 SPLITS = ("train", "eval")
 EVAL_MODULUS = 8  # 1 question in 8 belongs to the eval split
 STREAM_LEN = 10**7  # reasoning-gym indices available per (family, split, seed) stream
-MAX_SEED = 10**9
+MAX_SEED = 2**63  # any non-negative 63-bit seed (the trainer derives 31-bit ones)
 
 # name -> (reasoning-gym dataset, difficulty config, description). Difficulty is tuned for the default model.
 GYM_FAMILIES: dict[str, tuple[str, dict, str]] = {
