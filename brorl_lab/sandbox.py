@@ -120,25 +120,49 @@ def values_equal(got: Any, expected: Any) -> bool:
     return type(got) is type(expected) and got == expected
 
 
-def _fresh_uid() -> int:
-    # A random uid that owns no files and runs no processes (above the usual subordinate-uid ranges).
+def _id_ranges(path: str) -> list[tuple[int, int]]:
+    """[start, end) ranges of ids usable in this user namespace (all of them when the map cannot be read)."""
+    try:
+        with open(path) as f:
+            return [(int(a), int(a) + int(n)) for a, _, n in (line.split() for line in f if line.strip())]
+    except (OSError, ValueError):
+        return [(0, 1 << 32)]
+
+
+def _fresh_id() -> Optional[int]:
+    """A random uid (used as gid too) that owns no files and runs no processes: one valid in this namespace's uid
+    and gid maps, preferably in [2**24, 2**30) (clear of system ids and the usual subordinate-id ranges). None when
+    the maps leave no room (e.g. a container mapping a single id)."""
     import secrets
 
-    return (1 << 24) + secrets.randbelow((1 << 30) - (1 << 24))
+    spans = []
+    for u0, u1 in _id_ranges("/proc/self/uid_map"):
+        for g0, g1 in _id_ranges("/proc/self/gid_map"):
+            lo, hi = max(u0, g0, 1), min(u1, g1, 1 << 30)  # never 0 (root); below 2**30 stays clear of 65534-style ids
+            spans.append((max(lo, 1 << 24) if hi > (1 << 24) + 1024 else max(lo, (lo + hi) // 2), hi))
+    spans = [(lo, hi) for lo, hi in spans if hi - lo >= 64]
+    if not spans:
+        return None
+    lo, hi = max(spans, key=lambda r: r[1] - r[0])
+    for _ in range(20):
+        candidate = lo + secrets.randbelow(hi - lo)
+        if candidate not in (65534, 65535) and (hi - lo > 1 << 20 or not _uid_processes(candidate)):
+            return candidate
+    return None
 
 
 def _uid_processes(uid: int) -> list[int]:
-    """Pids whose real, effective or saved uid is ``uid`` (read from /proc/<pid>/status)."""
-    pids = []
+    """Live (not zombie) pids whose real, effective or saved uid is ``uid``, from /proc/<pid>/status."""
+    pids, want = [], str(uid).encode()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/status", "rb") as f:
-                uids = next(line for line in f if line.startswith(b"Uid:")).split()[1:4]
-        except (OSError, StopIteration):
+                fields = dict(line.split(b":", 1) for line in f if line.startswith((b"State:", b"Uid:")))
+        except (OSError, ValueError):
             continue
-        if str(uid).encode() in uids:
+        if want in fields.get(b"Uid", b"").split()[:3] and not fields.get(b"State", b"").strip().startswith(b"Z"):
             pids.append(int(name))
     return pids
 
@@ -220,7 +244,7 @@ def run_untrusted(
     _positive("max_file_bytes", max_file_bytes, integer=True)
     _positive("max_processes", max_processes, integer=True)
 
-    uid = _fresh_uid() if os.geteuid() == 0 else None
+    uid = _fresh_id() if os.geteuid() == 0 else None
     host_dir = tempfile.mkdtemp(prefix="brorl-sandbox-")
     if uid is not None:
         os.chown(host_dir, uid, uid)
@@ -253,18 +277,38 @@ def run_untrusted(
     for f, name in ((proc.stdout, "out"), (proc.stderr, "err"), (res_file, "res")):
         sel.register(f, selectors.EVENT_READ, name)
     deadline = start + wall_timeout
-    sent, status, why, truncated, ended, rusage = 0, None, "", False, False, None
+    sent, status, why, truncated, ended = 0, None, "", False, False
+    exit_info: dict = {}  # "returncode", "rusage" once the harness is reaped
+
+    def reaped(wait_s: float) -> bool:
+        # wait4 rather than Popen.wait: its rusage (children included) tells a CPU-limit kill from a crash
+        stop = time.monotonic() + wait_s
+        while "returncode" not in exit_info:
+            pid, wstatus, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                exit_info.update(returncode=os.waitstatus_to_exitcode(wstatus), rusage=ru)
+                proc.returncode = exit_info["returncode"]  # so Popen does not wait for it again
+            elif time.monotonic() >= stop:
+                return False
+            else:
+                time.sleep(0.002)
+        return True
 
     def end_run() -> None:
-        # The session holds the harness and whatever did not leave it; with a PID namespace its init's death has
-        # already taken the rest. Without one, the sandbox uid's processes are swept too.
         nonlocal ended
         ended = True
-        try:
+        pidns = _setup_record(bufs["res"]).get("pid") == "pidns"
+        if pidns and "returncode" not in exit_info:
+            # The outer harness kills its namespace's init and reaps it: the kernel kills everything left in the
+            # namespace, and nothing is orphaned.
+            os.kill(proc.pid, 15)
+            reaped(1.0)
+        try:  # the session: the harness and whatever did not leave it
             os.killpg(proc.pid, 9)
         except (ProcessLookupError, PermissionError):
             pass
-        if uid is not None and _setup_record(bufs["res"]).get("pid") != "pidns":
+        reaped(1.0)
+        if uid is not None and not pidns:  # processes that left the session are still the sandbox uid's
             _reap_uid(uid)
 
     try:
@@ -303,29 +347,17 @@ def run_untrusted(
                         status, why = "output_limit", f"{stream} exceeded {max_output_bytes} bytes"
                     end_run()
                     deadline = min(deadline, time.monotonic() + 1.0)
-            if proc.returncode is None:
-                pid, wstatus, ru = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    proc.returncode, rusage = os.waitstatus_to_exitcode(wstatus), ru
-                    if not ended:  # the harness is done: kill stragglers that hold the pipes, then drain
-                        end_run()
-                        deadline = min(deadline, time.monotonic() + 1.0)
+            if not ended and reaped(0.0):  # the harness is done: kill stragglers holding the pipes, then drain
+                end_run()
+                deadline = min(deadline, time.monotonic() + 1.0)
     finally:
         sel.close()
         for f in (proc.stdin, proc.stdout, proc.stderr, res_file):
             f.close()
-        # All pipes closed: the harness is exiting. Give it a moment to exit by itself (its status tells a CPU kill
-        # from a clean exit), then make sure.
-        while proc.returncode is None and time.monotonic() < deadline:
-            pid, wstatus, ru = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode, rusage = os.waitstatus_to_exitcode(wstatus), ru
-            else:
-                time.sleep(0.002)
-        if proc.returncode is None:
+        # All pipes closed means the harness is exiting: let it (its status tells a CPU kill from a clean exit).
+        if not reaped(max(0.0, min(deadline - time.monotonic(), 1.0))):
             end_run()
-            _, wstatus, rusage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(wstatus)
+            reaped(10.0)
         elapsed = time.monotonic() - start
 
     isolation = _setup_record(bufs["res"])
@@ -335,11 +367,12 @@ def run_untrusted(
 
     records = _records(bufs["res"])
 
+    rusage, returncode = exit_info.get("rusage"), exit_info.get("returncode")
     cpu = (rusage.ru_utime + rusage.ru_stime) if rusage is not None else 0.0
     res = SandboxResult(
         status="crashed", passed=0, total=len(expected),
         stdout=bytes(bufs["out"]).decode("utf-8", "replace"), stderr=bytes(bufs["err"]).decode("utf-8", "replace"),
-        output_truncated=truncated, elapsed_s=elapsed, returncode=proc.returncode, cpu_s=cpu, isolation=isolation,
+        output_truncated=truncated, elapsed_s=elapsed, returncode=returncode, cpu_s=cpu, isolation=isolation,
         pid=proc.pid, sandbox_uid=uid,
     )
     if status is not None:
@@ -347,7 +380,7 @@ def run_untrusted(
         return res
     outputs = records[1] if len(records) == 2 and isinstance(records[1], dict) else None
     if outputs is None or outputs.get("kind") != "outputs":
-        res.detail = _crash_detail(proc.returncode, cpu, int(math.ceil(cpu_seconds)), len(records), bool(isolation))
+        res.detail = _crash_detail(returncode, cpu, int(math.ceil(cpu_seconds)), len(records), bool(isolation))
         res.status = "timeout" if res.detail.startswith("CPU") else "crashed"
         return res
     if outputs.get("exec_error"):
@@ -509,32 +542,44 @@ def _install_guard(workdir: str, uid_isolated: bool) -> None:
     ``workdir`` and (without a uid of its own) signals to processes other than itself and its children.
     Audit hooks cannot be removed from Python code; they are bypassable by memory corruption (see module doc)."""
     import posix
+    from _thread import get_ident
 
     root = os.path.realpath(workdir) + os.sep
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     refused = ("socket.", "subprocess.", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "ctypes.", "pty.")
-    path_events = {"os.remove": 0, "os.rename": 0, "os.rmdir": 0, "os.mkdir": 0, "os.symlink": 1, "os.link": 1,
-                   "os.truncate": 0, "os.chmod": 0, "os.chown": 0, "os.utime": 0, "shutil.rmtree": 0}
-    me, realpath, fsdecode = os.getpid, os.path.realpath, os.fsdecode
+    # event -> positions of the paths it changes
+    path_events = {"os.remove": (0,), "os.rename": (0, 1), "os.rmdir": (0,), "os.mkdir": (0,), "os.symlink": (1,),
+                   "os.link": (1,), "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,),
+                   "shutil.rmtree": (0,), "os.chflags": (0,), "os.setxattr": (0,), "os.removexattr": (0,)}
+    me, realpath, fsdecode, busy = os.getpid, os.path.realpath, os.fsdecode, set()
 
-    def outside(path: Any) -> bool:
-        if isinstance(path, int):  # an fd the process already holds
-            return False
-        return not (realpath(fsdecode(path)) + os.sep).startswith(root)
+    def inside(path: Any) -> bool:
+        return (realpath(fsdecode(path)) + os.sep).startswith(root)
 
     def hook(event: str, args: tuple) -> None:
+        if get_ident() in busy:  # the hook's own file reads
+            return
         if event.startswith(refused):
             raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "open" and len(args) >= 3:
-            path, mode, flags = args[0], args[1] or "", args[2] or 0
-            if (any(m in str(mode) for m in "wax+") or flags & write_flags) and outside(path):
+        if event == "open" and len(args) >= 3 and not isinstance(args[0], int):  # an int is an fd already held
+            path, mode, flags = realpath(fsdecode(args[0])), args[1] or "", args[2] or 0
+            if (any(m in str(mode) for m in "wax+") or flags & write_flags) and not inside(path):
                 raise PermissionError(f"sandbox: writing {path!r} is not allowed")
-        elif event in path_events and len(args) > path_events[event] and outside(args[path_events[event]]):
-            raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
-        elif event in ("os.kill", "os.killpg") and not uid_isolated:
-            pid = args[0]
-            if pid != me() and not _is_child(pid):
-                raise PermissionError(f"sandbox: signalling process {pid} is not allowed")
+            part = path[6:].split("/", 1)[0] if path.startswith("/proc/") else ""
+            if part.isdigit() and int(part) != me():  # another process's environ, cmdline, memory...
+                raise PermissionError(f"sandbox: reading {path!r} is not allowed")
+        elif event in path_events:
+            for i in path_events[event]:
+                if i < len(args) and isinstance(args[i], (str, bytes, os.PathLike)) and not inside(args[i]):
+                    raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
+        elif event in ("os.kill", "os.killpg") and not uid_isolated and args[0] != me():
+            busy.add(get_ident())
+            try:
+                child = _is_child(args[0])
+            finally:
+                busy.discard(get_ident())
+            if not child:
+                raise PermissionError(f"sandbox: signalling process {args[0]} is not allowed")
 
     def refuse(*_a, **_k):
         raise PermissionError("sandbox: leaving the session is not allowed")
@@ -616,6 +661,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _harness_main(argv: list[str]) -> None:
+    import signal
     import traceback  # noqa: F401  (used by _run_solution, after the stdlib may have become unreadable)
 
     result_fd = int(argv[1])
@@ -639,6 +685,7 @@ def _harness_main(argv: list[str]) -> None:
         if child:  # outside the PID namespace: wait for its init and pass its status on
             for fd in (0, 1, 2, result_fd):
                 os.close(fd)
+            signal.signal(signal.SIGTERM, lambda *_: os.kill(child, 9))  # the parent's "end it" request
             _, status = os.waitpid(child, 0)
             code = os.waitstatus_to_exitcode(status)
             os._exit(code if code >= 0 else 128 - code)
@@ -667,9 +714,10 @@ def _harness_main(argv: list[str]) -> None:
     full = iso["network"] == "netns" and iso["fs"].startswith("mntns") and (uid is not None or iso["pid"] == "pidns")
     if not full:
         # Modules a solution commonly imports, loaded while the stdlib is surely readable (without the mount
-        # namespace a fresh uid may not reach an interpreter installed under /root).
+        # namespace a fresh uid may not reach an interpreter installed under /root); socket so that it is the
+        # guard, on every host, that refuses the network.
         for m in ("math", "itertools", "functools", "collections", "heapq", "bisect", "re", "string", "random",
-                  "statistics", "fractions", "decimal", "operator", "copy", "typing"):
+                  "statistics", "fractions", "decimal", "operator", "copy", "typing", "socket", "encodings.idna"):
             __import__(m)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
     if uid is not None:
