@@ -33,7 +33,7 @@ import torch
 
 from . import steps as S
 from .batch import RolloutBatch
-from .config import Config
+from .config import Config, ConfigError
 from .engines import make_engine
 from .engines.base import RolloutEngine, SamplingParams
 from .evaluation import evaluate
@@ -47,6 +47,16 @@ def derive_seed(*parts) -> int:
     """A stable 31-bit seed from any parts (run seed, step, round): independent of global RNG state."""
     h = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+def _check_eval_sets(cfg: Config) -> None:
+    from .tasks import eval_path
+
+    for t in (cfg.eval_tasks or cfg.tasks) if cfg.eval_every else ():
+        if not eval_path(t).is_file():
+            raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
+                              f"({eval_path(t)} missing); allowed: tasks with an eval set, eval_every=0, or "
+                              f"generate it with `python -m brorl_lab.make_data --families {t}`")
 
 
 def default_run_name(cfg: Config) -> str:
@@ -63,12 +73,19 @@ class Trainer:
             raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config")
         from .models import load_policy, make_reference, pick_device
 
+        cfg.validate()  # again: a notebook may have edited fields since the Config was built
+        _check_eval_sets(cfg)  # fail before the model loads and before the run directory is touched
         self.cfg = cfg
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.device = pick_device(cfg.device)
         if policy is None:
-            policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
+            try:
+                policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
+            except OSError as e:  # transformers' "not a valid model identifier" / no network for a hub id
+                raise ConfigError(f"config field 'model': could not load {cfg.model!r} "
+                                  f"({str(e).strip().splitlines()[0]}); allowed: 'default', a local HF model "
+                                  "directory or a hub id that is reachable or cached") from e
         elif tokenizer is None:
             raise ValueError("tokenizer: required when a policy object is passed")
         self.policy, self.tokenizer = policy, tokenizer
@@ -346,13 +363,25 @@ class Trainer:
     @classmethod
     def resume(cls, run_dir: str | Path, **kwargs) -> "Trainer":
         """Re-open a run directory and continue from its last complete checkpoint."""
+        if not Path(run_dir).is_dir():  # RunDir() would create it
+            raise ValueError(f"run_dir: {run_dir} is not a directory; allowed: a run directory with a checkpoint")
         run = RunDir(run_dir)
         ckpt = run.checkpoint_dir / CHECKPOINT_FILE
         if not ckpt.exists():
             raise ValueError(f"run_dir: {run.path} has no checkpoint ({ckpt} missing); nothing to resume")
-        cfg = Config.from_dict(run.read_config())
+        try:
+            config = run.read_config()
+        except Exception as e:  # noqa: BLE001 - missing or unparsable config.yaml
+            raise ValueError(f"run_dir: {run.path / 'config.yaml'} could not be read ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]}); allowed: a run directory written by Trainer") from e
+        cfg = Config.from_dict(config)
+        try:
+            state = torch.load(ckpt, weights_only=False)
+        except Exception as e:  # noqa: BLE001 - atomic writes make this a foreign or damaged file, not a torn one
+            raise ValueError(f"run_dir: checkpoint {ckpt} could not be loaded ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]}); allowed: a checkpoint written by Trainer") from e
         trainer = cls(cfg, run_dir=run.path, **kwargs)
-        trainer.load_state_dict(torch.load(ckpt, weights_only=False))
+        trainer.load_state_dict(state)
         run.log_event("resumed", step=trainer.step_idx)
         return trainer
 
