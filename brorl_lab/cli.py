@@ -71,6 +71,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 # ---- commands -------------------------------------------------------------------------------------------------------
 def cmd_train(args) -> int:
+    if args.resume:
+        given = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(Config) if hasattr(args, f.name)]
+        if given or args.config:
+            raise ConfigError(f"--resume: got {args.resume!r} together with {', '.join(given or ['--config'])}; "
+                              "allowed: --resume RUN_DIR alone (the run continues with its own config.yaml)")
     cfg = None if args.resume else config_from_args(args)  # validate before importing anything heavy
     from .trainer import Trainer
 
