@@ -315,7 +315,8 @@ def test_explorer_redraw_changes_the_figures(explorer):
     seconds = explorer.redraw(1024)
     assert seconds < 1.0
     after_bars = np.array(explorer.terms_fig.data[0].y)
-    assert not np.allclose(before_bars, after_bars, rtol=1e-3, atol=0) and not np.allclose(before_hist, explorer.hist_fig.data[0].x, rtol=1e-3, atol=0)
+    assert not np.allclose(before_bars, after_bars, rtol=1e-3, atol=0)
+    assert not np.allclose(before_hist, explorer.hist_fig.data[0].x, rtol=1e-3, atol=0)
     assert after_bars[3] == pytest.approx(explorer.sweep.total.iloc[-1])
     mark = next(explorer.sweep_fig.select_traces(selector={"name": "current N"}))
     assert list(mark.x) == [1024] * 4

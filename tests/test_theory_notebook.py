@@ -1,0 +1,49 @@
+"""Runs notebooks/01_mass_balance_theory.ipynb headless under papermill with small parameters."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+papermill = pytest.importorskip("papermill")
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK = NOTEBOOKS / "01_mass_balance_theory.ipynb"
+SMALL = dict(vocab=3000, n_correct=250, steps=30, n_values=[4, 512], trials=200, explorer_trials=30,
+             budget_draws=1024, budget_n_values=[4, 64, 1024], seed=1)
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path):
+    fresh = tmp_path / "fresh.ipynb"
+    subprocess.run([sys.executable, str(NOTEBOOKS / "build_01_mass_balance_theory.py"), str(fresh)], check=True,
+                   capture_output=True)
+    assert fresh.read_text() == NOTEBOOK.read_text(), "regenerate: python notebooks/build_01_mass_balance_theory.py"
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert nb.metadata.kernelspec.name == "python3" and nb.metadata.language_info.name == "python"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in SMALL)
+
+
+def test_notebook_runs_headless_with_plotly_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel is a child process; keep it to one core
+    out = tmp_path / "01_out.ipynb"
+    papermill.execute_notebook(str(NOTEBOOK), str(out), parameters=SMALL, kernel_name="python3", cwd=str(tmp_path),
+                               progress_bar=False)
+    nb = nbformat.read(out, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    kinds = [k for o in outputs if o.output_type in ("display_data", "execute_result") for k in o.data]
+    assert kinds.count(PLOTLY) >= 6  # first-order check, Lemma 2, two sweeps, Fig. 3, budget
+    assert WIDGET in kinds  # the explorer
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert text.count(": correct") == 3  # the three exercise checks ran and passed
+    figures = [o.data[PLOTLY] for o in outputs if o.output_type in ("display_data", "execute_result")
+               and PLOTLY in o.data]
+    fig3 = next(f for f in figures if "Fig. 3" in str(f["layout"].get("title", "")))
+    assert {t["name"] for t in fig3["data"]} == {"N=4", "N=512"}
