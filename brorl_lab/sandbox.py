@@ -226,11 +226,9 @@ def run_untrusted(
     "output_limit"); ``max_file_bytes`` any file it writes; ``max_processes`` its processes and threads.
     ``namespaces=False`` skips the namespaces (to exercise the fallback the harness uses where they are refused).
     """
-    import selectors
     import shutil
     import subprocess
     import tempfile
-    import time
 
     if not isinstance(code, str):
         raise ValueError(f"code must be a str, got {type(code).__name__}")
@@ -243,153 +241,177 @@ def run_untrusted(
     _positive("max_output_bytes", max_output_bytes, integer=True)
     _positive("max_file_bytes", max_file_bytes, integer=True)
     _positive("max_processes", max_processes, integer=True)
+    cpu_limit = int(math.ceil(cpu_seconds))
 
     uid = _fresh_id() if os.geteuid() == 0 else None
-    host_dir = tempfile.mkdtemp(prefix="brorl-sandbox-")
-    if uid is not None:
-        os.chown(host_dir, uid, uid)
-    payload = json.dumps({
-        "code": code,
-        "calls": [t.call for t in tests],
-        "workdir": host_dir,
-        "uid": uid,
-        "namespaces": bool(namespaces),
-        "cpu_seconds": int(math.ceil(cpu_seconds)),
-        "memory_bytes": int(memory_mb) << 20,
-        "max_file_bytes": int(max_file_bytes),
-        "max_processes": int(max_processes),
-    }).encode()
-
-    result_r, result_w = os.pipe()
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), str(result_w)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd=host_dir,
-        start_new_session=True, pass_fds=(result_w,), close_fds=True,
+    host_dir = tempfile.mkdtemp(prefix="brorl-sandbox-")  # the working directory when there is no mount namespace
+    try:
+        if uid is not None:
+            os.chown(host_dir, uid, uid)
+        payload = json.dumps({
+            "code": code, "calls": [t.call for t in tests], "workdir": host_dir, "uid": uid,
+            "namespaces": bool(namespaces), "cpu_seconds": cpu_limit, "memory_bytes": int(memory_mb) << 20,
+            "max_file_bytes": int(max_file_bytes), "max_processes": int(max_processes),
+        }).encode()
+        result_r, result_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), str(result_w)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd=host_dir,
+                start_new_session=True, pass_fds=(result_w,), close_fds=True,
+            )
+        except BaseException:
+            os.close(result_r)
+            raise
+        finally:
+            os.close(result_w)
+        run = _Supervisor(proc, os.fdopen(result_r, "rb", buffering=0), uid,
+                          {"out": max_output_bytes, "err": max_output_bytes, "res": _RESULT_LIMIT})
+        run.supervise(payload, wall_timeout)
+        isolation = _setup_record(run.bufs["res"])
+        if uid is not None and not isolation.get("fs", "").startswith("mntns"):
+            _remove_owned(uid, ("/tmp", "/var/tmp", "/dev/shm"))
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
+    rusage, returncode = run.exit_info.get("rusage"), run.exit_info.get("returncode")
+    res = SandboxResult(
+        status="crashed", passed=0, total=len(expected),
+        stdout=bytes(run.bufs["out"]).decode("utf-8", "replace"),
+        stderr=bytes(run.bufs["err"]).decode("utf-8", "replace"), output_truncated=run.truncated,
+        elapsed_s=run.elapsed, returncode=returncode,
+        cpu_s=(rusage.ru_utime + rusage.ru_stime) if rusage is not None else 0.0,
+        isolation=isolation, pid=proc.pid, sandbox_uid=uid,
     )
-    os.close(result_w)
-    res_file = os.fdopen(result_r, "rb", buffering=0)
-    bufs = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
-    limits = {"out": max_output_bytes, "err": max_output_bytes, "res": _RESULT_LIMIT}
-    sel = selectors.DefaultSelector()
-    os.set_blocking(proc.stdin.fileno(), False)
-    sel.register(proc.stdin, selectors.EVENT_WRITE, "in")
-    for f, name in ((proc.stdout, "out"), (proc.stderr, "err"), (res_file, "res")):
-        sel.register(f, selectors.EVENT_READ, name)
-    deadline = start + wall_timeout
-    sent, status, why, truncated, ended = 0, None, "", False, False
-    exit_info: dict = {}  # "returncode", "rusage" once the harness is reaped
+    if run.status is not None:
+        res.status, res.detail = run.status, run.why
+    else:
+        _judge(res, _records(run.bufs["res"]), expected, cpu_limit)
+    return res
 
-    def reaped(wait_s: float) -> bool:
+
+class _Supervisor:
+    """The parent's side of one run: feed the payload, read the three pipes within bounds, enforce the deadline,
+    and end the run so that nothing is left (see :meth:`end`)."""
+
+    def __init__(self, proc, res_file, uid: Optional[int], limits: dict):
+        self.proc, self.res_file, self.uid, self.limits = proc, res_file, uid, limits
+        self.bufs = {name: bytearray() for name in limits}
+        self.status: Optional[str] = None  # set when the parent ended the run: timeout, output_limit, crashed
+        self.why, self.truncated, self.ended, self.elapsed = "", False, False, 0.0
+        self.exit_info: dict = {}  # "returncode", "rusage" once the harness is reaped
+
+    def reaped(self, wait_s: float) -> bool:
         # wait4 rather than Popen.wait: its rusage (children included) tells a CPU-limit kill from a crash
+        import time
+
         stop = time.monotonic() + wait_s
-        while "returncode" not in exit_info:
-            pid, wstatus, ru = os.wait4(proc.pid, os.WNOHANG)
+        while "returncode" not in self.exit_info:
+            pid, wstatus, ru = os.wait4(self.proc.pid, os.WNOHANG)
             if pid:
-                exit_info.update(returncode=os.waitstatus_to_exitcode(wstatus), rusage=ru)
-                proc.returncode = exit_info["returncode"]  # so Popen does not wait for it again
+                self.exit_info.update(returncode=os.waitstatus_to_exitcode(wstatus), rusage=ru)
+                self.proc.returncode = self.exit_info["returncode"]  # so Popen does not wait for it again
             elif time.monotonic() >= stop:
                 return False
             else:
                 time.sleep(0.002)
         return True
 
-    def end_run() -> None:
-        nonlocal ended
-        ended = True
-        pidns = _setup_record(bufs["res"]).get("pid") == "pidns"
-        if pidns and "returncode" not in exit_info:
+    def end(self) -> None:
+        self.ended = True
+        pidns = _setup_record(self.bufs["res"]).get("pid") == "pidns"
+        if pidns and "returncode" not in self.exit_info:
             # The outer harness kills its namespace's init and reaps it: the kernel kills everything left in the
             # namespace, and nothing is orphaned.
-            os.kill(proc.pid, 15)
-            reaped(1.0)
+            os.kill(self.proc.pid, 15)
+            self.reaped(1.0)
         try:  # the session: the harness and whatever did not leave it
-            os.killpg(proc.pid, 9)
+            os.killpg(self.proc.pid, 9)
         except (ProcessLookupError, PermissionError):
             pass
-        reaped(1.0)
-        if uid is not None and not pidns:  # processes that left the session are still the sandbox uid's
-            _reap_uid(uid)
+        self.reaped(1.0)
+        if self.uid is not None and not pidns:  # processes that left the session are still the sandbox uid's
+            _reap_uid(self.uid)
 
-    try:
-        while sel.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                if ended:
-                    break  # stragglers we could not kill still hold a pipe: stop reading
-                status, why = "timeout", f"wall-clock limit of {wall_timeout:g} s"
-                end_run()
-                deadline = now + 1.0  # grace to drain what the pipes still hold
-            for key, _ in sel.select(timeout=max(0.0, min(deadline - now, 0.05))):
-                if key.data == "in":
-                    try:
-                        sent += os.write(key.fileobj.fileno(), payload[sent:sent + 65536])
-                    except BlockingIOError:
-                        pass
-                    except BrokenPipeError:
-                        sent = len(payload)
-                    if sent >= len(payload):
+    def stop(self, status: str, why: str) -> None:
+        if self.status is None:
+            self.status, self.why = status, why
+            self.end()
+
+    def supervise(self, payload: bytes, wall_timeout: float) -> None:
+        import selectors
+        import time
+
+        proc = self.proc
+        start = time.monotonic()
+        deadline = start + wall_timeout
+        sel = selectors.DefaultSelector()
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE, "in")
+        for f, name in ((proc.stdout, "out"), (proc.stderr, "err"), (self.res_file, "res")):
+            sel.register(f, selectors.EVENT_READ, name)
+        sent = 0
+        try:
+            while sel.get_map():
+                now = time.monotonic()
+                if now >= deadline:
+                    if self.ended:
+                        break  # stragglers we could not kill still hold a pipe: stop reading
+                    self.stop("timeout", f"wall-clock limit of {wall_timeout:g} s")
+                    deadline = time.monotonic() + 1.0  # grace to drain what the pipes still hold
+                for key, _ in sel.select(timeout=max(0.0, min(deadline - now, 0.05))):
+                    if key.data == "in":
+                        try:
+                            sent += os.write(key.fileobj.fileno(), payload[sent:sent + 65536])
+                        except BlockingIOError:
+                            pass
+                        except BrokenPipeError:
+                            sent = len(payload)
+                        if sent >= len(payload):
+                            sel.unregister(key.fileobj)
+                            key.fileobj.close()
+                        continue
+                    chunk = os.read(key.fileobj.fileno(), 65536)
+                    if not chunk:
                         sel.unregister(key.fileobj)
-                        key.fileobj.close()
-                    continue
-                chunk = os.read(key.fileobj.fileno(), 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf, room = bufs[key.data], limits[key.data] - len(bufs[key.data])
-                buf += chunk[:max(room, 0)]
-                if len(chunk) > room and status is None:
-                    truncated = True
-                    if key.data == "res":
-                        status, why = "crashed", f"result pipe over {_RESULT_LIMIT} bytes"
-                    else:
-                        stream = "stdout" if key.data == "out" else "stderr"
-                        status, why = "output_limit", f"{stream} exceeded {max_output_bytes} bytes"
-                    end_run()
+                        continue
+                    buf, room = self.bufs[key.data], self.limits[key.data] - len(self.bufs[key.data])
+                    buf += chunk[:max(room, 0)]
+                    if len(chunk) > room:
+                        self.truncated = True
+                        if key.data == "res":
+                            self.stop("crashed", f"result pipe over {self.limits['res']} bytes")
+                        else:
+                            stream = "stdout" if key.data == "out" else "stderr"
+                            self.stop("output_limit", f"{stream} exceeded {self.limits[key.data]} bytes")
+                        deadline = min(deadline, time.monotonic() + 1.0)
+                if not self.ended and self.reaped(0.0):  # the harness is done: end stragglers holding the pipes
+                    self.end()
                     deadline = min(deadline, time.monotonic() + 1.0)
-            if not ended and reaped(0.0):  # the harness is done: kill stragglers holding the pipes, then drain
-                end_run()
-                deadline = min(deadline, time.monotonic() + 1.0)
-    finally:
-        sel.close()
-        for f in (proc.stdin, proc.stdout, proc.stderr, res_file):
-            f.close()
-        # All pipes closed means the harness is exiting: let it (its status tells a CPU kill from a clean exit).
-        if not reaped(max(0.0, min(deadline - time.monotonic(), 1.0))):
-            end_run()
-            reaped(10.0)
-        elapsed = time.monotonic() - start
+        finally:
+            sel.close()
+            for f in (proc.stdin, proc.stdout, proc.stderr, self.res_file):
+                f.close()
+            # All pipes closed means the harness is exiting: let it (its status tells a CPU kill from a clean exit).
+            if not self.reaped(max(0.0, min(deadline - time.monotonic(), 1.0))):
+                self.end()
+                self.reaped(10.0)
+            self.elapsed = time.monotonic() - start
 
-    isolation = _setup_record(bufs["res"])
-    if uid is not None and not isolation.get("fs", "").startswith("mntns"):
-        _remove_owned(uid, ("/tmp", "/var/tmp", "/dev/shm"))
-    shutil.rmtree(host_dir, ignore_errors=True)
 
-    records = _records(bufs["res"])
-
-    rusage, returncode = exit_info.get("rusage"), exit_info.get("returncode")
-    cpu = (rusage.ru_utime + rusage.ru_stime) if rusage is not None else 0.0
-    res = SandboxResult(
-        status="crashed", passed=0, total=len(expected),
-        stdout=bytes(bufs["out"]).decode("utf-8", "replace"), stderr=bytes(bufs["err"]).decode("utf-8", "replace"),
-        output_truncated=truncated, elapsed_s=elapsed, returncode=returncode, cpu_s=cpu, isolation=isolation,
-        pid=proc.pid, sandbox_uid=uid,
-    )
-    if status is not None:
-        res.status, res.detail = status, why
-        return res
+def _judge(res: SandboxResult, records: list, expected: list, cpu_limit: int) -> None:
+    """Fill ``res`` from the harness's records: [setup, outputs] is the only well-formed sequence."""
     outputs = records[1] if len(records) == 2 and isinstance(records[1], dict) else None
     if outputs is None or outputs.get("kind") != "outputs":
-        res.detail = _crash_detail(returncode, cpu, int(math.ceil(cpu_seconds)), len(records), bool(isolation))
+        res.detail = _crash_detail(res.returncode, res.cpu_s, cpu_limit, len(records), bool(res.isolation))
         res.status = "timeout" if res.detail.startswith("CPU") else "crashed"
-        return res
+        return
     if outputs.get("exec_error"):
         res.status, res.detail = "exec_error", str(outputs["exec_error"])[:2000]
-        return res
+        return
     values = outputs.get("values")
     if not isinstance(values, list) or len(values) != len(expected):
         res.detail = "malformed result record"
-        return res
+        return
     res.status = "ok"
     for got, want in zip(values, expected):
         if isinstance(got, dict) and "value" in got and values_equal(got["value"], want):
@@ -400,7 +422,6 @@ def run_untrusted(
         else:
             res.outcomes.append(f"error: {str(got.get('error') if isinstance(got, dict) else got)[:200]}")
     res.detail = f"{res.passed}/{res.total} tests passed"
-    return res
 
 
 def _records(buf: bytes) -> list:
@@ -661,6 +682,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _harness_main(argv: list[str]) -> None:
+    import gc
     import signal
     import traceback  # noqa: F401  (used by _run_solution, after the stdlib may have become unreadable)
 
@@ -725,15 +747,17 @@ def _harness_main(argv: list[str]) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)  # from root to a non-zero uid: all capabilities are dropped too
         iso["user"] = f"uid {uid}"
-    elif userns:
-        libc.drop_capabilities()
-        iso["user"] = "userns"
+    elif userns or os.geteuid() == 0:  # root without a usable fresh id keeps uid 0 but loses every capability
+        if not libc.drop_capabilities():
+            raise OSError("cannot drop capabilities; refusing to run untrusted code with them")
+        iso["user"] = "userns" if userns else "root-no-caps"
     if not full:
         _install_guard(workdir, uid_isolated=uid is not None)
         iso["guard"] = "audit-hook"
     else:
         iso["guard"] = "off"
     del libc
+    gc.collect()  # frees the ctypes function pointers the harness used, so the code cannot find them via gc
     _write_all(result_fd, (json.dumps({"kind": "setup", "isolation": iso}) + "\n").encode())
     _run_solution(p["code"], p["calls"], result_fd)
 

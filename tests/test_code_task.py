@@ -8,7 +8,8 @@ from dataclasses import asdict
 import pytest
 
 from brorl_lab.registry import task_names
-from brorl_lab.tasks import TASKS, TaskItem
+from brorl_lab.sandbox import UnitTest, run_untrusted
+from brorl_lab.tasks import TASKS, RewardResult, TaskItem
 from brorl_lab.tasks import code as C
 from brorl_lab.tasks import templates as T
 from brorl_lab.tasks.gym import split_of
@@ -45,10 +46,17 @@ def test_family_is_registered_with_unique_spec_names():
 def test_reference_solutions_of_every_spec_pass_all_their_tests_in_the_sandbox():
     items = one_item_per_spec()
     assert {i.meta["spec"] for i in items} == {s.name for s in C.SPECS}
-    for item in items:
-        assert C.MIN_TESTS <= len(item.meta["tests"]) <= C.MAX_TESTS
-        res = FAM.score(fenced(item.answer), item)
-        assert (res.reward, res.correct) == (1.0, True), (item.meta["spec"], res)
+    assert all(C.MIN_TESTS <= len(i.meta["tests"]) <= C.MAX_TESTS for i in items)
+    # One sandbox run for all specs (their function names differ): the stored expected values, computed here by
+    # the reference solutions, must survive the trip through the sandbox and its comparison.
+    tests = [UnitTest(t["call"], t["expected"]) for i in items for t in i.meta["tests"]]
+    res = run_untrusted("\n".join(i.answer for i in items), tests, wall_timeout=20.0)
+    assert (res.status, res.passed) == ("ok", len(tests)), [(t.call, o) for t, o in zip(tests, res.outcomes)
+                                                            if o != "pass"]
+    for item in items[:3]:  # and through the family's own scoring
+        assert FAM.score(fenced(item.answer), item) == RewardResult(1.0, True, item.answer.strip("\n"),
+                                                                    f"{len(item.meta['tests'])}/"
+                                                                    f"{len(item.meta['tests'])} tests passed")
 
 
 def test_sampling_is_deterministic_and_splits_are_disjoint_by_spec():
@@ -140,3 +148,10 @@ def test_items_survive_the_jsonl_round_trip_of_frozen_eval_sets():
     item = FAM.sample(1, seed=9, split="eval")[0]
     back = TaskItem(**json.loads(json.dumps(asdict(item), sort_keys=True)))
     assert back == item and FAM.score(fenced(back.answer), back).correct
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(wall_timeout=0), "wall_timeout"),
+                                           (dict(memory_mb=8), "memory_mb"), (dict(memory_mb="512"), "memory_mb")])
+def test_bad_family_limits_raise_one_clear_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        C.CodeFamily(**kwargs)

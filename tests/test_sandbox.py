@@ -417,3 +417,26 @@ def test_values_equal_is_strict_about_types_but_tolerant_of_float_rounding():
     assert eq(0.1 + 0.2, 0.3) and eq(2, 2.0) and eq([1, {"a": [2]}], [1, {"a": [2]}])
     assert not eq(True, 1) and not eq(1, True) and not eq("1", 1) and not eq([1], [1, 2]) and not eq(None, 0)
     assert not eq({"a": 1}, {"b": 1})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_root_without_a_spare_id_runs_the_code_without_capabilities(mode, monkeypatch):
+    """A container that maps too few ids leaves no fresh uid: the code then keeps uid 0 but loses every capability
+    (and, in the fallback, the guard also refuses signals to foreign processes)."""
+    if not IS_ROOT:
+        pytest.skip("only root callers switch to a fresh uid; nothing to take away otherwise")
+    monkeypatch.setattr(sandbox, "_fresh_id", lambda: None)
+    res, _ = run("""
+        import os
+        caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]
+        try:
+            os.kill(1, 0)
+            probe = 'signalled init'
+        except Exception as e:
+            probe = type(e).__name__
+        def f(x):
+            return [os.geteuid(), caps, probe]
+        """, mode)
+    assert res.isolation["user"] == "root-no-caps" and res.sandbox_uid is None
+    assert res.outcomes[0] == 'fail: got [0, ["0000000000000000", "0000000000000000", "0000000000000000"], ' + (
+        '"signalled init"]' if mode == "namespaces" else '"PermissionError"]'), res
