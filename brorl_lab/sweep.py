@@ -58,20 +58,52 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict:
     """The names and default values declared in a notebook's ``parameters`` cell."""
     import papermill as pm
 
-    return {name: info["default"] for name, info in pm.inspect_notebook(str(notebook)).items()}
+    if not Path(notebook).is_file():
+        raise ValueError(f"notebook: {notebook} does not exist; allowed: a path to an .ipynb file")
+    try:
+        declared = pm.inspect_notebook(str(notebook))
+    except Exception as e:  # noqa: BLE001 - not JSON, not nbformat, unreadable: one error naming the notebook
+        raise ValueError(f"notebook: {notebook} could not be read as a notebook ({type(e).__name__}: "
+                         f"{str(e).strip()[:200]}); allowed: a path to an .ipynb file") from e
+    return {name: info["default"] for name, info in declared.items()}
 
 
 def check_parameters(notebook: str | os.PathLike, params: Mapping[str, Any]) -> None:
-    """Reject parameters the notebook does not declare (papermill would silently inject them)."""
+    """Reject parameters the notebook does not declare (papermill would silently inject them) and values papermill
+    cannot write into a cell (anything but None, bool, int, float, str and lists / str-keyed dicts of them)."""
     import difflib
 
+    if not isinstance(params, Mapping):
+        raise ValueError(f"parameters: got {type(params).__name__}; allowed: a mapping of parameter name -> value")
     known = notebook_parameters(notebook)
-    for k in params:
+    for k, v in params.items():
         if k not in known:
-            near = difflib.get_close_matches(k, list(known), n=1)
+            near = difflib.get_close_matches(str(k), list(known), n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
-            raise ValueError(f"parameter '{k}'{hint} is not in the parameters cell of {Path(notebook).name}; "
+            raise ValueError(f"parameter {k!r}{hint} is not in the parameters cell of {Path(notebook).name}; "
                              f"allowed: {', '.join(known)}")
+        _check_value(k, v, v)
+
+
+def _check_value(name: str, value: Any, part: Any) -> None:
+    if isinstance(part, str):
+        try:
+            part.encode("utf-8")
+            return
+        except UnicodeEncodeError:
+            pass
+    elif part is None or isinstance(part, (bool, int, float)):
+        return
+    elif isinstance(part, (list, tuple)):
+        for x in part:
+            _check_value(name, value, x)
+        return
+    elif isinstance(part, dict) and all(isinstance(key, str) for key in part):
+        for x in part.values():
+            _check_value(name, value, x)
+        return
+    raise ValueError(f"parameter {name!r}: got {value!r} (contains {type(part).__name__} {part!r}); allowed: None, "
+                     "bool, int, float, UTF-8 str, or lists and str-keyed dicts of these")
 
 
 def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parameters: Optional[dict] = None, *,
@@ -83,8 +115,11 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parame
     notebook = Path(notebook)
     if not notebook.exists():
         raise ValueError(f"notebook: {notebook} does not exist")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not timeout_s > 0):
+        raise ValueError(f"timeout_s: got {timeout_s!r}; allowed: None or a number of seconds > 0")
+    check_parameters(notebook, {} if parameters is None else parameters)
     params = dict(parameters or {})
-    check_parameters(notebook, params)
     if "run_dir" in notebook_parameters(notebook):
         params.setdefault("run_dir", str(Path(out_dir).resolve()))
     run = RunDir(out_dir)
@@ -141,9 +176,21 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
 
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"parallel: got {parallel!r}; allowed: an integer >= 1")
-    sets = expand_grid(grid) if isinstance(grid, Mapping) else [dict(p) for p in grid]
+    if isinstance(grid, Mapping):
+        sets = expand_grid(grid)
+    elif isinstance(grid, Iterable) and not isinstance(grid, (str, bytes)):
+        sets = list(grid)
+        for p in sets:
+            if not isinstance(p, Mapping):
+                raise ValueError(f"grid: got an element {p!r}; allowed: a mapping name -> [values] or a list of "
+                                 "parameter dicts")
+        sets = [dict(p) for p in sets]
+    else:
+        raise ValueError(f"grid: got {type(grid).__name__}; allowed: a mapping name -> [values] or a list of dicts")
     if not sets:
         raise ValueError("grid: no parameter sets to run")
+    if base is not None and not isinstance(base, Mapping):
+        raise ValueError(f"base: got {type(base).__name__}; allowed: None or a mapping of fixed parameters")
     declared = notebook_parameters(notebook)
     base = dict(base or {})
     if "torch_threads" in declared and "torch_threads" not in base:
