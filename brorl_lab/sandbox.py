@@ -632,7 +632,10 @@ def _set_limits(p: dict, nproc: int) -> None:
     for lim, value in ((resource.RLIMIT_CPU, p["cpu_seconds"]), (resource.RLIMIT_AS, p["memory_bytes"]),
                        (resource.RLIMIT_FSIZE, p["max_file_bytes"]), (resource.RLIMIT_NPROC, nproc),
                        (resource.RLIMIT_NOFILE, 256), (resource.RLIMIT_CORE, 0)):
-        # soft == hard: the PID-namespace init ignores SIGXCPU, so the hard limit's SIGKILL is what ends it
+        # soft == hard: the PID-namespace init ignores SIGXCPU, so the hard limit's SIGKILL is what ends it.
+        # Never above the current hard limit (an unprivileged process may only lower it).
+        hard = resource.getrlimit(lim)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(lim, (value, value))
 
 
