@@ -440,3 +440,17 @@ def test_root_without_a_spare_id_runs_the_code_without_capabilities(mode, monkey
     assert res.isolation["user"] == "root-no-caps" and res.sandbox_uid is None
     assert res.outcomes[0] == 'fail: got [0, ["0000000000000000", "0000000000000000", "0000000000000000"], ' + (
         '"signalled init"]' if mode == "namespaces" else '"PermissionError"]'), res
+
+
+def test_concurrent_runs_from_threads_stay_independent():
+    """Scoring may run sandboxes from a thread pool: each run has its own pipes, uid and result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(k: int) -> SandboxResult:
+        return run_untrusted(f"def f(x):\n    return 2 * x if {k} % 2 == 0 else x\n", TESTS, wall_timeout=10.0)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(8)))
+    assert [r.passed for r in results] == [4, 1] * 4  # the odd ones only get f(0) == 0 right
+    if IS_ROOT:
+        assert len({r.sandbox_uid for r in results}) == 8
