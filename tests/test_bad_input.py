@@ -1,0 +1,448 @@
+"""Bad input fails early, as one ValueError-family error naming the field, the value and what is allowed, and never
+touches what a run directory already holds.
+
+Configs (Config(...), Config.from_dict, a YAML file through the CLI), the CLI's own options, Trainer/resume
+arguments, and papermill parameters (sweep.check_parameters / run_notebook / run_sweep on a small notebook made
+here) are fed random bad values by hypothesis: wrong types, out-of-range numbers, NaN/inf, unknown keys and
+unknown names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from nbformat.v4 import new_code_cell, new_notebook
+
+from brorl_lab import cli, sweep
+from brorl_lab.config import Config, ConfigError
+from brorl_lab.registry import advantage_names, engine_names, policy_loss_names, task_names
+from brorl_lab.tasks import eval_path
+from helpers_models import save_tiny
+
+FIELDS = Config.field_names()
+
+# ---- what each field allows (the specification the validator is held to) -----------------------------------------
+INT_MIN = {  # integer fields and their smallest allowed value
+    **dict.fromkeys(["rollouts_per_prompt", "prompts_per_step", "max_new_tokens", "rollout_chunk_sequences",
+                     "optimizer_steps_per_step", "train_micro_batch_tokens", "steps", "eval_samples",
+                     "eval_prompts", "lr_reference_samples", "ray_workers", "max_bad_steps"], 1),
+    **dict.fromkeys(["eval_every", "checkpoint_every", "reset_every", "max_resample_rounds", "torch_threads",
+                     "seed"], 0),
+}
+# float fields: (low, low_inclusive, high, high_inclusive); None = unbounded (but always finite)
+FLOAT_RANGE = {
+    "temperature": (0, False, None, False), "eval_temperature": (0, False, None, False),
+    "top_p": (0, False, 1, True), "eval_top_p": (0, False, 1, True),
+    "lr": (0, False, 1, False), "eps_low": (0, True, 1, False), "eps_high": (0, True, None, False),
+    "kl_beta": (0, True, None, False), "entropy_coef": (0, True, None, False),
+    "weight_decay": (0, True, None, False), "reset_on_kl": (0, True, None, False),
+    "grad_clip": (0, False, None, False), "tis_cap": (1, True, None, False),
+}
+CHOICES = {  # string fields with a fixed or registered set of names
+    "engine": engine_names(), "ray_worker_engine": [e for e in engine_names() if e != "ray"],
+    "advantage": advantage_names(), "policy_loss": policy_loss_names(),
+    "loss_agg": ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"],
+    "kl_estimator": ["k1", "k2", "k3"], "lr_scaling": ["none", "sqrt"], "device": ["auto", "cpu", "cuda"],
+    "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
+}
+BOOLS = ["adv_std_norm", "dynamic_sampling", "reset_optimizer"]
+SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_prompts=4, eval_samples=4,
+             eval_k=[1], torch_threads=1)
+
+
+def test_the_specification_covers_every_field():
+    covered = set(INT_MIN) | set(FLOAT_RANGE) | set(CHOICES) | set(BOOLS) | {
+        "model", "ray_address", "tasks", "eval_tasks", "adam_betas", "eval_k", "run_dir", "run_name"}
+    assert covered == set(FIELDS), f"new fields need a bad-input spec here: {set(FIELDS) - covered}"
+
+
+@pytest.mark.parametrize("kw", [
+    dict(top_p=1.0, eval_top_p=1.0), dict(eps_low=0.0), dict(eps_low=0.999), dict(rollouts_per_prompt=2),
+    dict(tis_cap=1.0), dict(kl_beta=0.0, entropy_coef=0.0, weight_decay=0.0), dict(seed=0, eval_every=0),
+    dict(prompts_per_step=12, optimizer_steps_per_step=4), dict(eval_samples=4, eval_k=[1, 4]),
+    dict(tasks=("gcd", "chain_sum")), dict(adam_betas=[0, 0.5]), dict(lr=0.5, temperature=1e-3),
+])
+def test_boundary_values_are_accepted(kw):
+    """The validator must not over-reject: the edges of each allowed range are allowed."""
+    cfg = Config(**kw)
+    for k, v in kw.items():
+        assert getattr(cfg, k) == v
+
+
+# ---- strategies for bad values -----------------------------------------------------------------------------------
+NON_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
+WRONG_FOR_NUMBER = st.one_of(st.text(max_size=8), st.none(), st.lists(st.integers(), max_size=2),
+                             st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.booleans())
+WRONG_FOR_STR = st.one_of(st.integers(), st.floats(allow_nan=True), st.none(), st.lists(st.text(max_size=3), max_size=2),
+                          st.booleans())
+
+
+def _outside(lo, lo_inc, hi, hi_inc):
+    below = st.floats(max_value=lo, exclude_max=lo_inc, allow_nan=False, allow_infinity=False)
+    bad = [below, NON_FINITE]
+    if hi is not None:
+        bad.append(st.floats(min_value=hi, exclude_min=hi_inc, allow_nan=False, allow_infinity=False))
+    return st.one_of(*bad)
+
+
+def _unknown_name(allowed):
+    return st.text(min_size=0, max_size=12).filter(lambda s: s not in allowed)
+
+
+@st.composite
+def bad_field(draw, python_objects: bool = True):
+    """(field, bad value, extra valid fields the error depends on)."""
+    kind = draw(st.sampled_from(["int", "float", "choice", "bool", "list", "model", "run_name", "cross"]))
+    extra: dict = {}
+    if kind == "int":
+        name = draw(st.sampled_from(sorted(INT_MIN)))
+        value = draw(st.one_of(st.integers(max_value=INT_MIN[name] - 1), WRONG_FOR_NUMBER, st.floats()))
+    elif kind == "float":
+        name = draw(st.sampled_from(sorted(FLOAT_RANGE)))
+        value = draw(st.one_of(_outside(*FLOAT_RANGE[name]), WRONG_FOR_NUMBER.filter(lambda v: v is not None)
+                               if name == "tis_cap" else WRONG_FOR_NUMBER))
+    elif kind == "choice":
+        name = draw(st.sampled_from(sorted(CHOICES)))
+        value = draw(st.one_of(_unknown_name(CHOICES[name]), WRONG_FOR_STR))
+    elif kind == "bool":
+        name = draw(st.sampled_from(BOOLS))
+        value = draw(st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats()))
+    elif kind == "list":
+        name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k"]))
+        if name in ("tasks", "eval_tasks"):
+            known = task_names()
+            value = draw(st.one_of(
+                st.just([]), st.lists(_unknown_name(known), min_size=1, max_size=3),
+                st.lists(st.sampled_from(known), min_size=2, max_size=4).filter(lambda v: len(set(v)) < len(v)),
+                st.lists(st.integers(), min_size=1, max_size=2), st.text(max_size=6), st.integers()))
+        elif name == "adam_betas":
+            value = draw(st.one_of(
+                st.lists(st.floats(0, 0.99), max_size=4).filter(lambda v: len(v) != 2),
+                st.tuples(st.floats(0, 0.99), st.one_of(st.floats(min_value=1.0), st.floats(max_value=-1e-9),
+                                                       NON_FINITE, st.booleans(), st.text(max_size=3))).map(list),
+                st.floats(0, 0.99), st.text(max_size=4)))
+        else:
+            extra = {"eval_samples": draw(st.integers(1, 8))}
+            value = draw(st.one_of(
+                st.just([]), st.lists(st.integers(max_value=0), min_size=1, max_size=3),
+                st.lists(st.integers(min_value=extra["eval_samples"] + 1), min_size=1, max_size=3),
+                st.lists(st.floats(allow_nan=True), min_size=1, max_size=2), st.integers(1, 4)))
+    elif kind == "model":
+        name = "model"
+        value = draw(st.one_of(st.just(""), st.text(" \t", min_size=1, max_size=3),
+                               st.text("abcxyz", min_size=1, max_size=8).map(lambda s: f"/nonexistent/{s}"),
+                               st.text("abcxyz", min_size=1, max_size=8).map(lambda s: f"./no_such_model_{s}"),
+                               WRONG_FOR_STR))
+    elif kind == "run_name":
+        name = "run_name"
+        value = draw(st.one_of(st.sampled_from(["", ".", "..", "/abs", "a/b", "../up"]),
+                               st.text("ab/", min_size=2, max_size=6).filter(lambda s: "/" in s), st.integers()))
+    else:  # a value that is fine alone but not with another field
+        which = draw(st.sampled_from(["group", "divides"]))
+        if which == "group":
+            name, value, extra = "rollouts_per_prompt", 1, {"advantage": draw(st.sampled_from(advantage_names()))}
+        else:
+            p = draw(st.integers(1, 24))
+            k = draw(st.integers(1, 24).filter(lambda k: p % k != 0))
+            name, value, extra = "optimizer_steps_per_step", k, {"prompts_per_step": p}
+    if not python_objects:
+        assume(_yaml_roundtrips(value))
+    return name, value, extra
+
+
+def _yaml_roundtrips(value) -> bool:
+    try:
+        back = yaml.safe_load(yaml.safe_dump({"v": value}))["v"]
+    except yaml.YAMLError:
+        return False
+    same = (back == value) or (isinstance(value, float) and math.isnan(value) and math.isnan(back))
+    return same and type(back) is type(value)
+
+
+def assert_clear_error(err: BaseException, field: str, value=None) -> None:
+    msg = str(err)
+    assert isinstance(err, ValueError), f"{type(err).__name__} is not a ValueError: {msg}"
+    assert f"'{field}'" in msg, f"field {field!r} not named in: {msg}"
+    assert "allowed" in msg or "did you mean" in msg, f"no allowed set in: {msg}"
+    if value is not None:
+        parts = value if isinstance(value, list) else []
+        assert repr(value) in msg or any(repr(x) in msg for x in parts), f"value {value!r} not shown in: {msg}"
+    assert len(msg.splitlines()) == 1, f"one line expected: {msg}"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bad_field())
+def test_random_bad_config_values_fail_with_the_field_the_value_and_the_allowed_set(case):
+    name, value, extra = case
+    kw = {**SMALL, **extra, name: value}
+    for build in (lambda: Config(**kw), lambda: Config.from_dict(kw),
+                  lambda: Config(**SMALL).replace(**{**extra, name: value})):
+        with pytest.raises(ConfigError) as e:
+            build()
+        assert_clear_error(e.value, name, value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.text(max_size=20), st.integers(), st.none()).filter(lambda k: k not in FIELDS))
+def test_unknown_keys_are_rejected_with_a_suggestion_or_the_valid_fields(key):
+    for build in (lambda: Config.from_dict({**SMALL, key: 1}),
+                  lambda: Config(**{**SMALL, key: 1}) if isinstance(key, str) else Config.from_dict({key: 1})):
+        with pytest.raises(ConfigError) as e:
+            build()
+        msg = str(e.value)
+        assert repr(key) in msg and "unknown field" in msg
+        assert "did you mean" in msg or "valid fields: " + ", ".join(FIELDS) in msg
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(FIELDS), st.integers(0, 10**6))
+def test_a_one_letter_typo_suggests_a_real_field(field, salt):
+    i = salt % len(field)
+    typo = field[:i] + field[i + 1:] if salt % 2 else field[:i] + "x" + field[i:]
+    assume(typo not in FIELDS)
+    with pytest.raises(ConfigError) as e:
+        Config(**{typo: 1})
+    msg = str(e.value)
+    assert "did you mean '" in msg
+    suggested = msg.split("did you mean '")[1].split("'")[0]
+    assert suggested in FIELDS
+
+
+def test_a_config_edited_after_construction_is_revalidated_by_the_trainer(tmp_path):
+    from brorl_lab.trainer import Trainer
+
+    cfg = Config(**SMALL, run_dir=str(tmp_path))
+    cfg.rollouts_per_prompt = 0  # notebooks edit fields in place
+    with pytest.raises(ConfigError) as e:
+        Trainer(cfg, progress=False)
+    assert_clear_error(e.value, "rollouts_per_prompt", 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- an existing run directory is never touched by bad input ---------------------------------------------------
+def snapshot(root: Path) -> dict:
+    """Every file under root with its bytes' hash and mtime: equality means nothing was written or removed."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(save_tiny(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model, tmp_path_factory) -> Path:
+    """A real (tiny) run: config, environment, metrics, events, status and a checkpoint."""
+    from brorl_lab.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("runs")
+    cfg = Config(**SMALL, model=tiny_model, template="plain", steps=1, eval_every=1, checkpoint_every=1,
+                 dynamic_sampling=False, run_dir=str(root), run_name="done")
+    with Trainer(cfg, progress=False) as t:
+        t.run()
+    run = root / "done"
+    assert (run / "checkpoint" / "state.pt").is_file() and (run / "metrics.parquet").is_file()
+    return run
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=bad_field(python_objects=False))
+def test_a_bad_yaml_config_through_the_cli_exits_with_one_line_and_leaves_the_run_dir_alone(case, finished_run,
+                                                                                           tmp_path_factory, capsys):
+    name, value, extra = case
+    before = snapshot(finished_run.parent)
+    cfg_file = tmp_path_factory.mktemp("cfg") / "bad.yaml"
+    fields = {**SMALL, "run_dir": str(finished_run.parent), "run_name": finished_run.name, **extra, name: value}
+    cfg_file.write_text(yaml.safe_dump(fields))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--config", str(cfg_file), "--quiet"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.startswith("python -m brorl_lab train: error: config field") and err.count("\n") == 1, err
+    assert f"'{name}'" in err and "Traceback" not in err
+    assert snapshot(finished_run.parent) == before
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--resume", "{run}", "--steps", "5"], "--resume"),
+    (["train", "--resume", "{root}/no_such_run"], "run_dir"),
+    (["train", "--resume", "{root}"], "has no checkpoint"),
+    (["train", "--run-dir", "{root}", "--run-name", "done", "--eval-top-p", "nan"], "eval_top_p"),
+    (["train", "--run-dir", "{root}", "--run-name", "done", "--tasks", "chain_sum", "gdc"], "did you mean 'gcd'"),
+    (["train", "--run-dir", "{root}", "--run-name", "done", "--eps-low", "1"], "eps_low"),
+    (["train", "--run-dir", "{root}", "--run-name", "../escape"], "run_name"),
+    (["train", "--config", "{root}/missing.yaml"], "--config"),
+])
+def test_cli_errors_are_one_line_and_write_nothing(argv, needle, finished_run, capsys):
+    root = finished_run.parent
+    before = snapshot(root)
+    argv = [a.format(run=finished_run, root=root) for a in argv]
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert snapshot(root) == before
+    assert not (root / "no_such_run").exists(), "resume must not create the directory it was pointed at"
+
+
+def test_trainer_level_bad_input_fails_before_the_run_dir_is_touched(finished_run, tiny_model, tmp_path):
+    from brorl_lab.trainer import Trainer
+
+    root = finished_run.parent
+    before = snapshot(root)
+    same_run = dict(SMALL, run_dir=str(root), run_name=finished_run.name)
+    # a registered family without a frozen eval set, while evaluation is on
+    missing = [t for t in task_names() if not eval_path(t).is_file()]
+    if missing:
+        with pytest.raises(ConfigError) as e:
+            Trainer(Config(**same_run, model=tiny_model, tasks=[missing[0]], eval_every=1), progress=False)
+        assert_clear_error(e.value, "eval_tasks")
+    # a hub id that is neither cached nor reachable (HF_HUB_OFFLINE=1 in conftest)
+    with pytest.raises(ConfigError) as e:
+        Trainer(Config(**same_run, model="brorl-lab-tests/no-such-model"), progress=False)
+    assert_clear_error(e.value, "model", "brorl-lab-tests/no-such-model")
+    with pytest.raises(ValueError, match="cfg"):
+        Trainer(dataclasses.asdict(Config(**same_run)), progress=False)
+    assert snapshot(root) == before
+    # resume: a damaged config.yaml or a foreign checkpoint file is one ValueError naming the file
+    for damage, needle in [("config.yaml", "config.yaml could not be read"),
+                           ("checkpoint/state.pt", "state.pt could not be loaded")]:
+        copy = tmp_path / f"damaged_{len(needle)}"
+        for p in finished_run.rglob("*"):
+            if p.is_file():
+                (copy / p.relative_to(finished_run)).parent.mkdir(parents=True, exist_ok=True)
+                (copy / p.relative_to(finished_run)).write_bytes(p.read_bytes())
+        (copy / damage).write_bytes(b"\x00not: [valid\n")
+        with pytest.raises(ValueError, match=needle):
+            Trainer.resume(copy, progress=False)
+    assert snapshot(root) == before
+
+
+# ---- papermill parameters ----------------------------------------------------------------------------------------
+DECLARED = {"mode": "ok", "x": 1, "label": "", "run_dir": ""}
+
+
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory) -> Path:
+    """A small notebook with a parameters cell; it records each execution and what it received."""
+    path = tmp_path_factory.mktemp("nb") / "params.ipynb"
+    nb = new_notebook(cells=[
+        new_code_cell("\n".join(f"{k} = {v!r}" for k, v in DECLARED.items()), metadata={"tags": ["parameters"]}),
+        new_code_cell("import json, pathlib\n"
+                      "d = pathlib.Path(run_dir)\n"
+                      "with open(d / 'executions.txt', 'a') as f:\n"
+                      "    f.write('1\\n')\n"
+                      "(d / 'received.json').write_text(json.dumps({'mode': mode, 'x': x, 'label': label}))\n"
+                      "if mode != 'ok':\n"
+                      "    raise ValueError(f'mode: got {mode!r}')\n"),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+BAD_VALUES = st.one_of(
+    st.builds(object), st.sets(st.integers(), min_size=1, max_size=2), st.binary(max_size=4),
+    st.complex_numbers(allow_nan=False, max_magnitude=5),
+    st.sampled_from(["\ud800", "a\udfffb"]),
+    st.dictionaries(st.integers(), st.integers(), min_size=1, max_size=2),
+    st.lists(st.builds(object), min_size=1, max_size=2).map(lambda v: [1, v]),
+    st.builds(lambda: {"ok": [1, {"deep": object()}]}),
+)
+BAD_PARAMS = st.one_of(
+    # unknown names (with valid values)
+    st.dictionaries(st.one_of(st.text(max_size=10), st.integers(), st.none()).filter(lambda k: k not in DECLARED),
+                    st.integers(), min_size=1, max_size=2).map(lambda d: ("name", d)),
+    # declared names with values papermill cannot write into a cell
+    st.tuples(st.sampled_from(sorted(DECLARED)), BAD_VALUES).map(lambda kv: ("value", {kv[0]: kv[1]})),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=BAD_PARAMS)
+def test_random_bad_papermill_parameters_fail_early_naming_the_parameter(case, notebook, tmp_path_factory):
+    kind, params = case
+    key = next(iter(params))
+    with pytest.raises(ValueError) as e:
+        sweep.check_parameters(notebook, params)
+    msg = str(e.value)
+    assert f"parameter {key!r}" in msg and "allowed" in msg and len(msg.splitlines()) == 1, msg
+    if kind == "name":
+        assert ", ".join(DECLARED) in msg
+    # run_notebook: same error, and the out dir (holding an earlier run) is untouched
+    out = tmp_path_factory.mktemp("run")
+    (out / "status.json").write_text('{"status": "finished"}')
+    (out / "metrics.parquet").write_bytes(os.urandom(64))
+    before = snapshot(out)
+    with pytest.raises(ValueError) as e2:
+        sweep.run_notebook(notebook, out, params)
+    assert str(e2.value) == msg
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("params, needle", [
+    (None, "parameters"), ([("x", 1)], "parameters"), ("x=1", "parameters"), ({"x": {1, 2}}, "'x'"),
+])
+def test_check_parameters_wants_a_mapping(params, needle, notebook):
+    with pytest.raises(ValueError, match=needle):
+        sweep.check_parameters(notebook, params)
+
+
+def test_odd_but_valid_values_reach_the_notebook_intact(notebook, tmp_path):
+    """The validator must not over-reject: NUL, control characters, non-ASCII digits, NaN are writable values."""
+    label = "\x00\x07\u0663\u200b\U0001F600 é"
+    status = sweep.run_notebook(notebook, tmp_path / "odd", {"label": label, "x": [1.5, None, {"k": "v"}]},
+                                html=False)
+    assert status["status"] == "finished", status
+    import json
+
+    got = json.loads((tmp_path / "odd" / "received.json").read_text())
+    assert got == {"mode": "ok", "x": [1.5, None, {"k": "v"}], "label": label}
+    sweep.check_parameters(notebook, {"x": math.nan, "label": "\x1b[31m"})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(grid=st.one_of(
+    BAD_PARAMS.map(lambda c: {k: [v] for k, v in c[1].items()}),
+    st.just({"x": []}), st.just({"x": 1}), st.just({"mode": "ok"}), st.just({}), st.just([]),
+    st.just([{"x": 1}, 5]), st.just("mode=ok"), st.integers(),
+    BAD_PARAMS.map(lambda c: [{"x": 2}, c[1]]),
+), parallel=st.one_of(st.just(1), st.integers(max_value=0), st.just(True), st.just(1.5)))
+def test_a_bad_sweep_fails_before_any_run_and_the_sweep_dir_is_untouched(grid, parallel, notebook, sweep_dir):
+    before = snapshot(sweep_dir)
+    with pytest.raises(ValueError) as e:
+        sweep.run_sweep(notebook, grid, out=sweep_dir, parallel=parallel, progress=False)
+    msg = str(e.value)
+    assert any(w in msg for w in ("parameter", "grid", "parallel")) and len(msg.splitlines()) == 1, msg
+    assert snapshot(sweep_dir) == before
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(notebook, tmp_path_factory) -> Path:
+    """A finished one-run sweep (its index and run directory are what a bad re-run must not touch)."""
+    out = tmp_path_factory.mktemp("sweep")
+    df = sweep.run_sweep(notebook, {"x": [7]}, out=out, progress=False)
+    assert list(df["status"]) == ["finished"]
+    return out
+
+
+def test_a_missing_or_unreadable_notebook_is_a_value_error(tmp_path):
+    bad = tmp_path / "not_a_notebook.ipynb"
+    bad.write_text("print('hi')")
+    for nb in (tmp_path / "missing.ipynb", bad):
+        for call in (lambda: sweep.check_parameters(nb, {}), lambda: sweep.run_notebook(nb, tmp_path / "o"),
+                     lambda: sweep.run_sweep(nb, {"x": [1]}, out=tmp_path / "s", progress=False)):
+            with pytest.raises(ValueError, match="notebook"):
+                call()
+    assert not (tmp_path / "o").exists() and not (tmp_path / "s").exists()
