@@ -11,6 +11,9 @@ Theory figures (the mass balance of :mod:`brorl_lab.theory`):
     lemma2_figure         the unsampled second moment sum p^2 (1-p)^N across N
     paper_simulation_figure  Fig. 3 of the paper: Q_pos, share of correct tokens improved, worst drop, per N
     budget_figure         final Q_pos against N at a fixed budget of draws
+
+Dashboard figures (section "# ---- dashboard": training runs, the live dashboard, the run browser, notebooks 03/04):
+    metric_figure, run_curves_figure, metrics_grid_figure, arm_band_figure, pass_at_k_figure, empty_figure
 """
 
 from __future__ import annotations
@@ -155,3 +158,265 @@ def budget_figure(budget: pd.DataFrame, *, title: str = "Fixed budget of draws: 
     _n_axis(fig)
     fig.update_layout(title_text=title, yaxis_title="Q_pos after the budget", height=340)
     return fig
+
+
+# ---- dashboard ------------------------------------------------------------------------------------------------------
+# Training-run figures: the live dashboard and the run browser (widgets.py sections 2-3), notebooks 03 and 04.
+# Inputs are metrics DataFrames as the Trainer writes them (one row per step; ``reset`` is True on the steps where
+# the reference was reset) or as tracking.load_runs stacks them (a ``run`` column). Every builder returns a figure,
+# with a message drawn in it when there is nothing to plot, so a notebook on an empty or partial runs root renders.
+
+DASHBOARD_METRICS = ("reward_mean", "ds_pass_rate", "entropy", "kl", "eval/mean/pass@1")
+X_AXES = {"step": "step", "cum_samples": "samples generated", "cum_wall_s": "training time (s, eval excluded)"}
+METRIC_LABELS = {"reward_mean": "mean reward", "pass_at_1": "train pass@1", "ds_pass_rate": "dynamic-sampling pass rate",
+                 "entropy": "entropy (nats/token)", "kl": "KL to reference", "approx_kl": "KL to rollout policy",
+                 "clipfrac_high": "clipped share (upper)", "clipfrac_low": "clipped share (lower)",
+                 "response_length_mean": "mean response length", "grad_norm": "grad norm"}
+RESETS = "resets"
+RESET_MARKER = dict(symbol="x-thin", size=11, color="#d62728", line=dict(width=2, color="#d62728"))
+PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff",
+           "#fecb52")
+# Columns of a metrics table that are bookkeeping, not curves worth choosing in a browser.
+NOT_METRICS = ("step", "run", "skipped", "reset", "samples", "tokens", "kept_groups", "rollout_rounds")
+
+
+def metric_label(metric: str) -> str:
+    """A readable axis title: "eval/chain_sum/pass@4" -> "chain_sum pass@4 (eval)"."""
+    parts = metric.split("/")
+    if len(parts) == 3 and parts[0] == "eval":
+        return f"{parts[1]} {parts[2]} (eval)"
+    return METRIC_LABELS.get(metric, metric)
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """Numeric curve columns of a metrics table (no config, bookkeeping or cumulative-x columns), eval first."""
+    cols = [c for c in df.columns if not c.startswith("cfg.") and c not in NOT_METRICS and c not in X_AXES
+            and pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    return sorted(cols, key=lambda c: (not c.startswith("eval/"), c.startswith("time/"), c))
+
+
+def empty_figure(message: str, *, title: Optional[str] = None, height: int = 300) -> go.Figure:
+    """A figure that says why there is nothing to plot (annotation "message")."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, name="message", xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                       font=dict(size=14, color="#666666"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(title_text=title, height=height)
+    return fig
+
+
+def reset_points(df: pd.DataFrame, metric: str, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of the reset steps, y the metric there (or its last value before, for metrics not logged on that
+    step, like eval metrics)."""
+    if df.empty or "reset" not in df or metric not in df or x not in df:
+        return np.array([]), np.array([])
+    d = df.sort_values(x) if x in df else df
+    y = pd.to_numeric(d[metric], errors="coerce").ffill().bfill()
+    mask = d["reset"].fillna(False).astype(bool).to_numpy()
+    return d[x].to_numpy(dtype=float)[mask], y.to_numpy(dtype=float)[mask]
+
+
+def _curve(df: pd.DataFrame, metric: str, x: str) -> tuple[np.ndarray, np.ndarray]:
+    from .analysis import curve_points
+
+    return curve_points(df, metric, x)
+
+
+def metric_figure(metric: str, df: Optional[pd.DataFrame] = None, *, x: str = "step", height: int = 240,
+                  color: str = PALETTE[0]) -> go.Figure:
+    """One metric of one run against ``x``: trace "metric" (line) and trace "resets" (markers at reset steps).
+    The live dashboard starts from ``df=None`` (empty traces) and appends to both."""
+    df = pd.DataFrame() if df is None else df
+    xs, ys = _curve(df, metric, x)
+    rx, ry = reset_points(df, metric, x)
+    fig = go.Figure([go.Scatter(name="metric", x=xs, y=ys, mode="lines+markers", marker_size=5, line_color=color),
+                     go.Scatter(name=RESETS, x=rx, y=ry, mode="markers", marker=RESET_MARKER,
+                                hovertemplate="reference reset at %{x}<extra></extra>")])
+    fig.update_layout(title_text=metric_label(metric), height=height, showlegend=False,
+                      margin=dict(t=40, b=40, l=50, r=10))
+    fig.update_xaxes(title_text=X_AXES.get(x, x))
+    return fig
+
+
+def _add_run_traces(fig: go.Figure, df: pd.DataFrame, metric: str, x: str, runs: Sequence[str],
+                    names: Mapping[str, str], mark_resets: bool, **where) -> int:
+    """Add one line (and its reset markers) per run to ``fig``; returns how many runs had points."""
+    drawn = 0
+    for i, run in enumerate(runs):
+        g = df[df["run"] == run]
+        xs, ys = _curve(g, metric, x)
+        if not len(xs):
+            continue
+        drawn += 1
+        color, name = PALETTE[i % len(PALETTE)], names.get(run, run)
+        first = not where or where.get("row", 1) == 1 and where.get("col", 1) == 1
+        fig.add_trace(go.Scatter(name=name, legendgroup=run, showlegend=first, x=xs, y=ys, mode="lines+markers",
+                                 marker_size=4, line_color=color), **where)
+        rx, ry = reset_points(g, metric, x)
+        if mark_resets and len(rx):
+            fig.add_trace(go.Scatter(name=f"{name} · {RESETS}", legendgroup=run, showlegend=False, x=rx, y=ry,
+                                     mode="markers", marker={**RESET_MARKER, "color": color},
+                                     hovertemplate=f"{name}: reference reset at %{{x}}<extra></extra>"), **where)
+    return drawn
+
+
+def _runs_of(df: pd.DataFrame, runs: Optional[Sequence[str]]) -> list[str]:
+    if df.empty or "run" not in df:
+        return []
+    present = list(dict.fromkeys(df["run"]))
+    return present if runs is None else [r for r in runs if r in set(present)]
+
+
+def run_curves_figure(df: pd.DataFrame, metric: str, *, x: str = "step", runs: Optional[Sequence[str]] = None,
+                      names: Optional[Mapping[str, str]] = None, mark_resets: bool = True,
+                      title: Optional[str] = None, height: int = 380) -> go.Figure:
+    """Overlay ``metric`` against ``x`` for ``runs`` (default: all) of a stacked table (column ``run``): one line
+    per run, named by ``names[run]`` or the run, reset steps as x markers (trace "<name> · resets")."""
+    runs = _runs_of(df, runs)
+    title = title or f"{metric_label(metric)} against {X_AXES.get(x, x)}"
+    if not runs:
+        return empty_figure("no runs selected" if not df.empty else "no runs found", title=title, height=height)
+    fig = go.Figure()
+    if not _add_run_traces(fig, df, metric, x, runs, names or {}, mark_resets):
+        return empty_figure(f"no values of {metric} against {x} in the selected runs", title=title, height=height)
+    fig.update_layout(title_text=title, height=height, legend=dict(orientation="h", y=-0.2),
+                      margin=dict(t=50, b=40, l=60, r=20))
+    fig.update_xaxes(title_text=X_AXES.get(x, x))
+    fig.update_yaxes(title_text=metric_label(metric))
+    return fig
+
+
+def metrics_grid_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "step",
+                        runs: Optional[Sequence[str]] = None, names: Optional[Mapping[str, str]] = None,
+                        cols: int = 2, title: Optional[str] = None, height_per_row: int = 260) -> go.Figure:
+    """Several metrics, one panel each, runs overlaid with the same colour in every panel (an ablation at a
+    glance: e.g. entropy, KL, reward and eval pass@1 of each arm)."""
+    runs = _runs_of(df, runs)
+    if not runs or not metrics:
+        return empty_figure("no runs found" if not runs else "no metrics chosen", title=title)
+    rows = -(-len(metrics) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[metric_label(m) for m in metrics])
+    for i, m in enumerate(metrics):
+        _add_run_traces(fig, df, m, x, runs, names or {}, True, row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(title_text=X_AXES.get(x, x))
+    fig.update_layout(title_text=title, height=rows * height_per_row + 80, legend=dict(orientation="h", y=-0.12),
+                      margin=dict(t=80, b=40, l=60, r=20))
+    return fig
+
+
+def arm_band_figure(pooled: pd.DataFrame, *, metric: str, x: str, title: Optional[str] = None,
+                    height: int = 380, **where) -> go.Figure:
+    """Mean curve per arm with its min-max band over seeds, from :func:`brorl_lab.analysis.arm_curves`."""
+    title = title or f"{metric_label(metric)} at equal {X_AXES.get(x, x)}"
+    if pooled.empty:
+        return empty_figure(f"no runs with two or more values of {metric} over a common range of {x}",
+                            title=title, height=height)
+    fig = go.Figure()
+    for i, (arm, g) in enumerate(pooled.groupby("arm", sort=True)):
+        color = PALETTE[i % len(PALETTE)]
+        if (g["runs"] > 1).any():
+            fig.add_trace(go.Scatter(name=f"{arm} · range", legendgroup=arm, showlegend=False,
+                                     x=np.r_[g["x"], g["x"][::-1]], y=np.r_[g["max"], g["min"][::-1]],
+                                     fill="toself", line_width=0, fillcolor=_rgba(color, 0.18), hoverinfo="skip"))
+        fig.add_trace(go.Scatter(name=f"{arm} ({int(g['runs'].max())} run{'s' * (g['runs'].max() > 1)})",
+                                 legendgroup=arm, x=g["x"], y=g["mean"], mode="lines", line_color=color))
+    fig.update_layout(title_text=title, height=height, legend=dict(orientation="h", y=-0.25),
+                      margin=dict(t=50, b=40, l=60, r=20))
+    fig.update_xaxes(title_text=X_AXES.get(x, x))
+    fig.update_yaxes(title_text=metric_label(metric))
+    return fig
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def pass_at_k_figure(pooled: pd.DataFrame, *, family: str = "mean",
+                     title: str = "pass@k before and after training, per arm") -> go.Figure:
+    """Two panels from :func:`brorl_lab.analysis.arm_pass_at_k`: left, pass@k against k at the first (dashed) and
+    last (solid) evaluation of each arm; right, the gain against k. A gain that stays at large k widens the
+    reasoning boundary; one that fades as k grows only sharpens pass@1."""
+    if pooled.empty:
+        return empty_figure(f"no eval/{family}/pass@k columns in these runs", title=title)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"{family} pass@k", "gain (last − first evaluation)"))
+    for i, (arm, g) in enumerate(pooled.groupby("arm", sort=True)):
+        color = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(name=f"{arm} · first eval", legendgroup=arm, showlegend=False, x=g["k"],
+                                 y=g["initial"], mode="lines+markers", line=dict(color=color, dash="dash")),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(name=arm, legendgroup=arm, x=g["k"], y=g["final"], mode="lines+markers",
+                                 line_color=color), row=1, col=1)
+        fig.add_trace(go.Scatter(name=f"{arm} · gain", legendgroup=arm, showlegend=False, x=g["k"], y=g["gain"],
+                                 mode="lines+markers", line_color=color), row=1, col=2)
+    fig.add_hline(y=0, line_color="black", line_width=1, row=1, col=2)
+    ks = sorted(pooled["k"].unique())
+    fig.update_xaxes(type="log", tickvals=ks, ticktext=[str(k) for k in ks], title_text="k")
+    fig.update_layout(title_text=title, height=380, legend=dict(orientation="h", y=-0.25),
+                      margin=dict(t=80, b=40, l=60, r=20))
+    return fig
+
+
+# ---- training curves -------------------------------------------------------------------------------------------------
+# BroRL's Fig. 1 in miniature (notebook 02): the arms of brorl_lab.experiments.run_rollout_scaling, a long table with
+# columns arm, seed, run and the Trainer's metrics. One panel per metric; each arm's seeds are put on a grid of x
+# that they all cover (analysis.curves_on_grid, per arm so the longer arm is not cut) and pooled (analysis.arm_curves):
+# the mean line, and with >= 2 seeds the min-max band over seeds.
+
+ARM_COLORS = {"prorl": "#1f77b4", "brorl": "#d62728"}
+ARM_DIAGNOSTICS = (("ds_pass_rate", "dynamic-sampling pass rate"), ("entropy", "entropy (nats/token)"),
+                   ("response_length_mean", "mean response length (tokens)"),
+                   ("samples_per_s", "generation samples/s"))
+
+
+def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum_samples",
+                      titles: Optional[Sequence[str]] = None, labels: Optional[Mapping[str, str]] = None,
+                      cols: int = 2, title: Optional[str] = None, points: int = 41,
+                      height_per_row: int = 280) -> go.Figure:
+    """One panel per metric against ``x``, one line per arm (trace name ``labels[arm]``, legend group ``arm``)
+    and a band trace "<label> · seed range" when the arm has >= 2 seeds."""
+    from .analysis import arm_curves, curves_on_grid
+
+    if df.empty or not metrics or "arm" not in df:
+        return empty_figure("no arms to plot", title=title)
+    labels = dict(labels or {})
+    arms = list(dict.fromkeys(df["arm"]))
+    rows = -(-len(metrics) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(titles or [metric_label(m) for m in metrics]))
+    for i, m in enumerate(metrics):
+        where = dict(row=i // cols + 1, col=i % cols + 1)
+        for j, arm in enumerate(arms):
+            sub = df[df["arm"] == arm]
+            pooled = arm_curves(curves_on_grid(sub, m, x, points=points, labels={r: arm for r in sub["run"]}))
+            if pooled.empty:
+                continue
+            color, name = ARM_COLORS.get(arm, PALETTE[j % len(PALETTE)]), labels.get(arm, arm)
+            if (pooled["runs"] > 1).any():
+                fig.add_trace(go.Scatter(name=f"{name} · seed range", legendgroup=arm, showlegend=False,
+                                         x=np.r_[pooled["x"], pooled["x"][::-1]],
+                                         y=np.r_[pooled["max"], pooled["min"][::-1]], fill="toself", line_width=0,
+                                         fillcolor=_rgba(color, 0.18), hoverinfo="skip"), **where)
+            fig.add_trace(go.Scatter(name=name, legendgroup=arm, showlegend=i == 0, x=pooled["x"], y=pooled["mean"],
+                                     mode="lines", line_color=color), **where)
+    fig.update_xaxes(title_text=X_AXES.get(x, x))
+    fig.update_layout(title_text=title, height=rows * height_per_row + 90, legend=dict(orientation="h", y=-0.12),
+                      margin=dict(t=80, b=40, l=60, r=20))
+    return fig
+
+
+def arm_pass_at_1_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: Optional[Mapping[str, str]] = None,
+                         title: Optional[str] = None) -> go.Figure:
+    """Held-out pass@1 of each family (and their mean) against ``x`` for both arms: BroRL's Fig. 1 in miniature."""
+    fams = sorted({c.split("/")[1] for c in df.columns if c.startswith("eval/") and c.endswith("/pass@1")},
+                  key=lambda f: (f == "mean", f))
+    return arm_panels_figure(df, [f"eval/{f}/pass@1" for f in fams], x=x, titles=[f"{f} pass@1" for f in fams],
+                             labels=labels, title=title or f"Held-out pass@1 against {X_AXES.get(x, x)}")
+
+
+def arm_diagnostics_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: Optional[Mapping[str, str]] = None,
+                           title: str = "What each arm's steps looked like") -> go.Figure:
+    """Dynamic-sampling pass rate, entropy, response length and generation samples/s of both arms against ``x``."""
+    present = [(m, t) for m, t in ARM_DIAGNOSTICS if m in df]
+    return arm_panels_figure(df, [m for m, _ in present], x=x, titles=[t for _, t in present], labels=labels,
+                             title=title)

@@ -2,18 +2,23 @@
 
 Sections (each self-contained; later dashboards go below their own header):
     1. The mass-balance explorer (theory of BroRL Sec. 2): :func:`mass_balance_explorer`.
+    2. The live training dashboard: :class:`TrainingDashboard`, a Trainer callback with a Stop button.
+    3. The run browser: :func:`run_browser`, overlay runs under a directory by metric and x axis.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional, Sequence
 
 import ipywidgets as w
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 
-from . import plots, theory
+from . import plots, theory, tracking
 
 # =================================================================================================================
 # 1. The mass-balance explorer
@@ -198,3 +203,296 @@ def mass_balance_explorer(problem: Optional[theory.Problem] = None, *, logits=No
             raise ValueError("pass either problem, or both logits and correct (a boolean mask like logits)")
         problem = theory.logit_problem(logits, correct)
     return MassBalanceExplorer(problem, **kwargs)
+
+
+# =================================================================================================================
+# 2. The live training dashboard
+# =================================================================================================================
+
+DASHBOARD_STOP_LABEL = "Stop after this step"  # stable handles for tests
+
+
+class TrainingDashboard(w.VBox):
+    """Live plotly curves of a training run, and a Stop button. Pass it as a Trainer callback::
+
+        dash = TrainingDashboard(metrics=("reward_mean", "ds_pass_rate", "entropy", "kl", "eval/mean/pass@1"))
+        trainer = Trainer(cfg, callbacks=[dash])
+        display(dash)
+        job = dash.start(trainer)      # trains in a background thread: the kernel stays free for the Stop button
+        metrics = job.result()         # waits; a kernel interrupt (■) while waiting also stops after this step
+
+    ``trainer.run()`` works as well (the curves update live), but a busy kernel handles the button's click only
+    after the run: stop such a run with the kernel interrupt, which the Trainer also treats as "stop after this
+    step". Either way the run stays resumable (``Trainer.resume(run_dir)``).
+
+    Each call appends one point per metric to its figure inside ``batch_update`` (one message per figure); metrics
+    missing from a row (eval metrics between evaluations, training metrics in the step-0 eval row) are skipped, and
+    rows with ``reset`` True add a marker to the figure's "resets" trace, its hover text the reason logged in the
+    run's events.jsonl. A new trainer clears the figures and replays its rows (a resumed run shows its history).
+    """
+
+    def __init__(self, metrics: Sequence[str] = plots.DASHBOARD_METRICS, *, x: str = "step", columns: int = 3,
+                 height: int = 240):
+        metrics = tuple(metrics)
+        if not metrics or not all(isinstance(m, str) and m for m in metrics):
+            raise ValueError(f"metrics: got {metrics!r}; allowed: a non-empty sequence of metric column names")
+        if x not in plots.X_AXES:
+            raise ValueError(f"x: got {x!r}; allowed: one of {list(plots.X_AXES)}")
+        self.metrics, self.x = metrics, x
+        self.trainer = None
+        self.rows: list[dict] = []
+        self.stop_requested = False
+        self.figures = {m: go.FigureWidget(plots.metric_figure(m, x=x, height=height)) for m in metrics}
+        self.stop_button = w.Button(description=DASHBOARD_STOP_LABEL, icon="stop", button_style="warning",
+                                    disabled=True, tooltip="finish the current step, checkpoint, stop (resumable)")
+        self.stop_button.on_click(self._on_stop)
+        self.status = w.HTML("<i>waiting for the first step…</i>")
+        grid = w.GridBox(list(self.figures.values()),
+                         layout=w.Layout(grid_template_columns=f"repeat({max(1, int(columns))}, 1fr)"))
+        super().__init__([w.HBox([self.stop_button, self.status]), grid])
+
+    # ---- the callback -------------------------------------------------------------------------------------------
+    def __call__(self, trainer, row: dict) -> None:
+        if trainer is not self.trainer:
+            self.attach(trainer)
+            for r in trainer.rows:  # includes ``row``: the callback runs after the row is stored
+                self.update(r)
+            if not trainer.rows or trainer.rows[-1] is not row:
+                self.update(row)
+        else:
+            self.update(row)
+
+    def attach(self, trainer) -> None:
+        """Bind the Stop button to ``trainer`` and start from empty figures."""
+        self.trainer, self.stop_requested = trainer, False
+        self.clear()
+        self.stop_button.disabled = False
+        self.stop_button.description = DASHBOARD_STOP_LABEL
+
+    def clear(self) -> None:
+        self.rows = []
+        for fig in self.figures.values():
+            with fig.batch_update():
+                for tr in fig.data:
+                    tr.x, tr.y, tr.hovertext = (), (), ()
+
+    def update(self, row: dict) -> int:
+        """Append ``row`` to the curves; returns how many figures got a point."""
+        self.rows.append(row)
+        xv = row.get(self.x)
+        if not _finite(xv):
+            return 0
+        reset, reason = bool(row.get("reset")), None
+        if reset:
+            reason = self._reset_reason(row.get("step"))
+        touched = 0
+        for m, fig in self.figures.items():
+            line, marks = fig.data
+            v = row.get(m)
+            if _finite(v):
+                with fig.batch_update():
+                    line.x, line.y = _append(line.x, xv), _append(line.y, float(v))
+                touched += 1
+            if reset:
+                y = float(v) if _finite(v) else (float(line.y[-1]) if _len(line.y) else 0.0)
+                with fig.batch_update():
+                    marks.x, marks.y = _append(marks.x, xv), _append(marks.y, y)
+                    marks.hovertext = _append(marks.hovertext, f"reset at {self.x} {xv}: {reason}")
+                    marks.hovertemplate = "%{hovertext}<extra></extra>"
+        self.status.value = self._status_text(row)
+        return touched
+
+    def _reset_reason(self, step) -> str:
+        run_dir = getattr(self.trainer, "run_dir", None)
+        events = run_dir.read_events() if run_dir is not None else []
+        hits = [e for e in events if e.get("event") == "reset" and e.get("step") == step]
+        return str(hits[-1].get("reason", "reset")) if hits else "reset"
+
+    def _status_text(self, row: dict) -> str:
+        bits = [f"<b>step {row.get('step')}</b>"]
+        total = getattr(getattr(self.trainer, "cfg", None), "steps", None)
+        if total:
+            bits[0] += f" / {total}"
+        for key, fmt in (("reward_mean", "reward {:.3f}"), ("eval/mean/pass@1", "eval pass@1 {:.3f}"),
+                         ("kl", "KL {:.2e}"), ("cum_wall_s", "{:.0f} s")):
+            if _finite(row.get(key)):
+                bits.append(fmt.format(row[key]))
+        if self.stop_requested:
+            bits.append("<i>stopping after this step…</i>")
+        return " · ".join(bits)
+
+    # ---- stopping and background runs ------------------------------------------------------------------------------
+    def _on_stop(self, _button=None) -> None:
+        if self.trainer is None:
+            return
+        self.trainer.stop()
+        self.stop_requested = True
+        self.stop_button.disabled = True
+        self.stop_button.description = "stopping…"
+        self.status.value += " · <i>stopping after this step…</i>"
+
+    def start(self, trainer, steps: Optional[int] = None) -> "TrainingJob":
+        """Add this dashboard to ``trainer``'s callbacks (once) and run ``trainer.run(steps)`` in a background
+        thread; returns the :class:`TrainingJob`."""
+        if self not in trainer.callbacks:
+            trainer.callbacks.append(self)
+        self.attach(trainer)
+        return TrainingJob(lambda: trainer.run(steps), on_interrupt=trainer.stop, name=f"train {trainer.run_dir}")
+
+
+def _len(seq) -> int:
+    return 0 if seq is None or isinstance(seq, str) else len(seq)
+
+
+def _append(seq, value) -> tuple:
+    """A trace array (None, tuple or numpy array) with one more value."""
+    return (tuple(seq) if _len(seq) else ()) + (value,)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
+class TrainingJob:
+    """``fn()`` in a daemon thread. :meth:`result` waits for it and returns its value (or raises its exception).
+    A KeyboardInterrupt (kernel interrupt) while waiting calls ``on_interrupt`` (e.g. ``trainer.stop``) and keeps
+    waiting for a clean stop; a second one stops waiting."""
+
+    def __init__(self, fn, *, on_interrupt=None, name: str = "training"):
+        import threading
+
+        self.on_interrupt = on_interrupt
+        self._value, self._error = None, None
+        self._thread = threading.Thread(target=self._target, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _target(self, fn) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever calls result()
+            self._error = e
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: Optional[float] = None):
+        try:
+            self._thread.join(timeout)
+        except KeyboardInterrupt:
+            if self.on_interrupt is None:
+                raise
+            self.on_interrupt()
+            self._thread.join(timeout)  # a second interrupt propagates
+        if self._thread.is_alive():
+            raise TimeoutError(f"{self._thread.name} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+# =================================================================================================================
+# 3. The run browser
+# =================================================================================================================
+
+BROWSER_DEFAULT_METRICS = ("eval/mean/pass@1", "reward_mean")
+
+
+class RunBrowser(w.VBox):
+    """Pick runs under ``root`` (from :func:`brorl_lab.tracking.run_index`), a metric and an x axis (step, samples
+    generated, training time), and overlay their curves (:func:`brorl_lab.plots.run_curves_figure`). "Refresh"
+    re-reads the directory (runs still training grow)."""
+
+    def __init__(self, root: str | Path = "runs", *, metric: Optional[str] = None, x: str = "step",
+                 runs: Optional[Sequence[str]] = None, max_initial: int = 6, height: int = 420):
+        if x not in plots.X_AXES:
+            raise ValueError(f"x: got {x!r}; allowed: one of {list(plots.X_AXES)}")
+        self.root, self.height = Path(root), height
+        self.run_select = w.SelectMultiple(description="runs", rows=8, layout=w.Layout(width="420px"))
+        self.metric = w.Dropdown(description="metric", layout=w.Layout(width="360px"))
+        self.x_axis = w.ToggleButtons(options=[(label, key) for key, label in plots.X_AXES.items()], value=x,
+                                      description="x axis")
+        self.refresh_button = w.Button(description="Refresh", icon="refresh")
+        self.message = w.HTML()
+        self.table = w.HTML()
+        self.figure = go.FigureWidget(plots.empty_figure("loading…", height=height))
+        self.index, self.data = pd.DataFrame(), pd.DataFrame()
+        self.refresh(metric=metric, runs=runs, max_initial=max_initial)
+        for c in (self.run_select, self.metric, self.x_axis):
+            c.observe(lambda _ch: self.redraw(), names="value")
+        self.refresh_button.on_click(lambda _b: self.refresh())
+        controls = w.HBox([self.run_select, w.VBox([self.metric, self.x_axis, self.refresh_button, self.message])])
+        super().__init__([controls, self.figure, self.table])
+
+    @property
+    def selected(self) -> tuple:
+        return tuple(self.run_select.value)
+
+    def refresh(self, *, metric: Optional[str] = None, runs: Optional[Sequence[str]] = None,
+                max_initial: int = 6) -> pd.DataFrame:
+        """Re-read the run index and metrics under ``root``; keeps the selection where the runs still exist.
+        Returns the index."""
+        self.index, self.data = tracking.run_index(self.root), tracking.load_runs(self.root)
+        names = list(self.index["run"]) if not self.index.empty else []
+        keep = [r for r in (runs if runs is not None else self.selected) if r in names] or names[:max_initial]
+        metrics = plots.metric_columns(self.data) if not self.data.empty else []
+        current = metric or self.metric.value
+        default = next((m for m in (current, *BROWSER_DEFAULT_METRICS) if m in metrics), metrics[0] if metrics else None)
+        with self._muted_redraw():
+            self.run_select.options = names
+            self.run_select.value = tuple(keep)
+            self.metric.options = metrics
+            self.metric.value = default
+        if self.index.empty:
+            self.message.value = f"<b>No runs under {self.root}</b>: train one (Trainer, notebooks 02-04) first."
+        else:
+            self.message.value = f"{len(names)} run(s) under <code>{self.root}</code>"
+        self.table.value = _index_html(self.index)
+        self.redraw()
+        return self.index
+
+    def redraw(self) -> go.FigureWidget:
+        """Rebuild the overlay for the current selection; returns the FigureWidget."""
+        if self._muted:
+            return self.figure
+        if self.data.empty or self.metric.value is None:
+            fig = plots.empty_figure(f"no runs with metrics under {self.root}", height=self.height)
+        else:
+            fig = plots.run_curves_figure(self.data, self.metric.value, x=self.x_axis.value, runs=self.selected,
+                                          height=self.height)
+        replace_figure(self.figure, fig)
+        return self.figure
+
+    _muted = False
+
+    @contextmanager
+    def _muted_redraw(self):
+        """Set several controls without one redraw per change."""
+        self._muted = True
+        try:
+            yield
+        finally:
+            self._muted = False
+
+
+def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
+    """Make ``widget`` show ``fig``: its traces and layout (old traces, annotations and shapes go), in one update."""
+    with widget.batch_update():
+        widget.data = ()
+        widget.layout.annotations, widget.layout.shapes = (), ()
+        widget.add_traces(list(fig.data))
+        widget.update_layout(fig.layout.to_plotly_json())
+
+
+def _index_html(index: pd.DataFrame) -> str:
+    if index.empty:
+        return ""
+    cols = [c for c in ("run", "status", "steps_done", "final.eval/mean/pass@1", "final.reward_mean",
+                        "final.cum_samples", "final.cum_wall_s") if c in index]
+    return index[cols].to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0)
+
+
+def run_browser(root: str | Path = "runs", **kwargs) -> RunBrowser:
+    """The run browser (an ipywidgets VBox) over the runs under ``root``; keywords go to :class:`RunBrowser`
+    (metric, x, runs, max_initial, height)."""
+    return RunBrowser(root, **kwargs)
