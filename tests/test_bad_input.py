@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import time
 from pathlib import Path
 
 import nbformat
@@ -179,7 +180,7 @@ def assert_clear_error(err: BaseException, field: str, value=None) -> None:
     assert len(msg.splitlines()) == 1, f"one line expected: {msg}"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bad_field())
 def test_random_bad_config_values_fail_with_the_field_the_value_and_the_allowed_set(case):
     name, value, extra = case
@@ -446,3 +447,181 @@ def test_a_missing_or_unreadable_notebook_is_a_value_error(tmp_path):
             with pytest.raises(ValueError, match="notebook"):
                 call()
     assert not (tmp_path / "o").exists() and not (tmp_path / "s").exists()
+
+
+# ---- model outputs: answer extraction and every verifier -----------------------------------------------------------
+FAMILIES = task_names()
+CALL_BOUND_S = 2.0  # per verifier call, after the one-time imports (reasoning-gym scorers, math-verify, sympy)
+DIGITS = ["3", "٣", "３", "੩", "𝟑", "Ⅲ", "³", "⑶"]  # ASCII, Arabic-Indic, fullwidth, Gurmukhi, math bold, ...
+FRAGMENTS = DIGITS + ["<answer>", "</answer>", "<answer", "answer>", "\\boxed{", "{", "}", "\\frac{", "\\sqrt{",
+                      "$", "\\(", "\\)", "x =", "-", ".", ",", "/", " ", "\n", "\r", "\t", "\x00", "\x1b[2J",
+                      "\u202e", "\u200b", "\ufeff", "\ud800", "\udfff", "\x7f", "e", "E", "nan", "inf", "\\infty",
+                      "```python\n", "```", "def f(x):\n    return x\n", "Answer:", "\\left(", "\\right)"]
+# '^' towers and factorials are left out here: math-verify evaluates '9^9^9' eagerly and never returns (see
+# test_math_verify_power_towers_are_bounded below, which runs them in a subprocess with a hard timeout).
+ANY_CHAR = st.characters(codec=None, exclude_categories=())  # includes control characters and lone surrogates
+
+
+def _nested_frac(depth: int) -> str:
+    s = "1"
+    for _ in range(depth):
+        s = "\\frac{" + s + "}{2}"
+    return s
+
+
+ADVERSARIAL = {
+    "1 MB of digits": "7" * 1_000_000,
+    "1 MB of tags": "<answer>" * 125_000,
+    "1 MB then a tagged answer": "x" * 1_000_000 + "<answer>3</answer>",
+    "1 MB of unclosed boxes": "\\boxed{" * 150_000,
+    "brace flood": "{" * 200_000 + "}" * 200_000,
+    "frac 500 deep": _nested_frac(500),
+    "frac 500 deep boxed": "\\boxed{" + _nested_frac(500) + "}",
+    "frac 500 deep tagged": "<answer>" + _nested_frac(500) + "</answer>",
+    "short nested frac tagged": "<answer>" + _nested_frac(6) + "</answer>",
+    "control characters": "".join(map(chr, range(32))) + "<answer>\x00\x01 3</answer>",
+    "NUL bytes": "\x00" * 4096,
+    "NUL inside answer": "<answer>3\x00</answer>",
+    "unicode digits": "<answer>٣٤</answer> \\boxed{３} ੩𝟑",
+    "lone surrogates": "\ud800<answer>\udfff</answer>\udbff",
+    "nested tags": "<answer><answer>1</answer></answer>",
+    "paren 100 deep": "<answer>" + "(" * 100 + "1" + ")" * 100 + "</answer>",
+    "fence flood": "```python\n" * 50_000,
+    "long answer": "<answer>" + "9" * 5000 + "</answer>",
+    "128 nines": "9" * 128,
+    "empty": "",
+    "whitespace": " \n\t\r" * 100,
+    "bidi override": "\u202e<answer>3</answer>",
+}
+
+
+@pytest.fixture(scope="module")
+def items() -> dict:
+    """One real item of every registered family (frozen eval item when there is a set, else a sampled one), and a
+    warm-up call per family so the per-call bound measures verification, not first imports."""
+    from brorl_lab.rewards import score_response
+    from brorl_lab.tasks import TASKS, eval_set
+
+    out = {}
+    for name in FAMILIES:
+        out[name] = eval_set(name, limit=1)[0] if eval_path(name).is_file() else TASKS[name].sample(1, seed=0)[0]
+        score_response(out[name].answer, out[name], "plain")
+    return out
+
+
+def check_scored(family: str, item, response, template: str):
+    from brorl_lab.rewards import score_response
+
+    t0 = time.perf_counter()
+    r = score_response(response, item, template)
+    dt = time.perf_counter() - t0
+    bound = CALL_BOUND_S if family != "code" else CODE_BOUND_S
+    assert dt < bound, f"{family}/{template}: {dt:.2f}s on {response[:60]!r}"
+    assert type(r.correct) is bool, f"{family}: correct is {type(r.correct).__name__}"
+    assert isinstance(r.reward, float) and 0.0 <= r.reward <= 1.0, f"{family}: reward {r.reward!r}"
+    assert not r.correct or r.reward == 1.0, f"{family}: correct with reward {r.reward}"
+    assert r.extracted is None or isinstance(r.extracted, str)
+    return r
+
+
+CODE_BOUND_S = 5.0 + 5.0  # the code family's own sandbox limit (5 s) plus process start and teardown
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "code"])
+@pytest.mark.parametrize("case", list(ADVERSARIAL))
+def test_adversarial_outputs_score_in_range_without_raising_or_hanging(family, case, items):
+    for template in ("plain", "chat"):
+        check_scored(family, items[family], ADVERSARIAL[case], template)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "code"])
+def test_the_reference_answer_survives_junk_around_it_and_still_scores_in_range(family, items):
+    """Sanity for the fuzzing below: the verifier is live (the clean reference scores 1) under both templates."""
+    item = items[family]
+    for template, wrap in (("plain", " {}"), ("chat", "thinking... <answer>{}</answer>")):
+        assert check_scored(family, item, wrap.format(item.answer), template).correct
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(family=st.sampled_from([f for f in FAMILIES if f != "code"]),
+       response=st.one_of(st.text(ANY_CHAR, max_size=300),
+                          st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join),
+                          st.tuples(st.lists(st.sampled_from(FRAGMENTS), max_size=10).map("".join),
+                                    st.text(ANY_CHAR, max_size=40)).map(lambda t: f"{t[0]}<answer>{t[1]}</answer>")),
+       template=st.sampled_from(["plain", "chat"]))
+def test_random_outputs_never_raise_and_score_in_range(family, response, template, items):
+    check_scored(family, items[family], response, template)
+
+
+@settings(max_examples=300, deadline=None)
+@given(response=st.one_of(st.text(ANY_CHAR, max_size=2000), st.lists(st.sampled_from(FRAGMENTS), max_size=80)
+                          .map("".join), st.none(), st.integers(), st.binary(max_size=8)),
+       template=st.one_of(st.sampled_from(["plain", "chat"]), st.text(max_size=5)))
+def test_extract_answer_never_raises_and_returns_none_or_a_string(response, template):
+    from brorl_lab.tasks.templates import extract_answer
+
+    t0 = time.perf_counter()
+    got = extract_answer(response, template)
+    assert time.perf_counter() - t0 < 0.5
+    assert got is None or isinstance(got, str)
+    if not isinstance(response, str) or template not in ("plain", "chat"):
+        assert got is None
+
+
+def test_extract_answer_is_bounded_on_megabyte_outputs():
+    from brorl_lab.tasks.templates import extract_answer
+
+    for case in ("1 MB of digits", "1 MB of tags", "1 MB of unclosed boxes", "brace flood", "frac 500 deep boxed"):
+        for template in ("chat", "plain"):
+            t0 = time.perf_counter()
+            extract_answer(ADVERSARIAL[case], template)
+            # a tail of 1024 unclosed '<answer>' is the regex's worst case: ~0.35 s here, bounded by the tail size
+            assert time.perf_counter() - t0 < CALL_BOUND_S, case
+    assert extract_answer(ADVERSARIAL["1 MB then a tagged answer"], "chat") == "3"  # the tail is searched
+
+
+@pytest.mark.skipif("code" not in FAMILIES, reason="no code family registered")
+def test_code_family_few_adversarial_outputs(items):
+    """The code family runs a sandboxed process per call, so only a few cases: huge, binary junk, a fence flood,
+    surrogates in code, and code that never returns (bounded by the sandbox's own limit)."""
+    item = items["code"]
+    for response in (ADVERSARIAL["1 MB of digits"], ADVERSARIAL["fence flood"], ADVERSARIAL["NUL bytes"],
+                     "```python\ndef f(x):\n    return '\ud800'\n```", ADVERSARIAL["control characters"]):
+        assert check_scored("code", item, response, "chat").reward == 0.0
+    r = check_scored("code", item, "```python\nwhile True:\n    pass\n```", "chat")
+    assert (r.reward, r.correct) == (0.0, False)
+
+
+POWER_TOWERS = ["9^9^9", "10**10**10"]
+TOWER_SCRIPT = """
+import sys, time
+from brorl_lab.rewards import score_response
+from brorl_lab.tasks import eval_set
+item = eval_set("simple_equations", limit=1)[0]
+score_response(item.answer, item, "plain")  # warm-up
+for tower in sys.argv[1:]:
+    t0 = time.perf_counter()
+    r = score_response(tower, item, "plain")
+    print(f"{time.perf_counter() - t0:.3f}", r.reward, r.correct, flush=True)
+"""
+
+
+@pytest.mark.skipif("simple_equations" not in FAMILIES, reason="no math-verify family registered")
+@pytest.mark.xfail(strict=True, reason="KNOWN BUG (tasks/math_tasks.py, owner: tasks): math-verify parses a bare "
+                   "'9^9^9' / '10**10**10' and sympy evaluates the power tower eagerly; with parsing_timeout=None "
+                   "the verifier never returns, which would stall a training step. The answer-length cap does "
+                   "not bound this (5 characters).")
+def test_math_verify_power_towers_are_bounded():
+    import subprocess
+    import sys
+
+    try:  # a subprocess: a hung verifier cannot be interrupted in-process (sympy's integer power runs in C)
+        out = subprocess.run([sys.executable, "-c", TOWER_SCRIPT, *POWER_TOWERS], capture_output=True, text=True,
+                             timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"simple_equations verifier did not return within 15 s on {POWER_TOWERS}")
+    assert out.returncode == 0, out.stderr[-500:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert len(lines) == len(POWER_TOWERS)
+    for seconds, reward, correct in lines:
+        assert float(seconds) < CALL_BOUND_S and correct in ("True", "False") and 0 <= float(reward) <= 1
