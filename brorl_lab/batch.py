@@ -181,5 +181,7 @@ class RolloutBatch:
     def _repr_html_(self, samples_per_prompt: int = 3, max_prompts: int = 4) -> str:
         df = self.to_pandas()
         df = df[(df.sample_index < samples_per_prompt) & (df.prompt_index < max_prompts)]
+        for col in ("prompt", "response"):  # DataFrame.to_html has no max_colwidth: cut long texts here
+            df[col] = [t if len(t) <= 80 else t[:79] + "…" for t in df[col]]
         return (f"<p><b>{html.escape(repr(self))}</b> (showing {samples_per_prompt} samples of the first "
-                f"{max_prompts} prompts)</p>" + df.to_html(index=False, max_colwidth=80))
+                f"{max_prompts} prompts)</p>" + df.to_html(index=False))
