@@ -319,8 +319,9 @@ def arm_band_figure(pooled: pd.DataFrame, *, metric: str, x: str, title: Optiona
             fig.add_trace(go.Scatter(name=f"{arm} · range", legendgroup=arm, showlegend=False,
                                      x=np.r_[g["x"], g["x"][::-1]], y=np.r_[g["max"], g["min"][::-1]],
                                      fill="toself", line_width=0, fillcolor=_rgba(color, 0.18), hoverinfo="skip"))
-        fig.add_trace(go.Scatter(name=f"{arm} ({int(g['runs'].max())} run{'s' * (g['runs'].max() > 1)})",
-                                 legendgroup=arm, x=g["x"], y=g["mean"], mode="lines", line_color=color))
+        n = int(g["runs"].max())
+        fig.add_trace(go.Scatter(name=f"{arm} ({n} run{'s' if n > 1 else ''})", legendgroup=arm, x=g["x"],
+                                 y=g["mean"], mode="lines", line_color=color))
     fig.update_layout(title_text=title, height=height, legend=dict(orientation="h", y=-0.25),
                       margin=dict(t=50, b=40, l=60, r=20))
     fig.update_xaxes(title_text=X_AXES.get(x, x))

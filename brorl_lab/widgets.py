@@ -363,6 +363,9 @@ class TrainingJob:
 
         self.on_interrupt = on_interrupt
         self._value, self._error = None, None
+        # An Event, not Thread.join: a join interrupted by KeyboardInterrupt can leave the thread marked as stopped
+        # while it still runs (CPython gh-90882).
+        self._finished = threading.Event()
         self._thread = threading.Thread(target=self._target, args=(fn,), name=name, daemon=True)
         self._thread.start()
 
@@ -371,20 +374,22 @@ class TrainingJob:
             self._value = fn()
         except BaseException as e:  # noqa: BLE001 - handed to whoever calls result()
             self._error = e
+        finally:
+            self._finished.set()
 
     @property
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._finished.is_set()
 
     def result(self, timeout: Optional[float] = None):
         try:
-            self._thread.join(timeout)
+            self._finished.wait(timeout)
         except KeyboardInterrupt:
             if self.on_interrupt is None:
                 raise
             self.on_interrupt()
-            self._thread.join(timeout)  # a second interrupt propagates
-        if self._thread.is_alive():
+            self._finished.wait(timeout)  # a second interrupt propagates
+        if not self._finished.is_set():
             raise TimeoutError(f"{self._thread.name} still running after {timeout} s")
         if self._error is not None:
             raise self._error
