@@ -1,0 +1,302 @@
+"""The BroRL-vs-ProRL experiment: arm recipe, plateau rule and training, resumable runs, summary and verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from brorl_lab import experiments as E
+from brorl_lab.config import Config, ConfigError
+
+TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
+
+
+def tiny_base(tmp_path, **kw) -> Config:
+    d = dict(model="default", tasks=["gcd"], steps=2, eval_every=1, checkpoint_every=1, eval_prompts=4,
+             eval_samples=2, optimizer_steps_per_step=1, max_new_tokens=6, max_resample_rounds=1, torch_threads=1,
+             run_dir=str(tmp_path))
+    d.update(kw)
+    return E.recipe_config(**d)
+
+
+# ---- arm_configs ---------------------------------------------------------------------------------------------------
+def test_arm_configs_follow_brorls_recipe(tmp_path):
+    base = tiny_base(tmp_path, steps=3, eval_every=1, optimizer_steps_per_step=2, lr=2e-4)
+    arms = E.arm_configs(base, n_small=16, n_large=512, prompts_small=16)
+    pro, bro = arms["prorl"], arms["brorl"]
+    assert (pro.rollouts_per_prompt, pro.prompts_per_step) == (16, 16)
+    assert (bro.rollouts_per_prompt, bro.prompts_per_step) == (512, 4)  # 8x the samples: 2048 vs 256
+    assert bro.samples_per_step == 8 * pro.samples_per_step
+    assert pro.optimizer_steps_per_step == bro.optimizer_steps_per_step == 2
+    assert pro.effective_lr == pytest.approx(2e-4)  # the reference arm trains at the base lr
+    assert bro.effective_lr / pro.effective_lr == pytest.approx(math.sqrt(8))
+    assert (bro.steps, pro.steps) == (3, 24) and (bro.eval_every, pro.eval_every) == (1, 8)
+    assert bro.samples_per_step * bro.steps == pro.samples_per_step * pro.steps  # same nominal samples per arm
+    assert {pro.seed, bro.seed} == {base.seed} and pro.tasks == bro.tasks == base.tasks
+
+
+def test_arm_configs_at_the_papers_sizes_and_explicit_prompts(tmp_path):
+    base = tiny_base(tmp_path, optimizer_steps_per_step=4)
+    arms = E.arm_configs(base, n_small=16, n_large=512, prompts_small=512)
+    assert arms["brorl"].prompts_per_step == 128  # BroRL: 512 x 128 against ProRL's 16 x 512
+    arms = E.arm_configs(base, n_small=4, n_large=64, prompts_small=8, prompts_large=4)
+    assert arms["brorl"].samples_per_step / arms["prorl"].samples_per_step == 8
+    assert arms["brorl"].effective_lr / arms["prorl"].effective_lr == pytest.approx(math.sqrt(8))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(n_small=16, n_large=16), "n_large"),
+    (dict(n_small=16, n_large=512, prompts_small=3), "prompts_large"),  # 3 * 16 * 8 / 512 is not whole
+    (dict(prompts_large=0), "prompts_large"),
+    (dict(n_small=0), "n_small"),
+    (dict(samples_ratio=-1), "samples_ratio"),
+])
+def test_arm_configs_bad_input_names_the_argument(tmp_path, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        E.arm_configs(tiny_base(tmp_path), **kwargs)
+
+
+def test_arm_configs_rejects_mini_batches_that_do_not_split_both_arms(tmp_path):
+    with pytest.raises(ConfigError, match="optimizer_steps_per_step"):
+        E.arm_configs(tiny_base(tmp_path, optimizer_steps_per_step=8), n_small=16, n_large=512, prompts_small=16)
+
+
+# ---- plateau rule and training -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("curve, expected", [
+    ([0.10, 0.15, 0.20, 0.25], False),            # still rising
+    ([0.10, 0.20, 0.205, 0.20, 0.195], True),     # best earlier 0.20; the last 3 stay below 0.21
+    ([0.10, 0.20, 0.205, 0.20, 0.211], False),    # the last one beats 0.20 + 0.01
+    ([0.10, 0.20, 0.20], False),                  # not enough evaluations for a window of 3
+])
+def test_plateau_rule(curve, expected):
+    assert E.plateau_reached(curve, window=3, min_delta=0.01) is expected
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(window=0), "window"), (dict(min_delta=-0.1), "min_delta"),
+                                          (dict(min_delta=float("nan")), "min_delta")])
+def test_plateau_rule_bad_input(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        E.plateau_reached([0.1, 0.2], **kwargs)
+
+
+def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
+    from brorl_lab.models import load_policy
+
+    outs = []
+    for k in range(2):
+        cfg = E.plateau_config(tasks=["gcd"], steps=6, eval_every=2, checkpoint_every=2, eval_prompts=4,
+                               eval_samples=2, prompts_per_step=4, rollouts_per_prompt=4, optimizer_steps_per_step=1,
+                               max_new_tokens=6, max_resample_rounds=1, run_dir=str(tmp_path / f"runs{k}"))
+        # min_delta 1.0 can never be met: the rule fires as soon as the window is full (second evaluation)
+        res = E.train_plateau(cfg, out=tmp_path / f"model{k}", window=1, min_delta=1.0, progress=False)
+        assert res.plateaued and res.steps == 2 and list(res.curve["step"]) == [0, 2]
+        outs.append(res.out)
+    files = {p.name for p in outs[0].iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "PLATEAU.md", "plateau.json"} <= files
+    meta = json.loads((outs[0] / "plateau.json").read_text())
+    assert meta["families"] == ["gcd"] and meta["plateaued"] and meta["steps"] == 2
+    md = (outs[0] / "PLATEAU.md").read_text()
+    assert "| 2 |" in md and "counts as a plateau" in md
+    p0, _ = load_policy(str(outs[0]))
+    p1, _ = load_policy(str(outs[1]))
+    assert all(torch.equal(a, b) for a, b in zip(p0.state_dict().values(), p1.state_dict().values()))
+    base, _ = load_policy("default")
+    assert any(not torch.equal(a, b) for a, b in zip(p0.state_dict().values(), base.state_dict().values()))
+    assert E.recipe_config(model=str(outs[0])).tasks == ["gcd"]  # the plateau's families come with it
+
+
+def test_train_plateau_reports_a_missing_plateau_honestly(tmp_path):
+    cfg = E.plateau_config(tasks=["gcd"], steps=2, eval_every=1, checkpoint_every=1, eval_prompts=4, eval_samples=2,
+                           prompts_per_step=4, rollouts_per_prompt=4, optimizer_steps_per_step=1, max_new_tokens=6,
+                           max_resample_rounds=1, run_dir=str(tmp_path / "runs"))
+    res = E.train_plateau(cfg, out=tmp_path / "model", window=5, min_delta=0.0, progress=False)
+    assert not res.plateaued and res.steps == 2
+    assert "did NOT fire" in (tmp_path / "model" / "PLATEAU.md").read_text()
+
+
+def test_train_plateau_refuses_to_overwrite_a_non_model_directory(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="out"):
+        E.train_plateau(E.plateau_config(tasks=["gcd"], run_dir=str(tmp_path)), out=tmp_path / "notes")
+    assert (tmp_path / "notes" / "a.txt").read_text() == "keep me"
+
+
+def test_hard_families_reads_the_report(tmp_path):
+    report = tmp_path / "training_report.json"
+    report.write_text(json.dumps({"pass_at_1": {"t1.0": {"a": 0.0, "b": 0.05, "c": 0.3, "d": 0.9}}}))
+    assert E.hard_families(report) == ["b", "c"]
+    assert E.hard_families(report, max_pass=0.1) == ["b"]
+    with pytest.raises(ValueError, match="temperature"):
+        E.hard_families(report, temperature="t9")
+    with pytest.raises(ValueError, match="report"):
+        E.hard_families(tmp_path / "missing.json")
+
+
+# ---- run_rollout_scaling -------------------------------------------------------------------------------------------
+def _comparable(df: pd.DataFrame) -> pd.DataFrame:
+    return df[[c for c in df.columns if not c.startswith(TIMING)]].reset_index(drop=True)
+
+
+def test_run_rollout_scaling_runs_both_arms_and_never_reruns_a_finished_one(tmp_path, monkeypatch):
+    base = tiny_base(tmp_path)
+    opts = dict(n_small=2, n_large=8, prompts_small=2, prompts_large=2)  # 4 vs 16 samples per step: ratio 4
+    root = tmp_path / "rs"
+    df = E.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **opts)
+    assert set(df["arm"]) == {"prorl", "brorl"} and set(df["seed"]) == {0}
+    last = df.groupby("arm")["step"].max()
+    assert (last["brorl"], last["prorl"]) == (2, 8)
+    evals = df[df["eval/gcd/pass@1"].notna()].groupby("arm")["step"].apply(list)
+    assert evals["brorl"] == [0, 1, 2] and evals["prorl"] == [0, 4, 8]  # same nominal sample counts
+    nominal = df.groupby("arm")["cum_trained_samples"].max()
+    assert nominal["brorl"] <= 32 and nominal["prorl"] <= 32  # kept groups x N, at most 2 steps x 16
+
+    import brorl_lab.trainer as T
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished arm was trained again")
+
+    monkeypatch.setattr(T.Trainer, "__init__", no_training)
+    again = E.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **opts)
+    pd.testing.assert_frame_equal(_comparable(df), _comparable(again))
+    monkeypatch.undo()
+
+    # a partial arm resumes from its checkpoint and ends where an uninterrupted one does
+    partial_root = tmp_path / "partial"
+    cfg = E.arm_configs(base, **opts)["prorl"].replace(run_dir=str(partial_root), run_name="prorl_s0")
+    with T.Trainer(cfg, progress=False) as t:
+        t.run(steps=3)
+    resumed = E.run_rollout_scaling(base, seeds=[0], root=partial_root, progress=False, **opts)
+    events = [json.loads(line) for line in (partial_root / "prorl_s0" / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "resumed"] == [3]
+    pd.testing.assert_frame_equal(_comparable(df), _comparable(resumed))
+
+    with pytest.raises(ValueError, match="root"):  # other settings in the same root: an error, not a mix
+        E.run_rollout_scaling(base.replace(lr=1e-3), seeds=[0], root=root, progress=False, **opts)
+
+
+@pytest.mark.parametrize("seeds", [[], [0, 0], [-1], "0"])
+def test_run_rollout_scaling_bad_seeds(tmp_path, seeds):
+    with pytest.raises(ValueError, match="seeds"):
+        E.run_rollout_scaling(tiny_base(tmp_path), seeds=seeds, root=tmp_path / "rs", progress=False)
+
+
+# ---- summarize / verdict on synthetic results ------------------------------------------------------------------------
+FAMS = ("gcd", "products")
+
+
+def synthetic_run(arm: str, seed: int, *, slope: dict, samples_per_step: int, seconds_per_sample: float,
+                  steps: int, start: float = 0.2, offset: float = 0.0, ds_pass_rate: float = 0.5) -> pd.DataFrame:
+    """An arm whose pass@1 rises linearly in samples: start + slope[family] * samples, plus this seed's ``offset``
+    after the start (what another seed would change)."""
+    n = 512 if arm == "brorl" else 16
+    rows = []
+    for step in range(steps + 1):
+        samples = step * samples_per_step
+        row = {"arm": arm, "seed": seed, "step": step, "cum_samples": samples,
+               "cum_wall_s": samples * seconds_per_sample, "rollouts_per_prompt": n,
+               "cum_trained_samples": samples // 2}
+        if step:
+            row.update(samples=samples_per_step, samples_per_s=1 / seconds_per_sample, ds_pass_rate=ds_pass_rate,
+                       entropy=0.5, response_length_mean=3.0)
+        vals = {f: start + slope[f] * samples + (offset if step else 0.0) for f in FAMS}
+        row.update({f"eval/{f}/pass@1": v for f, v in vals.items()})
+        row["eval/mean/pass@1"] = float(np.mean(list(vals.values())))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def results(bro_slope, pro_slope, *, seeds=(0,), bro_sps=1e-3, pro_sps=1e-3, bro_offsets=None):
+    frames = []
+    for i, s in enumerate(seeds):
+        frames.append(synthetic_run("prorl", s, slope=pro_slope, samples_per_step=100, seconds_per_sample=pro_sps,
+                                    steps=10, ds_pass_rate=0.4))
+        frames.append(synthetic_run("brorl", s, slope=bro_slope, samples_per_step=500, seconds_per_sample=bro_sps,
+                                    steps=2, offset=bro_offsets[i] if bro_offsets else 0.0, ds_pass_rate=0.6))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_compare_and_summarize_on_known_curves():
+    df = results({"gcd": 2e-4, "products": 0.0}, {"gcd": 1e-4, "products": 5e-5})
+    cmp_ = E.compare_arms(df, "cum_samples").set_index("family")
+    assert cmp_["budget"].iloc[0] == 1000
+    assert cmp_.loc["gcd", "gap"] == pytest.approx(0.1)  # (2e-4 - 1e-4) * 1000
+    assert cmp_.loc["products", "gap"] == pytest.approx(-0.05)
+    s = E.summarize(df)
+    assert list(s.index) == ["ProRL (N=16)", "BroRL (N=512)"]
+    assert s.loc["BroRL (N=512)", "final pass@1 gcd"] == pytest.approx(0.4)
+    assert s.loc["ProRL (N=16)", "final pass@1 products"] == pytest.approx(0.25)
+    assert s.loc["ProRL (N=16)", "samples"] == 1000 and s.loc["BroRL (N=512)", "wall_s"] == pytest.approx(1.0)
+    assert s.loc["BroRL (N=512)", "ds_pass_rate"] == pytest.approx(0.6)
+    assert s.loc["ProRL (N=16)", "gen_samples_per_s"] == pytest.approx(1000)
+    assert s.loc["BroRL (N=512)", "steps"] == 2 and s.loc["ProRL (N=16)", "steps"] == 10
+
+
+def test_verdict_says_when_brorl_wins():
+    text = E.verdict(results({"gcd": 2e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 5e-5}))
+    head = text.splitlines()[0]
+    assert "BroRL is ahead by 7.5 points at equal generated samples" in head
+    assert "ahead by 7.5 points at equal training wall time" in head
+    assert "ahead on gcd (+10.0" in text and "cannot be told apart from seed noise" in text
+
+
+def test_verdict_says_when_brorl_loses():
+    text = E.verdict(results({"gcd": 0.0, "products": 0.0}, {"gcd": 1e-4, "products": 2e-4}))
+    head = text.splitlines()[0]
+    assert "BroRL is behind by 15.0 points at equal generated samples" in head
+    assert "behind on gcd (-10.0" in text and "products (-20.0" in text
+    assert "ahead" not in head
+
+
+def test_verdict_separates_equal_samples_from_equal_time():
+    # BroRL learns more per sample but each of its samples costs 4x the time
+    text = E.verdict(results({"gcd": 2e-4, "products": 2e-4}, {"gcd": 1e-4, "products": 1e-4}, bro_sps=4e-3))
+    head = text.splitlines()[0]
+    assert "ahead by 10.0 points at equal generated samples" in head
+    assert "behind" in head.split("and")[-1]  # at equal time (250 samples for BroRL vs 1000 for ProRL)
+    assert "(1,000 samples per arm)" in text and "(1.0 s of training per arm)" in text
+
+
+def test_verdict_with_three_seeds_tests_the_gap_against_seed_noise():
+    # per-seed gaps on gcd: 0.1 + (0.002, -0.002, 0): mean 0.1, s.e. 0.0012; on products: (0.002, -0.002, 0)
+    clear = E.verdict(results({"gcd": 2e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
+                              bro_offsets=[0.002, -0.002, 0.0]))
+    assert "larger than twice their standard error over 3 seeds: gcd (gap +10.0, s.e. 0.1), mean" in clear
+    assert "products (gap" not in clear
+    # per-seed gaps on gcd: 0.01 + (0.08, -0.08, 0.01): mean 0.0133 against an s.e. of 0.047
+    noisy = E.verdict(results({"gcd": 1.1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
+                              bro_offsets=[0.08, -0.08, 0.01]))
+    assert "every gap is within seed noise" in noisy
+    assert "cannot be told apart" not in noisy
+    assert "3 seeds" in noisy.splitlines()[0]
+
+
+def test_level_arms_are_called_level():
+    text = E.verdict(results({"gcd": 1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}))
+    assert "level with ProRL (+0.0 points" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize("bad", [pd.DataFrame({"arm": ["prorl"]}), "not a frame",
+                                 results({"gcd": 0, "products": 0}, {"gcd": 0, "products": 0}).query("arm == 'brorl'")])
+def test_summarize_and_verdict_reject_bad_frames(bad):
+    for fn in (E.summarize, E.verdict):
+        with pytest.raises(ValueError, match="df"):
+            fn(bad)
+
+
+def test_save_outputs_survives_a_missing_browser(tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium"))
+    df = results({"gcd": 1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4})
+    written = E.save_outputs(tmp_path / "out", df, {"fig": go.Figure(go.Scatter(x=[0, 1], y=[0, 1]))},
+                             summary=E.summarize(df), verdict_text=E.verdict(df))
+    assert written["png"] == [] and written["png_note"].startswith("PNG export skipped")
+    assert pd.read_parquet(tmp_path / "out" / "metrics.parquet").shape == df.shape
+    assert (tmp_path / "out" / "verdict.txt").read_text().startswith("Verdict (")
+    assert "final pass@1 gcd" in (tmp_path / "out" / "summary.csv").read_text()
