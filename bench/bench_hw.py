@@ -1,0 +1,124 @@
+"""Figure 2, hardware efficiency: this machine's fp32 matmul peak, measured in the same run, and the rollout,
+logprob and update stages as a fraction of it (model FLOPs utilisation, MFU).
+
+    .venv/bin/python -m bench.run_all --only hw [--smoke]
+
+Peak: ``torch.matmul`` of two random n x n fp32 matrices (2 n^3 FLOPs), the best call of every round. The stages
+run at N=512 on the default model, interleaved with the matmul rounds (matmul, rollout, logprobs, update, matmul,
+...), and their MFU is model FLOPs / median stage time / best peak (see bench/common.py for the FLOP count):
+
+    rollout   torch engine, P prompts x N: 2 * body * (P * prompt_len + decode steps) + LM head on sampled tokens
+    logprobs  compute_logprobs (no grad): 2 * body * (prompt + response tokens) + LM head on response tokens
+    update    steps.update with old logprobs given: reference forward (2x) + policy forward and backward (6x)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .common import (bench_items, format_prompts, forward_flops, interleave, median, model_path, param_counts,
+                     ratio, row, set_threads)
+
+GROUP = "hw"
+
+
+@dataclass(frozen=True)
+class Size:
+    matmul_n: int
+    matmul_calls: int  # per round; the best call counts
+    n: int  # rollouts per prompt
+    total: int  # samples (P = total / n)
+    max_new_tokens: int
+    micro_batch_tokens: int
+    repeats: int
+
+
+FULL = Size(matmul_n=2048, matmul_calls=3, n=512, total=512, max_new_tokens=16, micro_batch_tokens=8192, repeats=3)
+SMOKE = Size(matmul_n=256, matmul_calls=2, n=16, total=32, max_new_tokens=6, micro_batch_tokens=512, repeats=1)
+
+
+def matmul_round(n: int, calls: int):
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+
+    def go() -> float:
+        import time
+
+        best = float("inf")
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            best = min(best, time.perf_counter() - t0)
+        return 2.0 * n ** 3 / best
+    return go
+
+
+def run(smoke: bool = False, threads=None) -> list[dict]:
+    import torch
+
+    from brorl_lab import steps as S
+    from brorl_lab.config import Config
+    from brorl_lab.engines import SamplingParams, make_engine
+    from brorl_lab.logprobs import compute_logprobs
+    from brorl_lab.models import load_policy, make_reference
+
+    size = SMOKE if smoke else FULL
+    threads = set_threads(threads)
+    path = model_path()
+    policy, tok = load_policy(path, device="cpu", dtype="float32")
+    reference = make_reference(policy)
+    counts = param_counts(policy)
+    engine = make_engine("torch", policy, tok, device="cpu", dtype="float32")
+    P = size.total // size.n
+    items = bench_items(P, seed=1)
+    prompts = format_prompts(items, tok)
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=size.max_new_tokens, seed=0)
+    cfg = Config(model=path, rollouts_per_prompt=size.n, prompts_per_step=P, max_new_tokens=size.max_new_tokens,
+                 train_micro_batch_tokens=size.micro_batch_tokens, kl_beta=1e-3, lr=1e-5, eval_every=0)
+    batch = S.score(S.rollout(engine, items, size.n, sampling), template="plain")
+    batch.meta["temperature"] = 1.0
+    adv = S.advantages(batch, "grpo")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
+    old = compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=cfg.train_micro_batch_tokens)
+
+    prompt_len = sum(len(x) for x in batch.prompt_ids) * batch.n  # prompt tokens over all rows
+    resp = int(batch.lengths.sum())
+    fwd = forward_flops(counts, prompt_len + resp, resp)  # one forward over the batch's real tokens
+
+    def rollout():
+        b = engine.generate(prompts, size.n, sampling)
+        decode = int((b.lengths - 1).clamp(min=0).sum())
+        pre = sum(len(x) for x in b.prompt_ids)
+        return forward_flops(counts, pre + decode, len(prompts) + decode)
+
+    cases = {
+        "matmul": matmul_round(size.matmul_n, size.matmul_calls),
+        "rollout": rollout,
+        "logprobs": lambda: compute_logprobs(policy, batch, temperature=1.0,
+                                             micro_batch_tokens=cfg.train_micro_batch_tokens),
+        "update": lambda: S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old),
+    }
+    try:
+        seconds, results = interleave(cases, size.repeats)
+    finally:
+        engine.close()
+    peak = max(results["matmul"])
+    rollout_flops = median(results["rollout"])
+    stage = {"rollout": rollout_flops / median(seconds["rollout"]),
+             "logprobs": fwd / median(seconds["logprobs"]),
+             "update": 4 * fwd / median(seconds["update"])}  # reference forward (1x) + policy fwd+bwd (3x)
+    fair = (f"peak: best of {size.repeats}x{size.matmul_calls} fp32 matmuls n={size.matmul_n}; stages: median of "
+            f"{size.repeats}, interleaved with the matmul rounds; {threads} torch threads; body params "
+            f"{counts[0]:,}, LM head {counts[1]:,}; attention FLOPs and padding not counted")
+    note = f"N={size.n}, P={P}, {resp / batch.size:.1f} response + {prompt_len / batch.size:.1f} prompt tokens/row"
+    rows = [row(GROUP, f"fp32 matmul peak (n={size.matmul_n}, best)", peak / 1e9, "GFLOP/s", fairness=fair,
+                note=f"median round {median(results['matmul']) / 1e9:.1f} GFLOP/s")]
+    targets = {"update": ">= 25" if size.n == 512 else None}
+    what = {"rollout": "rollout (torch engine)", "logprobs": "logprobs forward (no grad)",
+            "update": "update (ref fwd + policy fwd/bwd + AdamW)"}
+    for key in ("rollout", "logprobs", "update"):
+        rows.append(row(GROUP, f"{what[key]} N={size.n}", stage[key] / 1e9, "GFLOP/s", note=note, fairness=fair))
+        rows.append(row(GROUP, f"{what[key]} N={size.n} MFU", 100 * ratio(stage[key], peak), "% peak",
+                        target=targets.get(key), note=f"{median(seconds[key]):.3g} s per call", fairness=fair))
+    return rows

@@ -1,0 +1,108 @@
+"""Figure 4, memory: peak RSS of one update step (old logprobs, reference logprobs, PPO-clip + KL loss, backward,
+AdamW) at N in {16, 64, 256, 512} with P prompts fixed and a fixed micro-batch token budget.
+
+    .venv/bin/python -m bench.run_all --only memory [--smoke]
+
+The batches are sampled here with the torch engine and handed to one fresh subprocess per N, which loads the
+policy, the reference and the batch, records its RSS, runs the update and reports its peak RSS (``VmHWM``;
+``ru_maxrss`` would include this parent's RSS, see ``common.peak_rss_mib``). Memory is set by the micro-batch,
+not by P*N, so peak RSS should stay nearly flat in N; the ratios are to the smallest N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .common import (bench_items, child_main, format_prompts, model_path, ratio, rss_mib, row, run_child,
+                     set_threads)
+
+GROUP = "memory"
+MODULE = "bench.bench_memory"
+
+
+@dataclass(frozen=True)
+class Size:
+    P: int
+    ns: tuple
+    max_new_tokens: int
+    micro_batch_tokens: int
+
+
+FULL = Size(P=2, ns=(16, 64, 256, 512), max_new_tokens=16, micro_batch_tokens=2048)
+SMOKE = Size(P=1, ns=(4, 16), max_new_tokens=4, micro_batch_tokens=256)
+
+
+def child(p: dict) -> dict:
+    import torch
+
+    from brorl_lab import steps as S
+    from brorl_lab.config import Config
+    from brorl_lab.logprobs import compute_logprobs
+    from brorl_lab.models import load_policy, make_reference
+
+    policy, _ = load_policy(p["model"], device="cpu", dtype="float32")
+    reference = make_reference(policy)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
+    batch = torch.load(p["batch"], weights_only=False)
+    cfg = Config(model=p["model"], rollouts_per_prompt=batch.n, prompts_per_step=batch.num_prompts,
+                 max_new_tokens=p["max_new_tokens"], train_micro_batch_tokens=p["micro_batch_tokens"], kl_beta=1e-3,
+                 lr=1e-5, eval_every=0)
+    adv = S.advantages(batch, "grpo")
+    before = rss_mib()
+    old = compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=cfg.train_micro_batch_tokens)
+    S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old)
+    return {"rss_before_mib": before, "samples": batch.size, "tokens": int(batch.lengths.sum())}
+
+
+def run(smoke: bool = False, threads=None) -> list[dict]:
+    import tempfile
+
+    import torch
+
+    from brorl_lab import steps as S
+    from brorl_lab.engines import SamplingParams, make_engine
+
+    size = SMOKE if smoke else FULL
+    threads = set_threads(threads)
+    path = model_path()
+    items = bench_items(size.P, seed=2)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="brorl_bench_mem_") as tmp:
+        engine = make_engine("torch", path, device="cpu", dtype="float32")
+        files = {}
+        try:
+            for n in size.ns:
+                batch = S.score(S.rollout(engine, items, n, SamplingParams(max_new_tokens=size.max_new_tokens,
+                                                                           seed=n)))
+                batch.meta["temperature"] = 1.0
+                files[n] = Path(tmp) / f"batch_{n}.pt"
+                torch.save(batch, files[n])
+        finally:
+            engine.close()
+        for n in size.ns:
+            results[n] = run_child(MODULE, {"model": path, "batch": str(files[n]), "max_new_tokens":
+                                            size.max_new_tokens, "micro_batch_tokens": size.micro_batch_tokens},
+                                   threads=threads)
+    lo, hi = min(size.ns), max(size.ns)
+    fair = (f"P={size.P} prompts, micro-batch {size.micro_batch_tokens} tokens, max_new_tokens={size.max_new_tokens},"
+            f" kl_beta=1e-3 (reference loaded), fp32, {threads} threads; one subprocess per N, peak = VmHWM of the child")
+    rows = []
+    for n in size.ns:
+        r = results[n]
+        rows.append(row(GROUP, f"update peak RSS N={n} ({r['samples']} samples)", r["peak_rss_mib"], "MiB",
+                        note=f"{r['peak_rss_mib'] - r['rss_before_mib']:.0f} MiB above the pre-update RSS "
+                             f"({r['rss_before_mib']:.0f} MiB: model, reference, batch)", fairness=fair))
+    for n in size.ns:
+        if n == lo:
+            continue
+        r, r0 = results[n], results[lo]
+        rows.append(row(GROUP, f"update peak RSS N={n} / N={lo}", ratio(r["peak_rss_mib"], r0["peak_rss_mib"]), "x",
+                        target="<= 1.2" if n == hi and not smoke else None, fairness=fair,
+                        note=f"increment over pre-update RSS: "
+                             f"{ratio(r['peak_rss_mib'] - r['rss_before_mib'], r0['peak_rss_mib'] - r0['rss_before_mib']):.2f}x"))
+    return rows
+
+
+if __name__ == "__main__":
+    child_main(child)

@@ -1,0 +1,224 @@
+"""Figure 3, one full RL step: brorl_lab's Trainer.step against TRL's GRPOTrainer (with transformers generation,
+as on a CPU), on the same model, task prompts, N, prompts per step, max tokens, KL beta and micro-batch.
+
+    .venv/bin/python -m bench.run_all --only step [--smoke]
+
+A step is rollout -> score -> (logprobs) -> reference logprobs -> loss -> backward -> one AdamW step, on P*N samples.
+Each side runs in its own subprocess (so its peak RSS, VmHWM, is its own), ``warmup`` untimed steps and then
+``timed`` steps; the sides alternate (brorl, trl, brorl, trl, ...) and the medians of all timed steps are compared.
+
+How the two are made to do the same work:
+  * model: the same local HF directory, fp32 on CPU (TRL: ``use_cpu=True, bf16=False``), the same torch threads;
+    TRL's default gradient checkpointing is turned off (brorl_lab does not checkpoint; it would add a forward).
+  * prompts: step s uses the same P task items on both sides (``sample_prompts(families, P,
+    seed=derive_seed(seed, "prompts", s, 0))``, which is what Trainer draws), formatted with the plain template;
+    TRL reads them in order (``shuffle_dataset=False``). Both sides record a hash of the prompts of each step.
+  * sampling: N = ``num_generations``, temperature 1, top_p 1, no top-k, ``max_completion_length`` =
+    ``max_new_tokens``, EOS stop.
+  * reward: brorl_lab's verifier, wrapped as TRL's ``reward_funcs`` (``score_response(completion, item)``).
+  * loss: GRPO advantages (group mean/std; TRL ``scale_rewards="group"``), PPO clip 0.2 / 0.28 (TRL ``epsilon``,
+    ``epsilon_high``), token-mean over the step's tokens (TRL ``loss_type="dapo"``), k3 KL with the same beta, one
+    optimizer step per step (TRL ``gradient_accumulation_steps = P*N / micro_batch``, ``num_iterations=1``), same
+    lr (constant), AdamW betas, no weight decay, grad clip 1.0. No dynamic sampling (TRL has none).
+  * micro-batch: TRL's ``per_device_train_batch_size`` = ``micro_batch`` samples, padded to the longest prompt and
+    completion; brorl_lab's ``train_micro_batch_tokens`` = ``micro_batch * (longest prompt + max_new_tokens)``,
+    the same padded token capacity (it packs rows by real tokens, so its micro-batches may hold more rows).
+  * what differs: TRL skips the old-logprob forward when ``num_iterations=1`` (it uses the detached current
+    logprobs); brorl_lab's Trainer always recomputes them (one extra no-grad forward, counted against brorl_lab).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+
+from .common import (BENCH_FAMILIES, child_main, format_prompts, median, model_path, ratio, rss_mib, row,
+                     run_child, set_threads)
+
+GROUP = "step"
+MODULE = "bench.bench_step_trl"
+
+
+@dataclass(frozen=True)
+class Size:
+    total: int  # samples per step (P = total / N)
+    ns: tuple
+    max_new_tokens: int
+    micro_batch: int  # samples per forward/backward (TRL per_device_train_batch_size)
+    warmup: int
+    timed: int
+    rounds: int  # brorl, trl alternations
+
+
+FULL = Size(total=512, ns=(16, 64, 512), max_new_tokens=16, micro_batch=64, warmup=1, timed=2, rounds=2)
+SMOKE = Size(total=16, ns=(8,), max_new_tokens=4, micro_batch=8, warmup=1, timed=1, rounds=1)
+BETA, LR, SEED = 1e-3, 1e-5, 0
+
+
+def trl_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("trl") is not None
+
+
+def step_items(P: int, steps: int, seed: int):
+    """The P items of steps 1..steps, exactly as brorl_lab's Trainer draws them (no dynamic sampling: round 0)."""
+    from brorl_lab.steps import sample_prompts
+    from brorl_lab.trainer import derive_seed
+
+    return [sample_prompts(BENCH_FAMILIES, P, seed=derive_seed(seed, "prompts", s, 0)) for s in range(1, steps + 1)]
+
+
+def prompt_hash(prompts) -> str:
+    return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:12]
+
+
+# ---- the two children ---------------------------------------------------------------------------------------------
+def brorl_child(p: dict) -> dict:
+    from brorl_lab.config import Config
+    from brorl_lab.trainer import Trainer
+
+    cfg = Config(model=p["model"], engine="torch", tasks=list(BENCH_FAMILIES), template="plain",
+                 rollouts_per_prompt=p["n"], prompts_per_step=p["P"], max_new_tokens=p["max_new_tokens"],
+                 temperature=1.0, top_p=1.0, kl_beta=p["beta"], kl_estimator="k3", eps_low=0.2, eps_high=0.28,
+                 loss_agg="token_mean", advantage="grpo", adv_std_norm=True, lr=p["lr"], lr_scaling="none",
+                 adam_betas=[0.9, 0.999], weight_decay=0.0, grad_clip=1.0, optimizer_steps_per_step=1,
+                 train_micro_batch_tokens=p["micro_batch_tokens"], dynamic_sampling=False, eval_every=0,
+                 checkpoint_every=0, steps=p["steps"], run_dir=p["tmp"], run_name="brorl", seed=p["seed"],
+                 torch_threads=p["threads"])
+    trainer = Trainer(cfg, progress=False)
+    hashes = []
+    generate = trainer.engine.generate
+
+    def recording_generate(prompts, n, sampling):
+        hashes.append(prompt_hash(prompts))
+        return generate(prompts, n, sampling)
+
+    trainer.engine.generate = recording_generate
+    rss_before = rss_mib()
+    seconds, stages = [], []
+    for _ in range(p["steps"]):
+        t0 = time.perf_counter()
+        r = trainer.step()
+        seconds.append(time.perf_counter() - t0)
+        stages.append({k: r[k] for k in r if k.startswith("time/")})
+    return {"seconds": seconds, "stages": stages, "prompt_hashes": hashes, "rss_before_mib": rss_before,
+            "samples": r["samples"], "tokens": r["tokens"]}
+
+
+def trl_child(p: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from brorl_lab.models import load_tokenizer
+    from brorl_lab.rewards import score_response
+    from brorl_lab.tasks import TaskItem
+
+    tok = load_tokenizer(p["model"])
+    per_step = step_items(p["P"], p["steps"], p["seed"])
+    rows = [{"prompt": pr, "item": json.dumps(asdict(it))}
+            for items in per_step for it, pr in zip(items, format_prompts(items, tok))]
+    hashes = []
+
+    def brorl_verifier(prompts, completions, item, **kwargs):
+        hashes.append(prompt_hash(prompts[:: p["n"]]))  # TRL repeats each prompt N times, in order
+        return [score_response(c, TaskItem(**json.loads(i)), "plain").reward for c, i in zip(completions, item)]
+
+    class StepTimer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            self.t = [time.perf_counter()]
+            self.threads = []
+
+        def on_step_end(self, args, state, control, **kw):
+            self.t.append(time.perf_counter())
+            self.threads.append(torch.get_num_threads())
+
+    samples = p["P"] * p["n"]
+    args = GRPOConfig(
+        output_dir=f"{p['tmp']}/trl", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=p["micro_batch"], gradient_accumulation_steps=samples // p["micro_batch"],
+        num_generations=p["n"], max_completion_length=p["max_new_tokens"], temperature=1.0, top_p=1.0, top_k=0,
+        beta=p["beta"], epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", num_iterations=1,
+        learning_rate=p["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
+        adam_beta2=0.999, max_grad_norm=1.0, max_steps=p["steps"], shuffle_dataset=False, seed=p["seed"],
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+        log_completions=False)
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=p["model"], reward_funcs=brorl_verifier, args=args,
+                          train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[timer])
+    dtype = str(next(trainer.model.parameters()).dtype)
+    rss_before = rss_mib()
+    trainer.train()
+    seconds = [b - a for a, b in zip(timer.t, timer.t[1:])]
+    return {"seconds": seconds, "prompt_hashes": hashes, "rss_before_mib": rss_before, "dtype": dtype,
+            "threads_seen": sorted(set(timer.threads)), "trl_version": __import__("trl").__version__,
+            "samples": samples}
+
+
+def child(p: dict) -> dict:
+    return brorl_child(p) if p["side"] == "brorl" else trl_child(p)
+
+
+# ---- the figure ---------------------------------------------------------------------------------------------------
+def longest_prompt_tokens(path: str, P: int, steps: int) -> int:
+    from brorl_lab.models import load_tokenizer
+
+    tok = load_tokenizer(path)
+    prompts = [pr for items in step_items(P, steps, SEED) for pr in format_prompts(items, tok)]
+    return max(len(x) for x in tok(prompts)["input_ids"])
+
+
+def run(smoke: bool = False, threads=None) -> list[dict]:
+    size = SMOKE if smoke else FULL
+    threads = set_threads(threads)
+    path = model_path()
+    sides = ("brorl", "trl") if trl_available() else ("brorl",)
+    steps = size.warmup + size.timed
+    rows = []
+    for n in size.ns:
+        P = size.total // n
+        mb_tokens = size.micro_batch * (longest_prompt_tokens(path, P, steps) + size.max_new_tokens)
+        payload = {"model": path, "n": n, "P": P, "max_new_tokens": size.max_new_tokens, "steps": steps,
+                   "micro_batch": size.micro_batch, "micro_batch_tokens": mb_tokens, "beta": BETA, "lr": LR,
+                   "seed": SEED}
+        runs = {s: [] for s in sides}
+        for _ in range(size.rounds):
+            for side in sides:
+                runs[side].append(run_child(MODULE, {**payload, "side": side}, threads=threads))
+        step_s = {s: median([t for r in runs[s] for t in r["seconds"][size.warmup:]]) for s in sides}
+        peak = {s: max(r["peak_rss_mib"] for r in runs[s]) for s in sides}
+        base = {s: median([r["rss_before_mib"] for r in runs[s]]) for s in sides}
+        st = [r["stages"][k] for r in runs["brorl"] for k in range(size.warmup, steps)]
+        stages = ", ".join(f"{k[5:]} {median([x[k] for x in st]):.2f}s" for k in st[0])
+        where = f"N={n} (P={P}, {P * n} samples/step)"
+        rows.append(row(GROUP, f"step brorl_lab {where}", step_s["brorl"], "s/step", note=stages))
+        rows.append(row(GROUP, f"step brorl_lab {where} peak RSS", peak["brorl"], "MiB",
+                        note=f"{base['brorl']:.0f} MiB before the first step"))
+        if "trl" not in sides:
+            continue
+        same_prompts = all(r["prompt_hashes"][:steps] == runs["brorl"][0]["prompt_hashes"][:steps]
+                           for s in sides for r in runs[s])
+        fair = (f"same model/prompts/N/max_new_tokens={size.max_new_tokens}/beta={BETA}/lr={LR}, {threads} "
+                f"threads, 1 optimizer step per step, micro-batch {size.micro_batch} samples (brorl_lab: "
+                f"{mb_tokens} tokens), TRL {runs['trl'][0]['trl_version']} {runs['trl'][0]['dtype']} "
+                f"no grad checkpointing; median of {size.rounds}x{size.timed} steady-state steps per side, "
+                f"alternating subprocesses; prompts identical: {same_prompts}")
+        rows.append(row(GROUP, f"step TRL GRPOTrainer {where}", step_s["trl"], "s/step",
+                        note=f"torch threads seen: {runs['trl'][0]['threads_seen']}"))
+        rows.append(row(GROUP, f"step TRL GRPOTrainer {where} peak RSS", peak["trl"], "MiB",
+                        note=f"{base['trl']:.0f} MiB before the first step"))
+        rows.append(row(GROUP, f"step time brorl_lab/TRL {where}", ratio(step_s["brorl"], step_s["trl"]), "x",
+                        target="<= 0.5" if n == 512 else None, fairness=fair,
+                        note="" if same_prompts else "PROMPTS DIFFERED"))
+        rows.append(row(GROUP, f"step peak RSS brorl_lab/TRL {where}", ratio(peak["brorl"], peak["trl"]), "x",
+                        note=f"above the pre-step RSS: {ratio(peak['brorl'] - base['brorl'], peak['trl'] - base['trl']):.2f}x",
+                        fairness=fair))
+    return rows
+
+
+if __name__ == "__main__":
+    child_main(child)

@@ -1,0 +1,236 @@
+"""What every benchmark figure shares: result rows, interleaved timing, child processes, the model, the prompts and
+the FLOP count.
+
+Rows are plain dicts ``{"group", "figure", "value", "unit", "target", "met", "note", ...}``; ``met`` is True/False
+where a target is stated and None where there is none. Times are medians of interleaved repetitions (A, B, A, B,
+...), so a burst of load from the other users of this machine hits both sides of a ratio alike.
+
+FLOPs (model FLOPs, what MFU counts): a forward pass costs ``2 * non_embedding_params`` per token fed plus
+``2 * V * D`` (the LM head) per token whose logits are computed; forward + backward is 3x that. Attention score and
+value products (``4 * context * D`` per token and layer, ~2-3% more at these lengths) and padding are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+# The default model is trained on these (data/default_model/training_report.json); benches mix them uniformly.
+BENCH_FAMILIES = ("chain_sum", "gcd", "products", "simple_equations")
+
+
+# ---- rows ---------------------------------------------------------------------------------------------------------
+def row(group: str, figure: str, value: float, unit: str, target: Optional[str] = None, note: str = "",
+        met: Optional[bool] = None, **extra) -> dict:
+    """One result row; ``met`` is derived from a target like ``">= 3"`` / ``"< 10 ms"`` unless given."""
+    value = float(value)
+    if met is None and target:
+        met = target_met(value, target)
+    return {"group": group, "figure": figure, "value": value, "unit": unit, "target": target, "met": met,
+            "note": note, **extra}
+
+
+_TARGET = re.compile(r"^\s*(<=|>=|<|>)\s*([-+0-9.eE]+)")
+
+
+def target_met(value: float, target: Optional[str]) -> Optional[bool]:
+    """Whether ``value`` meets a target written ``"<op> <number>[unit]"``; None if there is no parsable target."""
+    m = _TARGET.match(str(target or ""))
+    if not m or not math.isfinite(value):
+        return None if not m else False
+    op, bound = m.group(1), float(m.group(2))
+    return {"<": value < bound, "<=": value <= bound, ">": value > bound, ">=": value >= bound}[op]
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The printed table: figure, value, unit, target, met?, note."""
+    head = f"{'figure':<60} {'value':>11} {'unit':<10} {'target':<9} {'met?':<5} note"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        met = {True: "yes", False: "NO", None: "-"}[r.get("met")]
+        lines.append(f"{r['figure']:<60} {_fmt(r['value']):>11} {r['unit']:<10} {r.get('target') or '-':<9} "
+                     f"{met:<5} {r.get('note', '')}")
+    return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+
+
+# ---- timing -------------------------------------------------------------------------------------------------------
+def interleave(cases: dict[str, Callable[[], Any]], repeats: int, *, warmup: bool = True):
+    """Run ``cases`` round-robin ``repeats`` times (A, B, A, B, ...) after one untimed warm-up call each.
+
+    Returns ``(seconds, results)``: per case the list of wall times and the list of return values."""
+    if warmup:
+        for fn in cases.values():
+            fn()
+    seconds: dict[str, list[float]] = {k: [] for k in cases}
+    results: dict[str, list[Any]] = {k: [] for k in cases}
+    for _ in range(repeats):
+        for key, fn in cases.items():
+            t0 = time.perf_counter()
+            out = fn()
+            seconds[key].append(time.perf_counter() - t0)
+            results[key].append(out)
+    return seconds, results
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def set_threads(threads: Optional[int]) -> int:
+    """``torch.set_num_threads`` (default: every core this process may use); returns the count in force."""
+    import torch
+
+    torch.set_num_threads(int(threads or default_threads()))
+    return torch.get_num_threads()
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+# ---- memory -------------------------------------------------------------------------------------------------------
+def peak_rss_mib() -> float:
+    """This process's peak resident set in MiB: ``VmHWM``, the high-water mark of its own address space.
+
+    Not ``ru_maxrss``: on Linux exec keeps the pre-exec high-water mark in it, so a child started from a big parent
+    (this bench, with vllm loaded) reports at least the parent's RSS at fork. ``ru_maxrss`` is the fallback."""
+    hwm = _proc_status_mib("VmHWM")
+    return hwm if math.isfinite(hwm) else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mib() -> float:
+    """This process's current resident set in MiB (``VmRSS``)."""
+    return _proc_status_mib("VmRSS")
+
+
+def _proc_status_mib(field: str) -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return float("nan")
+
+
+# ---- child processes ----------------------------------------------------------------------------------------------
+def child_env(threads: int) -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def run_child(module: str, payload: dict, *, threads: int, timeout: float = 1800) -> dict:
+    """Run ``python -m <module> --child <payload json> --out <file>`` (see :func:`child_main`) in a fresh process
+    and return the JSON it wrote. The child's own peak RSS (:func:`peak_rss_mib`) is in the result."""
+    with tempfile.TemporaryDirectory(prefix="brorl_bench_") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", module, "--child", json.dumps({**payload, "threads": threads, "tmp": tmp}),
+               "--out", str(out)]
+        proc = subprocess.run(cmd, cwd=REPO, env=child_env(threads), capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode != 0 or not out.is_file():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise RuntimeError(f"{module} child {payload.get('side', '')} failed (exit {proc.returncode}):\n{tail}")
+        return json.loads(out.read_text())
+
+
+def child_main(fn: Callable[[dict], dict], argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point of a child: ``fn(payload) -> dict`` runs with the payload's thread count; its result, plus this
+    process's ``peak_rss_mib``, is written as JSON to ``--out``."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    payload = json.loads(args.child)
+    set_threads(payload.get("threads"))
+    result = fn(payload)
+    result["peak_rss_mib"] = peak_rss_mib()
+    Path(args.out).write_text(json.dumps(result))
+
+
+# ---- model, prompts, FLOPs ----------------------------------------------------------------------------------------
+def model_path() -> str:
+    """The shipped default model; while it is missing, a tiny random Qwen2 (tests/helpers_models.save_tiny)."""
+    from brorl_lab.models import DEFAULT_MODEL_DIR
+
+    if (DEFAULT_MODEL_DIR / "config.json").is_file() and any(DEFAULT_MODEL_DIR.glob("*.safetensors")):
+        return str(DEFAULT_MODEL_DIR)
+    path = Path(tempfile.gettempdir()) / "brorl_bench_tiny_model"
+    if not (path / "config.json").is_file():
+        sys.path.insert(0, str(REPO / "tests"))
+        from helpers_models import save_tiny
+
+        save_tiny(path, hidden=64, heads=2, kv_heads=1)
+    return str(path)
+
+
+def bench_items(count: int, seed: int = 0):
+    """``count`` task items mixed over :data:`BENCH_FAMILIES` (deterministic in seed)."""
+    from brorl_lab.steps import sample_prompts
+
+    return sample_prompts(BENCH_FAMILIES, count, seed=seed)
+
+
+def format_prompts(items, tokenizer=None, template: str = "plain") -> list[str]:
+    from brorl_lab.tasks import TASKS
+
+    return [TASKS[it.family].format_prompt(it, template, tokenizer) for it in items]
+
+
+def param_counts(model) -> tuple[int, int]:
+    """``(non_embedding_params, lm_head_params)``: the matmul weights every token passes through, and the LM head
+    (counted only where logits are computed). Tied or not, the input embedding lookup costs no FLOPs."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel()
+    untied_head = head.numel() if head.data_ptr() != emb.data_ptr() else 0
+    return total - emb.numel() - untied_head, head.numel()
+
+
+def forward_flops(counts: tuple[int, int], tokens_fed: float, logit_tokens: float) -> float:
+    """Model FLOPs of a forward pass over ``tokens_fed`` tokens, computing logits at ``logit_tokens`` of them."""
+    body, head = counts
+    return 2.0 * (body * tokens_fed + head * logit_tokens)
+
+
+def model_summary(path: str) -> dict:
+    """Size of the bench model, for the machine line and the notes."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    return {"path": os.path.relpath(path, REPO) if path.startswith(str(REPO)) else path,
+            "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "layers": cfg.num_hidden_layers,
+            "heads": cfg.num_attention_heads, "vocab": cfg.vocab_size}

@@ -1,0 +1,112 @@
+"""The benchmarks at ``--smoke`` size, so they cannot rot, plus the helpers they share. No speed is asserted:
+benchmarks are not timed tests (the figures are ratios measured on a shared machine)."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import common, run_all  # noqa: E402
+
+FIGURES = {"hw", "rollout", "step", "memory", "theory"}
+HAS_TRL = importlib.util.find_spec("trl") is not None
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+# ---- the whole bench, smoke size, through the CLI --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([sys.executable, "-m", "brorl_lab", "bench", "--smoke", "--json", str(out)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=1700)
+    assert proc.returncode == 0, proc.stdout[-4000:] + "\n" + proc.stderr[-4000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.vllm  # starts a real vllm(-cpu) engine when vllm is installed
+@pytest.mark.timeout(1800)
+def test_every_figure_has_finite_rows(smoke):
+    data, _ = smoke
+    assert set(data["figures"]) == FIGURES and data["errors"] == []
+    assert data["args"]["smoke"] is True
+    for name, fig in data["figures"].items():
+        assert fig["rows"], name
+        for r in fig["rows"]:
+            assert r["group"] == name and r["figure"] and r["unit"], r
+            assert isinstance(r["value"], float) and math.isfinite(r["value"]), r
+            assert r["met"] in (True, False, None), r
+    assert data["rows"] == [r for name in run_all.FIGURES for r in data["figures"][name]["rows"]]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_each_figure_has_its_comparisons(smoke):
+    data, stdout = smoke
+    names = {g: [r["figure"] for r in f["rows"]] for g, f in data["figures"].items()}
+    assert any(n.startswith("rollout torch/hf N=") for n in names["rollout"])
+    assert any(n.startswith("rollout torch/vllm N=") for n in names["rollout"]) == HAS_VLLM
+    assert any("vllm engine start" in n for n in names["rollout"]) == HAS_VLLM
+    assert any(n.startswith("fp32 matmul peak") for n in names["hw"])
+    assert any(n.startswith("update") and n.endswith("MFU") for n in names["hw"])
+    step = {r["figure"]: r for r in data["figures"]["step"]["rows"]}
+    ratios = [r for n, r in step.items() if n.startswith("step time brorl_lab/TRL")]
+    assert bool(ratios) == HAS_TRL
+    for r in ratios:  # the fairness record is part of the figure; both sides saw the same prompts
+        assert "prompts identical: True" in r["fairness"] and r["note"] != "PROMPTS DIFFERED"
+    assert any(n.startswith("update peak RSS N=") and "/" in n for n in names["memory"])
+    assert len(names["theory"]) >= 3
+    for text in ("machine:", "targets met:", "fairness [rollout]:", "figure", "met?"):
+        assert text in stdout
+    m = data["machine"]
+    assert m["torch_threads"] >= 1 and m["torch"] and m["cpu"] and isinstance(m["model"], dict)
+
+
+# ---- the shared helpers (fast) ----------------------------------------------------------------------------------
+def test_target_met_parses_the_targets_used():
+    assert common.target_met(3.2, ">= 3") is True and common.target_met(2.9, ">= 3") is False
+    assert common.target_met(0.4, "<= 0.5") is True and common.target_met(12.0, "< 10 ms") is False
+    assert common.target_met(9.0, "< 10 ms") is True and common.target_met(1.0, None) is None
+    assert common.target_met(float("nan"), ">= 3") is False and common.target_met(1.0, "about 2") is None
+
+
+def test_row_and_table():
+    r = common.row("g", "fig", 2, "x", target=">= 3", note="n")
+    assert r["value"] == 2.0 and r["met"] is False
+    assert common.row("g", "fig", 2, "x")["met"] is None
+    table = common.format_table([r, common.row("g", "other", 1e7, "s", target="< 1")])
+    assert "NO" in table and "1.000e+07" in table and table.splitlines()[0].startswith("figure")
+
+
+def test_interleave_alternates_after_one_warmup_each():
+    calls = []
+    seconds, results = common.interleave({"a": lambda: calls.append("a") or 1,
+                                          "b": lambda: calls.append("b") or 2}, repeats=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert results == {"a": [1, 1, 1], "b": [2, 2, 2]} and all(len(v) == 3 for v in seconds.values())
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_param_counts_split_body_and_head(tie):
+    from helpers_models import tiny_qwen2
+
+    model = tiny_qwen2(40, hidden=16, layers=1, heads=2, kv_heads=1, tie=tie)
+    body, head = common.param_counts(model)
+    total = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+    assert head == 40 * 16 and body == total - 40 * 16 * (1 if tie else 2)
+    assert common.forward_flops((body, head), 10, 3) == 2 * (10 * body + 3 * head)
+
+
+def test_unknown_figure_is_exit_code_2(capsys):
+    assert run_all.main(only=["rollout", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
