@@ -14,13 +14,11 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .tasks import EVAL_DIR, TASKS, TaskItem, write_items
-from .tasks.gym import GYM_FAMILIES
-from .tasks.math_tasks import MATH_FAMILIES
+from .tasks import BUILTIN_FAMILIES, EVAL_DIR, TASKS, TaskItem, write_items
 
 EVAL_SIZE = 200
 EVAL_SEED = 0
-DEFAULT_EVAL_FAMILIES = (*GYM_FAMILIES, *MATH_FAMILIES)
+DEFAULT_EVAL_FAMILIES = BUILTIN_FAMILIES
 
 
 def make_eval_sets(families: Sequence[str] = DEFAULT_EVAL_FAMILIES, *, size: int = EVAL_SIZE, seed: int = EVAL_SEED,

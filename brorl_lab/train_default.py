@@ -3,10 +3,10 @@
     python -m brorl_lab.train_default                       # -> data/default_model (tokenizer + model + TRAINING.md)
     python -m brorl_lab.train_default --steps 300 --out /tmp/m --eval-samples 4
 
-Tokenizer: byte-level BPE (so any text encodes) whose merges are built explicitly, not learned: every frequent
-letter-word pre-token of the families' prompts ("Ġthe", "ĠGreatest", "Answer", ...) gets the merge chain that makes
-it one token, while digits always stay single tokens (Qwen2's pre-tokenizer isolates each digit), so numbers are
-spelled digit by digit and prompts stay short (~20-30 tokens).
+Tokenizer: Qwen2's byte-level BPE (so any text encodes) with merges built explicitly, not learned: every frequent
+word-like pre-token of the families' prompts ("Ġthe", "ĠGreatest", "Answer", ...) gets the merge chain that makes it
+one token, while digits stay single tokens (Qwen2's pre-tokenizer isolates each digit), so numbers are spelled digit
+by digit and prompts stay short (~15-25 tokens).
 
 Supervised warm-start: each example is ``prompt_ids + answer_ids + [eos]`` with the prompt from the "plain"
 template and the answer ``" " + reference``; the loss is the mean cross-entropy over answer tokens only,
@@ -31,13 +31,9 @@ from typing import Optional, Sequence
 import torch
 
 from .models import DEFAULT_MODEL_DIR
-from .tasks import TASKS, TaskItem, sample_items
+from .tasks import BUILTIN_FAMILIES, TASKS, TaskItem, sample_items
 
-DEFAULT_FAMILIES = ("chain_sum", "gcd", "products", "simple_equations")
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
-# Qwen2's pre-tokenizer: single digits, words with one leading non-letter (e.g. a space), punctuation runs.
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-               r"\s*[\r\n]+|\s+(?!\S)|\s+")
 MODEL_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=4)
 MAX_POSITIONS = 256
@@ -45,12 +41,17 @@ MAX_POSITIONS = 256
 
 # ---- tokenizer ------------------------------------------------------------------------------------------------
 def build_tokenizer(corpus: Sequence[str], min_count: int = 10):
-    """A byte-level BPE ``PreTrainedTokenizerFast``: 256 byte tokens, two specials, and one merge chain per frequent
-    digit-free pre-token of ``corpus`` (so each becomes a single token). Deterministic in ``corpus``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A ``Qwen2Tokenizer`` (byte-level BPE) with two specials, the 256 byte tokens, and one merge chain per
+    digit-free pre-token seen at least ``min_count`` times in ``corpus``; deterministic in ``corpus``.
 
-    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+    It is built with transformers' own Qwen2 tokenizer class because ``AutoTokenizer`` (and so vLLM) rebuilds any
+    ``qwen2`` model's tokenizer with that class (Qwen2's pre-tokenizer and NFC normaliser around the saved vocab and
+    merges): building it the same way makes the tokenizer we train with identical to the one everyone loads.
+    """
+    from tokenizers import Regex, pre_tokenizers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     counts = Counter(p for text in corpus for p, _ in pre.pre_tokenize_str(text))
     words = sorted(w for w, c in counts.items() if c >= min_count and len(w) > 1 and not any(ch.isdigit() for ch in w))
@@ -63,11 +64,8 @@ def build_tokenizer(corpus: Sequence[str], min_count: int = 10):
             if w[:i] not in vocab:
                 vocab[w[:i]] = len(vocab)
                 merges.append((w[: i - 1], w[i - 1]))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
-                                   model_max_length=MAX_POSITIONS, padding_side="left", clean_up_tokenization_spaces=False)
+    return Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=EOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+                          model_max_length=MAX_POSITIONS, padding_side="left", clean_up_tokenization_spaces=False)
 
 
 def build_model(tokenizer, seed: int, **shape):
@@ -86,6 +84,11 @@ def build_model(tokenizer, seed: int, **shape):
 def prompt_and_answer(item: TaskItem) -> tuple[str, str]:
     """The plain prompt and the target continuation (``" " + answer``; EOS is appended as a token)."""
     return TASKS[item.family].format_prompt(item, "plain"), " " + item.answer
+
+
+def tokenizer_corpus(families: Sequence[str], seed: int, count: int = 8000) -> list[str]:
+    """The texts the tokenizer's merges are counted on: prompts and answers of ``count`` training items."""
+    return [text for it in sample_items(families, count, seed=seed) for text in prompt_and_answer(it)]
 
 
 def encode(items: Sequence[TaskItem], tokenizer) -> list[tuple[list[int], list[int]]]:
@@ -175,11 +178,37 @@ def measure_pass_at_1(model, tokenizer, families: Sequence[str], *, prompts: int
     return out
 
 
+def training_card(report: dict) -> str:
+    """TRAINING.md for the model directory: how it was made and what it scores."""
+    a = report["args"]
+    lines = ["# The default model (data/default_model)", "",
+             f"A {report['params'] / 1e6:.2f}M-parameter Qwen2ForCausalLM (float32, hidden {a['hidden_size']}, "
+             f"{a['layers']} layers, vocab {report['vocab']}) trained from scratch by `brorl_lab.train_default`: "
+             "supervised warm-start on the families' train split, loss on the answer tokens only.", "",
+             f"    {report['command']}", "",
+             f"- seed {a['seed']}, {a['steps']} steps x {a['sequences_per_step']} sequences "
+             f"({a['steps'] * a['sequences_per_step']} fresh training items, never repeated), AdamW lr {a['lr']} "
+             "with warmup and cosine decay",
+             f"- families: {', '.join(a['families'])} (mixed uniformly)",
+             f"- prompts {report['prompt_tokens_mean']:.1f} tokens on average (plain template), answers at most "
+             f"{report['answer_tokens_max']} tokens including EOS",
+             f"- data {report['seconds_data']} s, training {report['seconds_train']} s "
+             f"(torch threads: {a['threads'] or 'default'}; this machine's 2 cores were shared)", ""]
+    if report["pass_at_1"]:
+        cols = list(report["pass_at_1"])
+        lines += [f"pass@1 on the frozen eval sets (first {a['eval_prompts']} prompts of data/eval/<family>.jsonl; "
+                  f"{a['eval_samples']} samples per prompt at each temperature, 1 for greedy; top_p 1):", "",
+                  "| family | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for fam in a["families"]:
+            lines.append(f"| {fam} | " + " | ".join(f"{report['pass_at_1'][c][fam]:.3f}" for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ---- command line ---------------------------------------------------------------------------------------------
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(DEFAULT_MODEL_DIR))
-    ap.add_argument("--families", nargs="+", default=list(DEFAULT_FAMILIES))
+    ap.add_argument("--families", nargs="+", default=list(BUILTIN_FAMILIES))
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--sequences-per-step", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -196,7 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     t0 = time.time()
     count = args.steps * args.sequences_per_step
     items = sample_items(args.families, count, seed=args.seed, split="train")
-    tokenizer = build_tokenizer([p + a for p, a in map(prompt_and_answer, items[:4000])])
+    tokenizer = build_tokenizer(tokenizer_corpus(args.families, args.seed))
     examples = encode(items, tokenizer)
     shape = dict(hidden_size=args.hidden_size, num_hidden_layers=args.layers,
                  intermediate_size=3 * args.hidden_size)
@@ -220,6 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             report["pass_at_1"][label] = measure_pass_at_1(model, tokenizer, args.families, prompts=args.eval_prompts,
                                                            samples=args.eval_samples, temperature=temp, seed=args.seed)
     (out / "training_report.json").write_text(json.dumps(report, indent=1))
+    (out / "TRAINING.md").write_text(training_card(report))
     return report
 
 

@@ -98,4 +98,6 @@ def write_items(items: Sequence[TaskItem], path: Path) -> Path:
 
 # Family modules register themselves (kept at the bottom: they import register_task from here).
 from . import gym, math_tasks, code  # noqa: E402,F401
+# The families defined in gym.py and math_tasks.py: what the default model is trained on and make_data freezes.
+BUILTIN_FAMILIES = (*gym.GYM_FAMILIES, *math_tasks.MATH_FAMILIES)
 from .templates import resolve_template  # noqa: E402,F401

@@ -33,12 +33,14 @@ MAX_SEED = 2**63  # any non-negative 63-bit seed (the trainer derives 31-bit one
 
 # name -> (reasoning-gym dataset, difficulty config, description). Difficulty is tuned for the default model.
 GYM_FAMILIES: dict[str, tuple[str, dict, str]] = {
-    "chain_sum": ("chain_sum", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
-                  "a + b or a - b, 1-2 digit operands (easy for the default model)"),
-    "gcd": ("gcd", dict(min_numbers=2, max_numbers=2, min_value=1, max_value=40),
-            "greatest common divisor of two numbers in 1..40 (medium)"),
+    "chain_sum": ("chain_sum", dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1),
+                  "a + b (- c): 2-3 one-digit terms"),
+    "spell_backward": ("spell_backward", dict(min_word_len=3, max_word_len=5),
+                       "spell a 3-5 letter word backward"),
+    "gcd": ("gcd", dict(min_numbers=2, max_numbers=2, min_value=1, max_value=60),
+            "greatest common divisor of two numbers in 1..60"),
     "products": ("products", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
-                 "a * b, 1-2 digit operands (hard)"),
+                 "a * b with 1-2 digit operands"),
 }
 
 
