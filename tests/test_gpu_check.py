@@ -1,0 +1,70 @@
+"""The prepared device check (bench/gpu_check.sh + .py) runs end to end in its CPU smoke variant and writes every
+figure the GPU run reports, so the script cannot rot between GPU runs; the real shape is Qwen2-1.5B's."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import gpu_check  # noqa: E402
+
+
+def test_smoke_run_writes_every_figure(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--smoke"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = tmp_path / "gpu_check_smoke.json"
+    assert proc.stdout.strip().splitlines()[-1] == f"gpu_check JSON: {path}"
+    d = json.loads(path.read_text())
+    assert d["status"] == "ok" and d["skipped"] == [] and d["smoke"] is True
+    s = d["settings"]
+    assert s["ns"] == [16, 64, 256, 512] and s["total_samples"] == 512 and s["kernel"] == "shared_prefix"
+    assert [r["n"] for r in d["rollout"]] == [16, 64, 256, 512]
+    for r in d["rollout"]:
+        assert r["prompts"] * r["n"] == r["samples"] == 512
+        assert r["prompt_tokens"] == r["prompts"] * s["prompt_tokens"]  # each prompt is exactly prompt_tokens ids
+        assert 0 < r["generated_tokens"] <= 512 * s["new_tokens"]
+        assert r["samples_per_s"] == pytest.approx(512 / r["seconds"])
+        assert r["tokens_per_s"] == pytest.approx(r["generated_tokens"] / r["seconds"])
+        assert "peak_memory_gib" in r and r["peak_memory_gib"] is None  # CUDA-only figure; CPU reports RSS
+    u = d["update"]
+    assert u["n"] == 512 and u["samples"] == 512 and u["seconds"] > 0 and u["optimizer_steps"] == 1
+    rollout_512 = d["rollout"][-1]
+    assert u["tokens"] == 512 * rollout_512["prompt_tokens"] + rollout_512["generated_tokens"]  # prompt + response
+    assert u["micro_batches"] >= math.ceil(u["tokens"] / s["micro_batch_tokens"]) >= 2  # the budget really split it
+    assert all(math.isfinite(u["metrics"][k]) for k in ("loss", "kl", "entropy", "grad_norm"))
+    assert "peak_memory_gib" in u and d["max_rss_gib"] > 0
+    assert d["environment"]["torch_threads"] == 1
+
+
+def test_real_shape_is_qwen2_1_5b():
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device("meta"):  # counts parameters without allocating them
+        model = Qwen2ForCausalLM(Qwen2Config(**gpu_check.SHAPES["qwen2-1.5b"]))
+    params = sum(p.numel() for p in model.parameters())
+    assert 1.50e9 < params < 1.58e9  # Qwen2-1.5B: 1.54B with tied embeddings
+
+
+def test_tokenizer_gives_exact_prompt_lengths():
+    tok = gpu_check.word_tokenizer(151936)
+    ids = tok(gpu_check.random_prompts(4, 256, 151936, seed=0))["input_ids"]
+    assert [len(x) for x in ids] == [256] * 4 and min(min(x) for x in ids) >= 3  # no special token inside
+    assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path):
+    for args, word in [(["--ns", "7"], "--ns"), (["--ns", "a,b"], "--ns"), (["--new-tokens", "0"], "--new-tokens")]:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--smoke", *args],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "OUT": str(tmp_path)})
+        assert proc.returncode == 2 and word in proc.stderr
+    assert not any(tmp_path.iterdir())
