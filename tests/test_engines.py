@@ -118,6 +118,21 @@ def test_eos_first_gives_length_one_untruncated_rows(tiny, kind):
     assert (batch.lengths == 1).all() and not batch.truncated.any() and batch.texts == [""] * 24
 
 
+@pytest.mark.parametrize("kind", list(ENGINES))
+def test_every_eos_of_the_generation_config_stops_a_row(tiny, kind):
+    """Chat models stop on several tokens (generation_config.eos_token_id is a list): each one ends a row."""
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    z_id = tok.convert_tokens_to_ids("Z")
+    model.generation_config.eos_token_id = [tok.eos_token_id, z_id]
+    bias_token(model, z_id, 40.0)
+    eng = build(kind, model, tok)
+    assert eng.eos_ids == [tok.eos_token_id, z_id]
+    batch = eng.generate(PROMPTS, 4, SamplingParams(max_new_tokens=5, seed=0))
+    assert_well_formed(batch, eng, PROMPTS, 4, max_new=5)
+    assert (batch.lengths == 1).all() and (batch.response_ids[:, 0] == z_id).all() and not batch.truncated.any()
+    assert batch.texts == ["Z"] * 12  # "Z" is an ordinary char token: it is a stop token here, not special
+
+
 # ---- log-probs and the sampling distribution -----------------------------------------------------------------------
 @pytest.mark.parametrize("kind", list(ENGINES))
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
@@ -127,6 +142,18 @@ def test_logprobs_match_the_trainer_recomputation(engines, source, kind, tempera
     ref = compute_logprobs(source[0], batch, temperature=temperature, micro_batch_tokens=256)
     diff = (ref - batch.logprobs).abs()[batch.response_mask]
     assert float(diff.max()) < 1e-4, f"max abs diff {float(diff.max()):.2e}"
+
+
+@pytest.mark.parametrize("kind", list(ENGINES))
+def test_bfloat16_engines_stay_close_to_a_bfloat16_trainer(tiny, kind):
+    """bf16 rounding differs between a decode step and a full forward, so only closeness is asserted here."""
+    model, tok = tiny
+    eng = build(kind, model, tok, dtype="bfloat16")
+    batch = eng.generate(PROMPTS, 16, SamplingParams(temperature=0.8, max_new_tokens=8, seed=0))
+    assert eng.model.dtype == torch.bfloat16 and batch.logprobs.dtype == torch.float32
+    ref = compute_logprobs(copy.deepcopy(model).to(torch.bfloat16), batch, temperature=0.8, micro_batch_tokens=256)
+    diff = (ref - batch.logprobs).abs()[batch.response_mask]
+    assert float(diff.mean()) < 0.05 and float(diff.max()) < 0.3
 
 
 @pytest.mark.parametrize("kind", list(ENGINES))

