@@ -291,6 +291,12 @@ class Trainer:
                                      if isinstance(row.get(k), float)})
                     if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0:
                         self.save_checkpoint()
+        except Exception as e:  # e.g. max_bad_steps: the run dir says so, not only the traceback
+            error = f"{type(e).__name__}: {e}"
+            self.run_dir.write_metrics(self.rows)
+            self.run_dir.write_status("failed", step=self.step_idx, error=error)
+            self.run_dir.log_event("failed", step=self.step_idx, error=error)
+            raise
         finally:
             bar.close()
         interrupted = self._stop.is_set() and self.step_idx < total
