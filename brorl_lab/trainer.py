@@ -18,7 +18,6 @@ the current step and leaves a resumable checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import signal
 import threading
@@ -38,25 +37,10 @@ from .engines import make_engine
 from .engines.base import RolloutEngine, SamplingParams
 from .evaluation import evaluate
 from .logprobs import compute_logprobs
+from .seeding import derive_seed
 from .tracking import RunDir, atomic_write
 
 CHECKPOINT_FILE = "state.pt"
-
-
-def derive_seed(*parts) -> int:
-    """A stable 31-bit seed from any parts (run seed, step, round): independent of global RNG state."""
-    h = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
-
-
-def _check_eval_sets(cfg: Config) -> None:
-    from .tasks import eval_path
-
-    for t in (cfg.eval_tasks or cfg.tasks) if cfg.eval_every else ():
-        if not eval_path(t).is_file():
-            raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
-                              f"({eval_path(t)} missing); allowed: tasks with an eval set, eval_every=0, or "
-                              f"generate it with `python -m brorl_lab.make_data --families {t}`")
 
 
 def default_run_name(cfg: Config) -> str:
@@ -116,7 +100,8 @@ class Trainer:
     def _make_engine(self) -> RolloutEngine:
         c = self.cfg
         kw = {"device": c.device, "dtype": c.dtype}
-        if c.engine in ("torch",):
+        wrapped = c.ray_worker_engine if c.engine == "ray" else c.engine
+        if wrapped in ("torch", "hf"):
             kw["chunk_sequences"] = c.rollout_chunk_sequences
         if c.engine == "ray":
             kw.update(workers=c.ray_workers, worker_engine=c.ray_worker_engine, address=c.ray_address)

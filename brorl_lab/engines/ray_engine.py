@@ -62,6 +62,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..batch import RolloutBatch
+from ..seeding import derive_seed
 from .base import RolloutEngine, SamplingParams, check_generate_args
 
 WORKER_ENGINES = ("torch", "hf", "vllm")
@@ -116,8 +117,7 @@ def plan_shards(num_prompts: int, n: int, workers: int) -> list[Shard]:
 def shard_seed(seed: int, shard: Shard) -> int:
     """A 31-bit seed for ``shard`` from the call's seed and the shard's first (prompt, sample): stable across
     processes and machines (sha256, not Python's salted ``hash``)."""
-    key = f"{int(seed)}/ray-shard/{shard.prompts.start}/{shard.samples.start}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little") & 0x7FFFFFFF
+    return derive_seed(int(seed), "ray-shard", shard.prompts.start, shard.samples.start)
 
 
 def shard_sampling(sampling: SamplingParams, shard: Shard, num_shards: int) -> SamplingParams:
