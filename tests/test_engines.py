@@ -6,7 +6,6 @@ decode by full forwards, and sync_weights against a model edited so one token do
 """
 
 import copy
-import time
 
 import pytest
 import torch
@@ -346,20 +345,3 @@ def test_plan_chunks_cover_prompt_major_rows(P, n, chunk):
     rows = [p for ps, k in chunks for p in ps for _ in range(k)]
     assert rows == [p for p in range(P) for _ in range(n)]  # prompt-major, every sample exactly once
     assert all(len(ps) * k <= chunk for ps, k in chunks)
-
-
-def test_torch_engine_is_faster_than_hf_generate_at_large_n(tiny):
-    """The benchmark targets >= 3x at N=512; under a shared CPU we only assert a clear win (best of 2 runs)."""
-    model, tok = tiny
-    prompts = ["Question: what is the sum of 12, 7 and 30? Answer: ", "Compute 3*4+5-2 and give the answer:"]
-    sp = SamplingParams(max_new_tokens=8, seed=0)
-    best = {}
-    for kind in ("torch", "hf"):
-        eng = build(kind, model, tok)
-        times = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            eng.generate(prompts, 512, sp)
-            times.append(time.perf_counter() - t0)
-        best[kind] = min(times)
-    assert best["torch"] * 1.5 < best["hf"], best
