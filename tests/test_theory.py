@@ -312,8 +312,7 @@ def test_explorer_redraw_changes_the_figures(explorer):
     assert explorer.terms_fig.layout.title.text == EXPLORER_TITLE
     before_bars = np.array(explorer.terms_fig.data[0].y)
     before_hist = np.array(explorer.hist_fig.data[0].x)
-    seconds = explorer.redraw(1024)
-    assert seconds < 1.0
+    explorer.redraw(1024)  # its time is a benchmark figure (bench/bench_theory.py), not a test assertion
     after_bars = np.array(explorer.terms_fig.data[0].y)
     assert not np.allclose(before_bars, after_bars, rtol=1e-3, atol=0)
     assert not np.allclose(before_hist, explorer.hist_fig.data[0].x, rtol=1e-3, atol=0)
