@@ -43,6 +43,16 @@ from .tracking import RunDir, atomic_write
 CHECKPOINT_FILE = "state.pt"
 
 
+def _check_eval_sets(cfg: Config) -> None:
+    from .tasks import eval_path
+
+    for t in (cfg.eval_tasks or cfg.tasks) if cfg.eval_every else ():
+        if not eval_path(t).is_file():
+            raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
+                              f"({eval_path(t)} missing); allowed: tasks with an eval set, eval_every=0, or "
+                              f"generate it with `python -m brorl_lab.make_data --families {t}`")
+
+
 def default_run_name(cfg: Config) -> str:
     return f"{'-'.join(cfg.tasks)}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}_s{cfg.seed}"
 
