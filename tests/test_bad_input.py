@@ -16,18 +16,17 @@ import os
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from nbformat.v4 import new_code_cell, new_notebook
 
 from brorl_lab import cli, sweep
 from brorl_lab.config import Config, ConfigError
 from brorl_lab.registry import advantage_names, engine_names, policy_loss_names, task_names
 from brorl_lab.tasks import eval_path
 from helpers_models import save_tiny
+from helpers_notebooks import write_notebook
 
 FIELDS = Config.field_names()
 
@@ -336,21 +335,15 @@ DECLARED = {"mode": "ok", "x": 1, "label": "", "run_dir": ""}
 @pytest.fixture(scope="module")
 def notebook(tmp_path_factory) -> Path:
     """A small notebook with a parameters cell; it records each execution and what it received."""
-    path = tmp_path_factory.mktemp("nb") / "params.ipynb"
-    nb = new_notebook(cells=[
-        new_code_cell("\n".join(f"{k} = {v!r}" for k, v in DECLARED.items()), metadata={"tags": ["parameters"]}),
-        new_code_cell("import json, pathlib\n"
-                      "d = pathlib.Path(run_dir)\n"
-                      "with open(d / 'executions.txt', 'a') as f:\n"
-                      "    f.write('1\\n')\n"
-                      "(d / 'received.json').write_text(json.dumps({'mode': mode, 'x': x, 'label': label}))\n"
-                      "if mode != 'ok':\n"
-                      "    raise ValueError(f'mode: got {mode!r}')\n"),
-    ])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    nbformat.write(nb, path)
-    return path
+    return write_notebook(tmp_path_factory.mktemp("nb") / "params.ipynb",
+                          "\n".join(f"{k} = {v!r}" for k, v in DECLARED.items()),
+                          "import json, pathlib\n"
+                          "d = pathlib.Path(run_dir)\n"
+                          "with open(d / 'executions.txt', 'a') as f:\n"
+                          "    f.write('1\\n')\n"
+                          "(d / 'received.json').write_text(json.dumps({'mode': mode, 'x': x, 'label': label}))\n"
+                          "if mode != 'ok':\n"
+                          "    raise ValueError(f'mode: got {mode!r}')\n")
 
 
 BAD_VALUES = st.one_of(

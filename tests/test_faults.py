@@ -16,15 +16,12 @@ import random
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
 import torch
-from nbformat.v4 import new_code_cell, new_notebook
 
 from brorl_lab import algo, sweep
 from brorl_lab.config import Config
@@ -34,6 +31,7 @@ from brorl_lab.tasks.gym import GYM_FAMILIES, GymFamily
 from brorl_lab.tracking import RunDir, atomic_write
 from brorl_lab.trainer import CHECKPOINT_FILE, Trainer
 from helpers_models import save_tiny
+from helpers_notebooks import write_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 # Columns that measure time differ between two runs of the same computation; everything else must match exactly.
@@ -436,25 +434,18 @@ def test_non_finite_rewards_skip_the_step_and_stop_the_run(nan_family, tiny_mode
 # ---- sweeps whose runs fail ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def failing_notebook(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("nb") / "faulty.ipynb"
-    nb = new_notebook(cells=[
-        new_code_cell('mode = "ok"\nx = 1\nrun_dir = ""', metadata={"tags": ["parameters"]}),
-        new_code_cell("import os, pathlib\n"
-                      "d = pathlib.Path(run_dir)\n"
-                      "with open(d / 'executions.txt', 'a') as f:\n"
-                      "    f.write('1\\n')\n"
-                      "if mode not in ('ok', 'raise', 'kill'):\n"
-                      "    raise ValueError(f'mode: got {mode!r}; allowed: ok, raise, kill')\n"
-                      "if mode == 'raise':\n"
-                      "    raise RuntimeError(f'cell failed on purpose (x={x})')\n"
-                      "if mode == 'kill':\n"
-                      "    os.kill(os.getpid(), 9)\n"
-                      "(d / 'result.txt').write_text(str(2 * x))\n"),
-    ])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    nbformat.write(nb, path)
-    return path
+    return write_notebook(tmp_path_factory.mktemp("nb") / "faulty.ipynb", 'mode = "ok"\nx = 1\nrun_dir = ""',
+                          "import os, pathlib\n"
+                          "d = pathlib.Path(run_dir)\n"
+                          "with open(d / 'executions.txt', 'a') as f:\n"
+                          "    f.write('1\\n')\n"
+                          "if mode not in ('ok', 'raise', 'kill'):\n"
+                          "    raise ValueError(f'mode: got {mode!r}; allowed: ok, raise, kill')\n"
+                          "if mode == 'raise':\n"
+                          "    raise RuntimeError(f'cell failed on purpose (x={x})')\n"
+                          "if mode == 'kill':\n"
+                          "    os.kill(os.getpid(), 9)\n"
+                          "(d / 'result.txt').write_text(str(2 * x))\n")
 
 
 def test_a_sweep_records_each_failure_completes_the_rest_and_a_rerun_skips_finished_runs(failing_notebook,
