@@ -346,7 +346,10 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write the whole state atomically to ``<run>/checkpoint/state.pt`` (temp + fsync + rename)."""
         state = self.state_dict()
-        return atomic_write(self.run_dir.checkpoint_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
+        path = atomic_write(self.run_dir.checkpoint_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
+        for stale in path.parent.glob(f".{CHECKPOINT_FILE}.*.tmp"):  # left by a process killed mid-write
+            stale.unlink(missing_ok=True)
+        return path
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
