@@ -81,7 +81,7 @@ def hard_families(report: str | Path | None = None, *, max_pass: float = 0.5, te
     learn; the plateau and the branch experiment train on the ones in between.
     """
     path = Path(report) if report is not None else DEFAULT_MODEL_DIR / "training_report.json"
-    if not 0 < max_pass <= 1:
+    if isinstance(max_pass, bool) or not isinstance(max_pass, (int, float)) or not 0 < max_pass <= 1:
         raise ValueError(f"max_pass: got {max_pass!r}; allowed: a float in (0, 1]")
     try:
         table = json.loads(path.read_text())["pass_at_1"]
@@ -127,11 +127,12 @@ def plateau_config(**overrides) -> Config:
     return recipe_config(**{**base, **overrides})
 
 
-def plateau_reached(curve: Sequence[float], window: int = 4, min_delta: float = 0.01) -> bool:
+def plateau_reached(curve: Sequence[float], window: int = 5, min_delta: float = 0.01) -> bool:
     """The plateau rule: the last ``window`` evaluations all failed to beat the best earlier one by ``min_delta``.
 
-    ``curve`` is held-out pass@1 at successive evaluations (the first is the starting point). With window 4 and
-    min_delta 0.01: no improvement of at least one point over the last four evaluations.
+    ``curve`` is held-out pass@1 at successive evaluations (the first is the starting point). With window 5 and
+    min_delta 0.01 (evaluating every 10 steps): no gain of one point or more over the best earlier evaluation in the
+    last 50 steps.
     """
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window: got {window!r}; allowed: an integer >= 1")
@@ -164,7 +165,7 @@ def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics.loc[metrics[f"eval/{MEAN}/{PASS1}"].notna(), keep].reset_index(drop=True)
 
 
-def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLATEAU_MODEL_DIR, window: int = 4,
+def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLATEAU_MODEL_DIR, window: int = 5,
                   min_delta: float = 0.01, progress: bool = True, command: Optional[str] = None) -> PlateauResult:
     """Train ``cfg`` (default :func:`plateau_config`) in chunks of ``eval_every`` steps until :func:`plateau_reached`
     fires on held-out mean pass@1 or ``cfg.steps`` is reached, then save the policy as an HF model directory
@@ -259,8 +260,11 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
     trainer.policy.save_pretrained(tmp, safe_serialization=True)
     trainer.tokenizer.save_pretrained(tmp)
     cfg = trainer.cfg
+    base = Path(cfg.model) if cfg.model != "default" else DEFAULT_MODEL_DIR
+    weights = base / "model.safetensors"
     meta = {
-        "command": command, "base_model": str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model,
+        "command": command, "base_model": _repo_relative(base) if base.exists() else cfg.model,
+        "base_model_sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None,
         "families": list(cfg.tasks), "seed": cfg.seed, "steps": res.steps, "plateaued": res.plateaued,
         "rule": res.rule, "config": {k: v for k, v in cfg.to_dict().items() if k not in _IGNORED_FIELDS},
         "curve": res.curve.to_dict(orient="records"),
@@ -273,6 +277,11 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
     return out
 
 
+def _repo_relative(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def plateau_markdown(meta: dict) -> str:
     """PLATEAU.md: command, seed, steps, the eval curve as a table and the plateau rule applied to it."""
     curve = pd.DataFrame(meta["curve"])
@@ -281,6 +290,7 @@ def plateau_markdown(meta: dict) -> str:
     best = curve[rule["metric"]].cummax().shift(1)
     lines = ["# data/plateau_model: the default model trained with the ProRL recipe until held-out pass@1 stalled", "",
              f"Command: `{meta['command'] or 'python -m brorl_lab.experiments plateau'}` (seed {meta['seed']}).", "",
+             f"Base: {meta['base_model']} (model.safetensors sha256 {meta.get('base_model_sha256')}).", "",
              f"Families: {', '.join(meta['families'])}. Steps: {meta['steps']}. Recipe (config fields): "
              + ", ".join(f"{k}={meta['config'][k]}" for k in (
                  "rollouts_per_prompt", "prompts_per_step", "optimizer_steps_per_step", "advantage", "eps_low",
@@ -296,15 +306,18 @@ def plateau_markdown(meta: dict) -> str:
         prev = "" if pd.isna(best.iloc[i]) else f"{best.iloc[i]:.3f}"
         lines.append(f"| {int(r['step'])} | {int(r.get('cum_samples', 0)):,} | {vals} | {prev} |")
     w, d = rule["window"], rule["min_delta"]
+    first, last = curve.iloc[0], curve.iloc[-1]
+    moves = ", ".join(f"{f} {100 * (last[f'eval/{f}/{PASS1}'] - first[f'eval/{f}/{PASS1}']):+.1f}" for f in fams)
     if meta["plateaued"]:
+        recent, before = curve[rule["metric"]].iloc[-w:].max(), curve[rule["metric"]].iloc[:-w].max()
         why = (f"Why this counts as a plateau: the rule is \"the last {w} evaluations all stay below the best earlier "
                f"{rule['metric']} + {d}\" and it fired at step {meta['steps']}: the best of the last {w} evaluations "
-               f"is {curve[rule['metric']].iloc[-w:].max():.3f}, the best before them "
-               f"{curve[rule['metric']].iloc[:-w].max():.3f}.")
+               f"is {recent:.3f} < {before:.3f} + {d} = {before + d:.3f}.")
     else:
         why = (f"The rule (\"the last {w} evaluations all stay below the best earlier {rule['metric']} + {d}\") did "
                f"NOT fire within the step cap of {meta['steps']} steps: this checkpoint is not a measured plateau.")
-    lines += ["", why, "", "Load it with `Config(model=\"data/plateau_model\")` (from the repository root) or "
+    lines += ["", why, "", f"Change from the first to the last evaluation, in points (0.01 pass@1): {moves}.", "",
+              "Load it with `Config(model=\"data/plateau_model\")` (from the repository root) or "
               "`brorl_lab.experiments.recipe_config(model=\"plateau\")`.", ""]
     return "\n".join(lines)
 
@@ -633,12 +646,20 @@ def save_outputs(run_dir: str | Path, df: pd.DataFrame, figures: dict, *, summar
     if export_png and figures:
         import plotly.io as pio
 
-        paths = [out / f"{name}.png" for name in figures]
+        todo = {out / f"{name}.png": fig for name, fig in figures.items()}
+        for path in todo:  # a PNG left by an earlier run must not pass for this run's
+            path.unlink(missing_ok=True)
         try:
-            pio.write_images(list(figures.values()), paths, width=1100)
-            written["png"] = [p for p in paths if p.is_file()]
+            for _ in range(2):  # under heavy load kaleido has been seen to drop a figure of a batch: retry those
+                pio.write_images(list(todo.values()), list(todo), width=1100)
+                todo = {p: f for p, f in todo.items() if not p.is_file()}
+                if not todo:
+                    break
+            if todo:
+                written["png_note"] = f"PNG export did not write {', '.join(p.name for p in todo)}"
         except Exception as e:  # noqa: BLE001 - no Chromium, kaleido missing, a browser crash: figures stay inline
             written["png_note"] = f"PNG export skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
+        written["png"] = [out / f"{name}.png" for name in figures if (out / f"{name}.png").is_file()]
     elif figures:
         written["png_note"] = "PNG export off (export_png=False)"
     return written
@@ -654,7 +675,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a.add_argument("--families", nargs="+", default=None, help="default: hard_families() of the default model")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--eval-every", type=int, default=10)
-    a.add_argument("--window", type=int, default=4, help="plateau rule: evaluations without improvement")
+    a.add_argument("--window", type=int, default=5, help="plateau rule: evaluations without improvement")
     a.add_argument("--min-delta", type=float, default=0.01, help="plateau rule: the improvement that counts")
     a.add_argument("--lr", type=float, default=RECIPE["lr"])
     a.add_argument("--run-dir", default=str(REPO / "runs"), help="parent of the resumable run directory 'plateau'")
