@@ -374,7 +374,7 @@ ARM_DIAGNOSTICS = (("ds_pass_rate", "dynamic-sampling pass rate"), ("entropy", "
 def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum_samples",
                       titles: Optional[Sequence[str]] = None, labels: Optional[Mapping[str, str]] = None,
                       cols: int = 2, title: Optional[str] = None, points: int = 41,
-                      height_per_row: int = 280) -> go.Figure:
+                      height_per_row: int = 300) -> go.Figure:
     """One panel per metric against ``x``, one line per arm (trace name ``labels[arm]``, legend group ``arm``)
     and a band trace "<label> · seed range" when the arm has >= 2 seeds."""
     from .analysis import arm_curves, curves_on_grid
@@ -384,7 +384,8 @@ def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum
     labels = dict(labels or {})
     arms = list(dict.fromkeys(df["arm"]))
     rows = -(-len(metrics) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(titles or [metric_label(m) for m in metrics]))
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(titles or [metric_label(m) for m in metrics]),
+                        vertical_spacing=min(0.3 / rows, 0.15))
     for i, m in enumerate(metrics):
         where = dict(row=i // cols + 1, col=i % cols + 1)
         for j, arm in enumerate(arms):
@@ -400,7 +401,8 @@ def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum
                                          fillcolor=_rgba(color, 0.18), hoverinfo="skip"), **where)
             fig.add_trace(go.Scatter(name=name, legendgroup=arm, showlegend=i == 0, x=pooled["x"], y=pooled["mean"],
                                      mode="lines", line_color=color), **where)
-    fig.update_xaxes(title_text=X_AXES.get(x, x))
+        if i + cols >= len(metrics):  # x title only under the lowest panel of each column
+            fig.update_xaxes(title_text=X_AXES.get(x, x), **where)
     fig.update_layout(title_text=title, height=rows * height_per_row + 90, legend=dict(orientation="h", y=-0.12),
                       margin=dict(t=80, b=40, l=60, r=20))
     return fig

@@ -1,0 +1,87 @@
+"""Runs notebooks/00_quickstart.ipynb and notebooks/02_rollout_scaling.ipynb headless under papermill, tiny sizes."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+papermill = pytest.importorskip("papermill")
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+PLOTLY = "application/vnd.plotly.v1+json"
+QUICK = dict(prompts_per_step=4, rollouts_per_prompt=8, trainer_steps=2, seed=0, torch_threads=1)
+SCALING = dict(steps=2, eval_every=1, seeds=[0], n_small=4, n_large=16, prompts_small=4, prompts_large=2,
+               optimizer_steps_per_step=1, eval_prompts=8, eval_samples=2, torch_threads=1)
+
+
+@pytest.mark.parametrize("name, params", [("00_quickstart", QUICK), ("02_rollout_scaling", SCALING)])
+def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path, name, params):
+    fresh = tmp_path / "fresh.ipynb"
+    subprocess.run([sys.executable, str(NOTEBOOKS / f"build_{name}.py"), str(fresh)], check=True,
+                   capture_output=True)
+    committed = NOTEBOOKS / f"{name}.ipynb"
+    assert fresh.read_text() == committed.read_text(), f"regenerate: python notebooks/build_{name}.py"
+    nb = nbformat.read(committed, as_version=4)
+    assert nb.metadata.kernelspec.name == "python3" and nb.metadata.language_info.name == "python"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in params)
+
+
+def run(name: str, out_dir: Path, params: dict) -> list:
+    out = out_dir / f"{name}_out.ipynb"
+    papermill.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=params, kernel_name="python3",
+                               cwd=str(NOTEBOOKS), progress_bar=False)
+    nb = nbformat.read(out, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    return outputs
+
+
+def shown(outputs: list, mime: str = "text/plain") -> str:
+    return "\n".join(str(o.data.get(mime, "")) for o in outputs if o.output_type in ("display_data", "execute_result"))
+
+
+def printed(outputs: list) -> str:
+    return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+
+
+def test_quickstart_shows_every_stage_and_a_trainer_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    outputs = run("00_quickstart", tmp_path, {**QUICK, "run_dir": str(tmp_path / "run")})
+    html = shown(outputs, "text/html")
+    text = shown(outputs)
+    assert "RolloutBatch(prompts=4, n=8, samples=32" in html and "<table" in html  # the batch's HTML table
+    assert "FilterStats(generated_groups=" in text
+    assert "UpdateReport(loss=" in text and "grad_norm=" in text
+    assert "engine weights equal the updated policy: True" in printed(outputs)
+    metrics = pd.read_parquet(tmp_path / "run" / "quickstart" / "metrics.parquet")
+    assert list(metrics["step"]) == [0, 1, 2] and metrics["eval/mean/pass@1"].notna().sum() == 2
+
+
+def test_rollout_scaling_notebook_plots_summarises_and_gives_a_verdict(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    run_dir = tmp_path / "demo"
+    outputs = run("02_rollout_scaling", tmp_path, {**SCALING, "run_dir": str(run_dir), "export_png": True})
+    figures = [o.data[PLOTLY] for o in outputs if o.output_type in ("display_data", "execute_result")
+               and PLOTLY in o.data]
+    assert len(figures) == 3  # pass@1 vs samples, vs time, diagnostics
+    names = {t.get("name") for f in figures for t in f["data"]}
+    assert {"ProRL (N=4)", "BroRL (N=16)"} <= names
+    assert "final pass@1 mean" in shown(outputs, "text/html")  # the summary table
+    text = printed(outputs)
+    assert "Verdict (BroRL (N=16) vs ProRL (N=4)" in text and "At equal generated samples" in text
+    df = pd.read_parquet(run_dir / "metrics.parquet")
+    assert set(df["arm"]) == {"prorl", "brorl"} and df.groupby("arm")["step"].max().to_dict() == {"brorl": 2,
+                                                                                                  "prorl": 4}
+    assert (run_dir / "verdict.txt").read_text().strip() in text
+    pngs = sorted(p.name for p in run_dir.glob("*.png"))
+    if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
+        assert pngs == ["diagnostics.png", "pass_at_1_vs_samples.png", "pass_at_1_vs_time.png"]
+    else:
+        assert "PNG export skipped" in text
