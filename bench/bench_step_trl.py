@@ -5,7 +5,9 @@ as on a CPU), on the same model, task prompts, N, prompts per step, max tokens, 
 
 A step is rollout -> score -> (logprobs) -> reference logprobs -> loss -> backward -> one AdamW step, on P*N samples.
 Each side runs in its own subprocess (so its peak RSS, VmHWM, is its own), ``warmup`` untimed steps and then
-``timed`` steps; the sides alternate (brorl, trl, brorl, trl, ...) and the medians of all timed steps are compared.
+``timed`` steps; the sides alternate (brorl, trl, proposed, brorl, ...) and the medians of all timed steps are
+compared. ``proposed`` is brorl_lab with :func:`shared_prefix_token_logprobs` swapped in: a change recommended
+for brorl_lab/logprobs.py, measured here so its effect is a number, not a guess (it has no target).
 
 How the two are made to do the same work:
   * model: the same local HF directory, fp32 on CPU (TRL: ``use_cpu=True, bf16=False``), the same torch threads;
@@ -52,7 +54,7 @@ class Size:
     rounds: int  # brorl, trl alternations
 
 
-FULL = Size(total=512, ns=(16, 64, 512), max_new_tokens=16, micro_batch=64, warmup=1, timed=2, rounds=2)
+FULL = Size(total=512, ns=(16, 64, 512), max_new_tokens=16, micro_batch=64, warmup=1, timed=3, rounds=2)
 SMOKE = Size(total=16, ns=(8,), max_new_tokens=4, micro_batch=8, warmup=1, timed=1, rounds=1)
 BETA, LR, SEED = 1e-3, 1e-5, 0
 
@@ -75,10 +77,71 @@ def prompt_hash(prompts) -> str:
     return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:12]
 
 
+# ---- the proposed change, measured as its own side -----------------------------------------------------------------
+def shared_prefix_token_logprobs(model, batch, rows, *, temperature: float, with_entropy: bool = False):
+    """PROPOSED for brorl_lab/logprobs.py (not used by brorl_lab itself): ``token_logprobs`` with each prompt's
+    forward computed once per micro-batch instead of once per row.
+
+        prefix  = model(prompts of the rows' groups, use_cache=True, logits_to_keep=1)    # [p, S]: KV + first logits
+        KV     -> index_select to the rows (autograd carries every row's gradient back into the one prefix pass)
+        suffix  = model(response[:, :W-1], past_key_values=KV, attention_mask=[prompt mask, response mask])
+        logits  = [prefix logits, suffix logits]                                           # [b, W, V]
+
+    Same values as the packed forward (max |diff| ~3e-6 in fp32, gradients to ~2e-5 relative, checked on the
+    default model at N=512 and N=16); at N=512 with ~31 prompt and ~3 response tokens a row, about 10x fewer tokens
+    go through the model. Rows must be prompt-major (they are: micro-batches are consecutive rows).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from brorl_lab.engines.common import left_pad
+
+    rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+    prompts, local = torch.unique_consecutive(rows // batch.n, return_inverse=True)  # [p], [b] row -> prompt slot
+    ids, mask = left_pad([batch.prompt_ids[i] for i in prompts.tolist()], batch.pad_id)  # [p, S]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    device = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    first = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                  past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [p, V]
+    lengths = batch.lengths[rows]
+    W = max(int(lengths.max()), 1)
+    resp = batch.response_ids[rows, :W].to(device)  # [b, W]
+    valid = (torch.arange(W)[None] < lengths[:, None]).to(device)  # [b, W]
+    z = first[local.to(device)][:, None]  # [b, 1, V]
+    if W > 1:
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[local.to(device)], layer.values[local.to(device)]
+        full_mask = torch.cat([mask.to(device)[local], valid[:, : W - 1].long()], dim=1)  # [b, S + W - 1]
+        suffix_pos = pos.to(device)[local, -1:] + 1 + torch.arange(W - 1, device=device)[None]
+        z = torch.cat([z, model(input_ids=resp[:, : W - 1], attention_mask=full_mask, position_ids=suffix_pos,
+                                past_key_values=cache, use_cache=True).logits], dim=1)  # [b, W, V]
+    z = z.float() / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    T = batch.response_ids.shape[1]
+    logp = torch.nn.functional.pad((z.gather(-1, resp[..., None])[..., 0] - lse).masked_fill(~valid, 0.0),
+                                   (0, T - W))
+    entropy = None
+    if with_entropy:
+        ent = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+        entropy = torch.nn.functional.pad(ent.masked_fill(~valid, 0.0), (0, T - W))
+    return logp, entropy
+
+
+def use_shared_prefix_logprobs() -> None:
+    """Swap the proposal in where brorl_lab looks ``token_logprobs`` up (compute_logprobs and steps.update)."""
+    from brorl_lab import logprobs, steps
+
+    logprobs.token_logprobs = steps.token_logprobs = shared_prefix_token_logprobs
+
+
 # ---- the two children ---------------------------------------------------------------------------------------------
 def brorl_child(p: dict) -> dict:
     from brorl_lab.config import Config
     from brorl_lab.trainer import Trainer
+
+    if p.get("variant") == "shared_prefix":
+        use_shared_prefix_logprobs()
 
     cfg = Config(model=p["model"], engine="torch", tasks=list(BENCH_FAMILIES), template="plain",
                  rollouts_per_prompt=p["n"], prompts_per_step=p["P"], max_new_tokens=p["max_new_tokens"],
@@ -160,7 +223,7 @@ def trl_child(p: dict) -> dict:
 
 
 def child(p: dict) -> dict:
-    return brorl_child(p) if p["side"] == "brorl" else trl_child(p)
+    return trl_child(p) if p["side"] == "trl" else brorl_child(p)
 
 
 # ---- the figure ---------------------------------------------------------------------------------------------------
@@ -172,11 +235,14 @@ def longest_prompt_tokens(path: str, P: int, steps: int) -> int:
     return max(len(x) for x in tok(prompts)["input_ids"])
 
 
+LABEL = {"brorl": "brorl_lab", "trl": "TRL GRPOTrainer", "proposed": "brorl_lab+SP (proposed)"}  # SP: shared prefix
+
+
 def run(smoke: bool = False, threads=None) -> list[dict]:
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)
     path = model_path()
-    sides = ("brorl", "trl") if trl_available() else ("brorl",)
+    sides = ("brorl", "trl", "proposed") if trl_available() else ("brorl", "proposed")
     steps = size.warmup + size.timed
     rows = []
     for n in size.ns:
@@ -188,35 +254,39 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         runs = {s: [] for s in sides}
         for _ in range(size.rounds):
             for side in sides:
-                runs[side].append(run_child(MODULE, {**payload, "side": side}, threads=threads))
+                variant = {"variant": "shared_prefix"} if side == "proposed" else {}
+                runs[side].append(run_child(MODULE, {**payload, "side": side, **variant}, threads=threads))
         step_s = {s: median([t for r in runs[s] for t in r["seconds"][size.warmup:]]) for s in sides}
         peak = {s: max(r["peak_rss_mib"] for r in runs[s]) for s in sides}
         base = {s: median([r["rss_before_mib"] for r in runs[s]]) for s in sides}
-        st = [r["stages"][k] for r in runs["brorl"] for k in range(size.warmup, steps)]
-        stages = ", ".join(f"{k[5:]} {median([x[k] for x in st]):.2f}s" for k in st[0])
-        where = f"N={n} (P={P}, {P * n} samples/step)"
-        rows.append(row(GROUP, f"step brorl_lab {where}", step_s["brorl"], "s/step", note=stages))
-        rows.append(row(GROUP, f"step brorl_lab {where} peak RSS", peak["brorl"], "MiB",
-                        note=f"{base['brorl']:.0f} MiB before the first step"))
-        if "trl" not in sides:
-            continue
         same_prompts = all(r["prompt_hashes"][:steps] == runs["brorl"][0]["prompt_hashes"][:steps]
                            for s in sides for r in runs[s])
+        where = f"N={n} P={P}"
+        trl = runs["trl"][0] if "trl" in sides else None
         fair = (f"same model/prompts/N/max_new_tokens={size.max_new_tokens}/beta={BETA}/lr={LR}, {threads} "
-                f"threads, 1 optimizer step per step, micro-batch {size.micro_batch} samples (brorl_lab: "
-                f"{mb_tokens} tokens), TRL {runs['trl'][0]['trl_version']} {runs['trl'][0]['dtype']} "
-                f"no grad checkpointing; median of {size.rounds}x{size.timed} steady-state steps per side, "
-                f"alternating subprocesses; prompts identical: {same_prompts}")
-        rows.append(row(GROUP, f"step TRL GRPOTrainer {where}", step_s["trl"], "s/step",
-                        note=f"torch threads seen: {runs['trl'][0]['threads_seen']}"))
-        rows.append(row(GROUP, f"step TRL GRPOTrainer {where} peak RSS", peak["trl"], "MiB",
-                        note=f"{base['trl']:.0f} MiB before the first step"))
-        rows.append(row(GROUP, f"step time brorl_lab/TRL {where}", ratio(step_s["brorl"], step_s["trl"]), "x",
-                        target="<= 0.5" if n == 512 else None, fairness=fair,
-                        note="" if same_prompts else "PROMPTS DIFFERED"))
-        rows.append(row(GROUP, f"step peak RSS brorl_lab/TRL {where}", ratio(peak["brorl"], peak["trl"]), "x",
-                        note=f"above the pre-step RSS: {ratio(peak['brorl'] - base['brorl'], peak['trl'] - base['trl']):.2f}x",
-                        fairness=fair))
+                f"threads, {P * n} samples and 1 optimizer step per step, micro-batch {size.micro_batch} samples (brorl_lab: "
+                f"{mb_tokens} tokens)" + (f", TRL {trl['trl_version']} {trl['dtype']} no grad checkpointing"
+                                          if trl else "") +
+                f"; median of {size.rounds}x{size.timed} steady-state steps per side, alternating subprocesses; "
+                f"prompts identical: {same_prompts}")
+        for side in sides:
+            if side == "trl":
+                note = f"torch threads seen: {trl['threads_seen']}"
+            else:
+                st = [r["stages"][k] for r in runs[side] for k in range(size.warmup, steps)]
+                note = ", ".join(f"{k[5:]} {median([x[k] for x in st]):.2f}s" for k in st[0] if k != "time/filter")
+            rows.append(row(GROUP, f"step {LABEL[side]} {where}", step_s[side], "s/step", note=note))
+            rows.append(row(GROUP, f"step {LABEL[side]} {where} peak RSS", peak[side], "MiB",
+                            note=f"{base[side]:.0f} MiB before the first step"))
+        for side in ("brorl", "proposed") if trl else ():
+            tag = LABEL[side].split()[0]
+            note = "" if side == "brorl" else "SP: shared_prefix_token_logprobs swapped in (a proposal, no target)"
+            rows.append(row(GROUP, f"step time {tag}/TRL {where}", ratio(step_s[side], step_s["trl"]),
+                            "x", target="<= 0.5" if n == 512 and side == "brorl" else None, fairness=fair,
+                            note=note if same_prompts else "PROMPTS DIFFERED"))
+            grow = ratio(peak[side] - base[side], peak["trl"] - base["trl"])
+            rows.append(row(GROUP, f"step peak RSS {tag}/TRL {where}", ratio(peak[side], peak["trl"]), "x",
+                            note=f"above the pre-step RSS: {grow:.2f}x", fairness=fair))
     return rows
 
 
