@@ -34,7 +34,7 @@ rollouts_per_prompt = 8                # N, samples per prompt
 trainer_steps = 3
 seed = 0
 torch_threads = 1
-run_dir = None                         # where the Trainer run goes; None = a temporary directory
+run_dir = None                         # where the Trainer run goes; None: a temporary directory
 """, tags=["parameters"])
 
 code(r"""

@@ -50,24 +50,25 @@ with one seed cannot separate a gap of a point or two from noise (set `full_size
 """)
 
 code(r"""
-# Sizes (papermill overrides this cell). `steps` and `eval_every` count BroRL-arm steps; the ProRL arm gets
+# Sizes (papermill overrides this cell; no "=" in these comments: papermill skips such lines). `steps` and
+# `eval_every` count BroRL-arm steps; the ProRL arm gets
 # (samples-per-step ratio) times as many, so both train on the same number of samples and are evaluated at the
 # same sample counts.
-model = "plateau"               # 'plateau' = data/plateau_model (the shipped plateau), 'default', or an HF model dir
-families = None                 # None = the families the plateau model was trained on (its plateau.json)
+model = "plateau"               # "plateau" is data/plateau_model (shipped); or "default", or an HF model directory
+families = None                 # None: the families the plateau model was trained on (its plateau.json)
 steps = 8                       # BroRL-arm steps
 eval_every = 2                  # BroRL-arm steps between held-out evaluations
 seeds = [0]
 n_small = 16                    # ProRL arm: rollouts per prompt
 n_large = 512                   # BroRL arm: rollouts per prompt
 prompts_small = 16              # ProRL arm: prompts per step
-prompts_large = 4               # BroRL arm: prompts per step (16 x 16 = 256 vs 512 x 4 = 2048 samples: 8x)
+prompts_large = 4               # BroRL arm: prompts per step (16 x 16 -> 256 vs 512 x 4 -> 2048 samples: 8x)
 optimizer_steps_per_step = 2    # the same in both arms (BroRL keeps the number of PPO mini-batches)
 lr = 3e-4                       # the ProRL arm's learning rate; BroRL's is lr * sqrt(2048 / 256)
 eval_prompts = 64               # per family, from the frozen eval sets
 eval_samples = 8                # samples per eval prompt (pass@1 is their mean)
 full_size = False               # True: 3 seeds and 3x the steps, for a result one can trust (hours on 2 cores)
-run_dir = None                  # metrics, figures, summary and the arms' runs go here; None = runs/rollout_scaling/...
+run_dir = None                  # metrics, figures, summary and the arm runs go here; None: runs/rollout_scaling/
 torch_threads = 2
 export_png = True               # write the figures as PNG into run_dir (needs Chromium; skipped with a note if absent)
 """, tags=["parameters"])

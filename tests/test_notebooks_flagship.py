@@ -1,5 +1,6 @@
 """Runs notebooks/00_quickstart.ipynb and notebooks/02_rollout_scaling.ipynb headless under papermill, tiny sizes."""
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,8 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+
+from brorl_lab.sweep import notebook_parameters
 
 papermill = pytest.importorskip("papermill")
 
@@ -31,6 +34,10 @@ def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path, 
     assert all(not c.outputs and c.execution_count is None for c in code)
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in params)
+    # papermill must see every assignment (it skips a line with a second "=", e.g. in a comment), or run_notebook
+    # would not pass run_dir and check_parameters would reject overrides
+    assigned = {t.id for node in ast.parse(tagged[0].source).body for t in node.targets}
+    assert set(notebook_parameters(committed)) == assigned
 
 
 def run(name: str, out_dir: Path, params: dict) -> list:
