@@ -112,12 +112,12 @@ def test_make_reference_is_a_frozen_independent_copy(default):
 
 def test_greedy_answers_are_scored_by_the_family_verifier(default):
     policy, tok, _ = default
-    acc = train_default.measure_pass_at_1(policy, tok, ["chain_sum", "gcd"], prompts=16, samples=1,
+    acc = train_default.measure_pass_at_1(policy, tok, ["spell_backward", "chain_sum"], prompts=16, samples=1,
                                           temperature=None, progress=False)
-    assert acc["chain_sum"] > 0.25  # the easy family: the shipped model solves a good share greedily
-    assert 0.0 <= acc["gcd"] <= 1.0
-    item = eval_set("chain_sum", limit=1)[0]
-    enc = tok([TASKS["chain_sum"].format_prompt(item)], return_tensors="pt", add_special_tokens=False)
+    assert acc["spell_backward"] > 0.4  # the easy family: the shipped model solves most greedily
+    assert 0.0 <= acc["chain_sum"] <= 1.0
+    item = eval_set("spell_backward", limit=1)[0]
+    enc = tok([TASKS["spell_backward"].format_prompt(item)], return_tensors="pt", add_special_tokens=False)
     out = policy.generate(**enc, do_sample=False, max_new_tokens=10, pad_token_id=tok.pad_token_id)
     text = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     assert out[0, -1].item() == tok.eos_token_id or len(text) >= 10  # answers end with EOS

@@ -113,3 +113,33 @@ def test_score_rejects_batches_without_matching_items():
         score(batch, template="html")
     with pytest.raises(ValueError, match=r"unknown task 'gdc'"):
         score_response(" 1", TaskItem("gdc", "x", "q", "1"))
+
+
+POWER_TOWERS = ["9^9^9", "10**10**10", "9^{9^{9}}", "(999^999)^999", "99999!", "2^(10^10)"]
+TOWER_SCRIPT = """
+import sys, time
+from brorl_lab.rewards import score_response
+from brorl_lab.tasks import eval_set
+item = eval_set("simple_equations", limit=1)[0]
+for tower in sys.argv[1:]:
+    t0 = time.perf_counter()
+    r = score_response(" " + tower, item)
+    print(f"{time.perf_counter() - t0:.3f}", r.reward, r.info.replace(" ", "_"), flush=True)
+"""
+
+
+def test_math_answers_sympy_would_evaluate_for_ever_score_zero_fast():
+    """Power towers and huge factorials would hang sympy (math-verify runs without its signal timeout here); they
+    are refused before parsing. Run in a subprocess so a regression fails by timeout instead of hanging pytest."""
+    import subprocess
+    import sys
+
+    from brorl_lab.tasks.math_tasks import too_costly
+
+    assert not any(too_costly(a) for a in ("13", "2^{10}", "3^2 + 4^2", "\\frac{1}{2}", "x = 13", "5!"))
+    out = subprocess.run([sys.executable, "-c", TOWER_SCRIPT, *POWER_TOWERS], capture_output=True, text=True,
+                         timeout=60)
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert len(rows) == len(POWER_TOWERS), out.stderr[-500:]
+    for seconds, reward, info in rows:
+        assert float(seconds) < 0.5 and float(reward) == 0.0 and "too_costly" in info

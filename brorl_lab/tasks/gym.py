@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import zlib
-from typing import Any
+from typing import Any, Optional
 
 from . import register_task
 from .base import RewardResult, TaskFamily, TaskItem
@@ -35,8 +35,8 @@ MAX_SEED = 2**63  # any non-negative 63-bit seed (the trainer derives 31-bit one
 GYM_FAMILIES: dict[str, tuple[str, dict, str]] = {
     "chain_sum": ("chain_sum", dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1),
                   "a + b (- c): 2-3 one-digit terms"),
-    "spell_backward": ("spell_backward", dict(min_word_len=3, max_word_len=5),
-                       "spell a 3-5 letter word backward"),
+    "spell_backward": ("spell_backward", dict(min_word_len=3, max_word_len=4),
+                       "spell a 3-4 letter word backward"),
     "gcd": ("gcd", dict(min_numbers=2, max_numbers=2, min_value=1, max_value=60),
             "greatest common divisor of two numbers in 1..60"),
     "products": ("products", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
@@ -118,6 +118,10 @@ class GymFamily(TaskFamily):
             return None, RewardResult(0.0, False, answer[:MAX_ANSWER_CHARS], "answer too long")
         return answer, None
 
+    def reject(self, answer: str) -> Optional[str]:
+        """Why an extracted answer must not reach the verifier (it then scores 0), or None."""
+        return None
+
     def verify(self, answer: str, item: TaskItem) -> float:
         """Score an extracted answer in [0, 1] with the reasoning-gym dataset's own ``score_answer``."""
         if self._scorer is None:
@@ -128,6 +132,9 @@ class GymFamily(TaskFamily):
         answer, failed = self._extract(response, template)
         if failed is not None:
             return failed
+        reason = self.reject(answer)
+        if reason is not None:
+            return RewardResult(0.0, False, answer, reason)
         try:
             reward = self.verify(answer, item)
         except Exception as e:  # a verifier bug must not kill a training step; it scores 0 and says why
