@@ -600,10 +600,6 @@ for tower in sys.argv[1:]:
 
 
 @pytest.mark.skipif("simple_equations" not in FAMILIES, reason="no math-verify family registered")
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG (tasks/math_tasks.py, owner: tasks): math-verify parses a bare "
-                   "'9^9^9' / '10**10**10' and sympy evaluates the power tower eagerly; with parsing_timeout=None "
-                   "the verifier never returns, which would stall a training step. The answer-length cap does "
-                   "not bound this (5 characters).")
 def test_math_verify_power_towers_are_bounded():
     import subprocess
     import sys
