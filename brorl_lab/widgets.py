@@ -8,6 +8,7 @@ Sections (each self-contained; later dashboards go below their own header):
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -225,40 +226,52 @@ class TrainingDashboard(w.VBox):
     after the run: stop such a run with the kernel interrupt, which the Trainer also treats as "stop after this
     step". Either way the run stays resumable (``Trainer.resume(run_dir)``).
 
-    Each call appends one point per metric to its figure inside ``batch_update`` (one message per figure); metrics
-    missing from a row (eval metrics between evaluations, training metrics in the step-0 eval row) are skipped, and
-    rows with ``reset`` True add a marker to the figure's "resets" trace, its hover text the reason logged in the
-    run's events.jsonl. A new trainer clears the figures and replays its rows (a resumed run shows its history).
+    Each call appends one point per metric to its figure inside ``batch_update`` (one message per figure; steps
+    faster than ``min_interval_s`` are coalesced into one redraw, so the browser keeps up and a click on Stop is
+    handled promptly); metrics missing from a row (eval metrics between evaluations, training metrics in the
+    step-0 eval row) are skipped, and rows with ``reset`` True add a marker to the figure's "resets" trace, its
+    hover text the reason logged in the run's events.jsonl. A new trainer clears the figures and replays its rows
+    in one redraw (a resumed run shows its history).
     """
 
     def __init__(self, metrics: Sequence[str] = plots.DASHBOARD_METRICS, *, x: str = "step", columns: int = 3,
-                 height: int = 240):
+                 width: int = 420, height: int = 240, min_interval_s: float = 0.5):
         metrics = tuple(metrics)
         if not metrics or not all(isinstance(m, str) and m for m in metrics):
             raise ValueError(f"metrics: got {metrics!r}; allowed: a non-empty sequence of metric column names")
         if x not in plots.X_AXES:
             raise ValueError(f"x: got {x!r}; allowed: one of {list(plots.X_AXES)}")
-        self.metrics, self.x = metrics, x
+        if not (isinstance(min_interval_s, (int, float)) and 0 <= min_interval_s < float("inf")):
+            raise ValueError(f"min_interval_s: got {min_interval_s!r}; allowed: seconds >= 0")
+        self.metrics, self.x, self.min_interval_s = metrics, x, float(min_interval_s)
         self.trainer = None
         self.rows: list[dict] = []
+        self._pending: list[dict] = []
+        self._lock = threading.RLock()  # rows arrive from the training thread, flushes also from a timer
+        self._timer: Optional[threading.Timer] = None
+        self._last_flush = float("-inf")
         self.stop_requested = False
-        self.figures = {m: go.FigureWidget(plots.metric_figure(m, x=x, height=height)) for m in metrics}
+        self.figures = {m: go.FigureWidget(plots.metric_figure(m, x=x, height=height).update_layout(width=width))
+                        for m in metrics}
         self.stop_button = w.Button(description=DASHBOARD_STOP_LABEL, icon="stop", button_style="warning",
-                                    disabled=True, tooltip="finish the current step, checkpoint, stop (resumable)")
+                                    disabled=True, tooltip="finish the current step, checkpoint, stop (resumable)",
+                                    layout=w.Layout(width="190px", min_width="190px"))
         self.stop_button.on_click(self._on_stop)
         self.status = w.HTML("<i>waiting for the first step…</i>")
         grid = w.GridBox(list(self.figures.values()),
-                         layout=w.Layout(grid_template_columns=f"repeat({max(1, int(columns))}, 1fr)"))
+                         layout=w.Layout(grid_template_columns=f"repeat({max(1, int(columns))}, {int(width)}px)"))
         super().__init__([w.HBox([self.stop_button, self.status]), grid])
 
     # ---- the callback -------------------------------------------------------------------------------------------
     def __call__(self, trainer, row: dict) -> None:
         if trainer is not self.trainer:
             self.attach(trainer)
-            for r in trainer.rows:  # includes ``row``: the callback runs after the row is stored
-                self.update(r)
-            if not trainer.rows or trainer.rows[-1] is not row:
-                self.update(row)
+            with self._lock:  # the whole history in one redraw
+                self.rows = list(trainer.rows)  # includes ``row``: the callback runs after the row is stored
+                if not self.rows or self.rows[-1] is not row:
+                    self.rows.append(row)
+                self._pending = list(self.rows)
+                self.flush()
         else:
             self.update(row)
 
@@ -270,37 +283,63 @@ class TrainingDashboard(w.VBox):
         self.stop_button.description = DASHBOARD_STOP_LABEL
 
     def clear(self) -> None:
-        self.rows = []
-        for fig in self.figures.values():
-            with fig.batch_update():
-                for tr in fig.data:
-                    tr.x, tr.y, tr.hovertext = (), (), ()
+        with self._lock:
+            self.rows, self._pending = [], []
+            for fig in self.figures.values():
+                with fig.batch_update():
+                    for tr in fig.data:
+                        tr.x, tr.y, tr.hovertext = (), (), ()
 
     def update(self, row: dict) -> int:
-        """Append ``row`` to the curves; returns how many figures got a point."""
-        self.rows.append(row)
-        xv = row.get(self.x)
-        if not _finite(xv):
+        """Append ``row``. It is drawn at once when the last redraw is ``min_interval_s`` old, else within
+        ``min_interval_s`` (a timer flushes what is pending), so fast steps coalesce into one message per figure.
+        Returns the number of points drawn now (0 while buffered)."""
+        with self._lock:
+            self.rows.append(row)
+            self._pending.append(row)
+            if time.monotonic() - self._last_flush >= self.min_interval_s:
+                return self.flush()
+            if self._timer is None:
+                self._timer = threading.Timer(self.min_interval_s, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
             return 0
-        reset, reason = bool(row.get("reset")), None
-        if reset:
-            reason = self._reset_reason(row.get("step"))
-        touched = 0
-        for m, fig in self.figures.items():
-            line, marks = fig.data
-            v = row.get(m)
-            if _finite(v):
+
+    def flush(self) -> int:
+        """Draw every pending row now: one batch_update per figure. Returns the number of points drawn."""
+        with self._lock:
+            rows, self._pending = self._pending, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._last_flush = time.monotonic()
+            rows = [r for r in rows if _finite(r.get(self.x))]
+            if not rows:
+                return 0
+            reasons = {r.get("step"): self._reset_reason(r.get("step")) for r in rows if r.get("reset")}
+            drawn = 0
+            for m, fig in self.figures.items():
+                line, marks = fig.data
+                lx, ly = list(line.x if _len(line.x) else ()), list(line.y if _len(line.y) else ())
+                mx, my = list(marks.x if _len(marks.x) else ()), list(marks.y if _len(marks.y) else ())
+                mt = list(marks.hovertext if _len(marks.hovertext) else ())
+                for r in rows:
+                    xv, v = r[self.x], r.get(m)
+                    if _finite(v):
+                        lx.append(xv)
+                        ly.append(float(v))
+                        drawn += 1
+                    if r.get("reset"):
+                        mx.append(xv)
+                        my.append(float(v) if _finite(v) else (ly[-1] if ly else 0.0))
+                        mt.append(f"reset at {self.x} {xv}: {reasons[r.get('step')]}")
                 with fig.batch_update():
-                    line.x, line.y = _append(line.x, xv), _append(line.y, float(v))
-                touched += 1
-            if reset:
-                y = float(v) if _finite(v) else (float(line.y[-1]) if _len(line.y) else 0.0)
-                with fig.batch_update():
-                    marks.x, marks.y = _append(marks.x, xv), _append(marks.y, y)
-                    marks.hovertext = _append(marks.hovertext, f"reset at {self.x} {xv}: {reason}")
-                    marks.hovertemplate = "%{hovertext}<extra></extra>"
-        self.status.value = self._status_text(row)
-        return touched
+                    line.x, line.y = lx, ly
+                    if len(mx) != _len(marks.x):
+                        marks.x, marks.y, marks.hovertext = mx, my, mt
+                        marks.hovertemplate = "%{hovertext}<extra></extra>"
+            self.status.value = self._status_text(rows[-1])
+            return drawn
 
     def _reset_reason(self, step) -> str:
         run_dir = getattr(self.trainer, "run_dir", None)
@@ -313,6 +352,9 @@ class TrainingDashboard(w.VBox):
         total = getattr(getattr(self.trainer, "cfg", None), "steps", None)
         if total:
             bits[0] += f" / {total}"
+        run_dir = getattr(self.trainer, "run_dir", None)
+        if run_dir is not None:
+            bits.insert(0, run_dir.path.name)
         for key, fmt in (("reward_mean", "reward {:.3f}"), ("eval/mean/pass@1", "eval pass@1 {:.3f}"),
                          ("kl", "KL {:.2e}"), ("cum_wall_s", "{:.0f} s")):
             if _finite(row.get(key)):
@@ -337,16 +379,28 @@ class TrainingDashboard(w.VBox):
         if self not in trainer.callbacks:
             trainer.callbacks.append(self)
         self.attach(trainer)
-        return TrainingJob(lambda: trainer.run(steps), on_interrupt=trainer.stop, name=f"train {trainer.run_dir}")
+
+        def run():
+            try:
+                return trainer.run(steps)
+            finally:
+                self.flush()
+                self._finished(trainer)
+
+        return TrainingJob(run, on_interrupt=trainer.stop, name=f"train {trainer.run_dir.path.name}")
+
+    def _finished(self, trainer) -> None:
+        """After a background run: say how it ended; the button has nothing left to stop."""
+        state = trainer.run_dir.read_status()
+        how = {"finished": "finished", "interrupted": "stopped (resumable: Trainer.resume(run_dir))"}
+        self.stop_button.disabled = True
+        self.stop_button.description = DASHBOARD_STOP_LABEL
+        self.status.value = (f"<b>{trainer.run_dir.path.name}</b>: {how.get(state.get('status'), 'ended')} "
+                             f"at step {trainer.step_idx}")
 
 
 def _len(seq) -> int:
     return 0 if seq is None or isinstance(seq, str) else len(seq)
-
-
-def _append(seq, value) -> tuple:
-    """A trace array (None, tuple or numpy array) with one more value."""
-    return (tuple(seq) if _len(seq) else ()) + (value,)
 
 
 def _finite(v) -> bool:
@@ -359,8 +413,6 @@ class TrainingJob:
     waiting for a clean stop; a second one stops waiting."""
 
     def __init__(self, fn, *, on_interrupt=None, name: str = "training"):
-        import threading
-
         self.on_interrupt = on_interrupt
         self._value, self._error = None, None
         # An Event, not Thread.join: a join interrupted by KeyboardInterrupt can leave the thread marked as stopped
@@ -442,7 +494,8 @@ class RunBrowser(w.VBox):
         keep = [r for r in (runs if runs is not None else self.selected) if r in names] or names[:max_initial]
         metrics = plots.metric_columns(self.data) if not self.data.empty else []
         current = metric or self.metric.value
-        default = next((m for m in (current, *BROWSER_DEFAULT_METRICS) if m in metrics), metrics[0] if metrics else None)
+        default = next((m for m in (current, *BROWSER_DEFAULT_METRICS) if m in metrics),
+                       metrics[0] if metrics else None)
         with self._muted_redraw():
             self.run_select.options = names
             self.run_select.value = tuple(keep)

@@ -35,8 +35,8 @@ It works on any runs root: an empty one or runs still training only show what is
 code(r"""
 runs_root = "../runs"              # every run directory below this is read
 metric = "eval/mean/pass@1"        # the held-out metric compared across arms
-family = "mean"                    # eval family for the pass@k curves ("mean" = averaged over families)
-arm_fields = None                  # config fields that define an arm, e.g. ["rollouts_per_prompt"]; None = all that vary
+family = "mean"                    # eval family for the pass@k curves; "mean" averages over families
+arm_fields = None                  # config fields that define an arm, e.g. ["rollouts_per_prompt"]; None: all that vary
 points = 41                        # grid points of the iso-samples / iso-time comparison
 """, tags=["parameters"])
 

@@ -4,6 +4,7 @@ runs root)."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from brorl_lab import tracking
+from brorl_lab.sweep import notebook_parameters
 
 from helpers_runs import make_tiny_runs
 
@@ -43,6 +45,9 @@ def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path, 
     assert all(not c.outputs and c.execution_count is None for c in code)
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in params)
+    # papermill skips a parameter line with a second "=" (e.g. in its comment): it must see every assignment
+    assigned = {t.id for node in ast.parse(tagged[0].source).body for t in node.targets}
+    assert set(notebook_parameters(notebook)) == assigned
 
 
 def execute(notebook: Path, out: Path, params: dict, monkeypatch) -> list:
@@ -76,7 +81,8 @@ def test_03_trains_every_arm_and_draws_the_ablations(tmp_path, monkeypatch):
     outputs = execute(NB03, tmp_path / "03_out.ipynb", {**TINY03, "run_dir": str(run_dir)}, monkeypatch)
     figs = figures(outputs)
     assert len(figs) == 3
-    assert WIDGET not in {k for o in outputs if o.output_type == "display_data" for k in o.data}  # headless: no dashboard
+    displayed = {k for o in outputs if o.output_type == "display_data" for k in o.data}
+    assert WIDGET not in displayed  # headless (live=False): no dashboard
     for fig in figs:  # every panel has a line for each arm it compares
         assert all(arr(tr.get("x")) for tr in fig["data"] if "resets" not in tr["name"])
     kl = {tr["name"] for tr in titled(figs, "KL penalty")["data"]}
@@ -84,7 +90,7 @@ def test_03_trains_every_arm_and_draws_the_ablations(tmp_path, monkeypatch):
     resets = titled(figs, "Reference resets")["data"]
     assert {tr["name"] for tr in resets} >= {"baseline", "reset every K", "reset every K · resets"}
     marks = [tr for tr in resets if tr["name"] == "reset every K · resets"]
-    assert len(marks) == 4 and all(arr(tr["x"]) == [1, 2] for tr in marks)  # reset_every=1: a × at both steps, in every panel
+    assert len(marks) == 4 and all(arr(tr["x"]) == [1, 2] for tr in marks)  # reset_every=1: × at both steps, 4 panels
     assert {tr["name"] for tr in titled(figs, "Clip-higher")["data"]} == {"baseline", "symmetric clip"}
     # every arm really trained, into its own run directory under run_dir (not into the repo)
     dirs = sorted(p.name for p in run_dir.iterdir())
@@ -106,7 +112,8 @@ def test_04_compares_tiny_runs_and_handles_a_partial_root(tmp_path, monkeypatch)
     assert names == {f"{a} (1 run)" for a in arms}
     reached = tracking.load_runs(root).groupby("run")["cum_samples"].max()
     assert reached["n8"] > reached["n4"]
-    assert all(min(arr(tr["x"])) == 0 and max(arr(tr["x"])) == reached["n4"] for tr in iso_samples["data"])  # common range
+    # the common range: from 0 to where the run that generated fewer samples stopped
+    assert all(min(arr(tr["x"])) == 0 and max(arr(tr["x"])) == reached["n4"] for tr in iso_samples["data"])
     assert {tr["name"] for tr in titled(figs, "equal training time")["data"]} == names
     pak = titled(figs, "pass@k")
     assert {tr["name"] for tr in pak["data"] if tr.get("showlegend") is not False} == arms

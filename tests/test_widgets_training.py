@@ -20,6 +20,13 @@ from helpers_runs import make_tiny_runs, tiny_config
 METRICS = ("reward_mean", "entropy", "kl", "eval/mean/pass@1")
 
 
+def wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def finite_points(df: pd.DataFrame, metric: str, x: str = "step") -> tuple[list, list]:
     d = df[[x, metric]].dropna() if metric in df else df.iloc[:0][[x]]
     return d[x].tolist(), (d[metric].tolist() if metric in d else [])
@@ -39,6 +46,8 @@ def test_dashboard_traces_follow_a_real_run_and_mark_resets(tmp_path):
     with Trainer(tiny_config(tmp_path, "live", steps=3, eval_every=2, kl_beta=0.05, reset_every=2),
                  callbacks=[dash], progress=False) as t:
         metrics = t.run()
+    # the last rows of a fast run are coalesced; the timer draws them within min_interval_s
+    wait_for(lambda: len(dash.figures["reward_mean"].data[0].x) == 3, 5 * dash.min_interval_s + 5)
     assert dash.trainer is t and not dash.stop_button.disabled
     assert len(dash.rows) == len(metrics) == 4  # step-0 eval row + 3 steps
     for m in METRICS:
@@ -52,7 +61,7 @@ def test_dashboard_traces_follow_a_real_run_and_mark_resets(tmp_path):
 
 
 def test_dashboard_update_appends_and_a_new_trainer_replays_its_rows(tmp_path):
-    dash = TrainingDashboard(metrics=("reward_mean", "kl"), x="cum_samples")
+    dash = TrainingDashboard(metrics=("reward_mean", "kl"), x="cum_samples", min_interval_s=0)  # draw every row
     assert dash.update({"step": 1, "cum_samples": 16, "reward_mean": 0.25, "kl": float("nan")}) == 1
     assert dash.update({"step": 2, "cum_samples": 32, "reward_mean": 0.5, "kl": 0.1, "reset": True}) == 2
     line, resets = dash.figures["reward_mean"].data
@@ -68,6 +77,16 @@ def test_dashboard_update_appends_and_a_new_trainer_replays_its_rows(tmp_path):
     assert len(dash.figures["reward_mean"].data[1].x) == 0
     with pytest.raises(ValueError, match="x: got 'epoch'"):
         TrainingDashboard(x="epoch")
+
+
+def test_fast_rows_are_coalesced_into_few_redraws_and_none_is_lost():
+    dash = TrainingDashboard(metrics=("reward_mean",), min_interval_s=0.4)
+    drawn_now = [dash.update({"step": i, "reward_mean": i / 10}) for i in range(1, 11)]
+    assert drawn_now[0] == 1 and sum(drawn_now[1:]) == 0  # the first row draws at once, the rest wait
+    assert list(dash.figures["reward_mean"].data[0].x) == [1]
+    wait_for(lambda: len(dash.figures["reward_mean"].data[0].x) == 10, 5)  # the timer flushed them in one go
+    assert list(dash.figures["reward_mean"].data[0].y) == pytest.approx([i / 10 for i in range(1, 11)])
+    assert "step 10" in dash.status.value
 
 
 def test_stop_button_stops_a_background_run_after_the_current_step_and_it_resumes(tmp_path):
@@ -98,6 +117,7 @@ def test_stop_button_stops_a_background_run_after_the_current_step_and_it_resume
         assert resumed.step_idx == 1
         full = resumed.run()
     assert full["step"].tolist() == [1, 2, 3, 4]
+    wait_for(lambda: len(dash.figures["reward_mean"].data[0].x) == 4, 5)
     assert list(dash.figures["reward_mean"].data[0].x) == [1, 2, 3, 4]  # history replayed, then extended
     assert dash.stop_button.description == DASHBOARD_STOP_LABEL and not dash.stop_button.disabled
 
