@@ -256,7 +256,8 @@ def _add_run_traces(fig: go.Figure, df: pd.DataFrame, metric: str, x: str, runs:
         rx, ry = reset_points(g, metric, x)
         if mark_resets and len(rx):
             fig.add_trace(go.Scatter(name=f"{name} · {RESETS}", legendgroup=run, showlegend=False, x=rx, y=ry,
-                                     mode="markers", marker={**RESET_MARKER, "color": color},
+                                     mode="markers", marker={**RESET_MARKER, "color": color,
+                                                             "line": {"width": 2, "color": color}},
                                      hovertemplate=f"{name}: reference reset at %{{x}}<extra></extra>"), **where)
     return drawn
 
