@@ -176,8 +176,6 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
     """
     from tqdm.auto import tqdm
 
-    from .trainer import Trainer
-
     cfg = plateau_config() if cfg is None else cfg
     if not isinstance(cfg, Config):
         raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config (see plateau_config)")
@@ -213,12 +211,12 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
         trainer.close()
 
 
-def _open_trainer(cfg: Config, *, progress: bool, resume_ok: bool = True):
+def _open_trainer(cfg: Config, *, progress: bool):
     """A Trainer for ``cfg``: resumed from its run directory's checkpoint when one exists (same config), else new."""
     from .trainer import CHECKPOINT_FILE, Trainer, default_run_name
 
     path = Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
-    if resume_ok and (path / "checkpoint" / CHECKPOINT_FILE).is_file():
+    if (path / "checkpoint" / CHECKPOINT_FILE).is_file():
         _check_same_config(path, cfg)
         return Trainer.resume(path, progress=progress)
     return Trainer(cfg, progress=progress)
@@ -324,14 +322,15 @@ def plateau_markdown(meta: dict) -> str:
 
 # ---- the two arms ------------------------------------------------------------------------------------------------------
 def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 16,
-                prompts_large: Optional[int] = None, samples_ratio: float = 8) -> dict[str, Config]:
+                prompts_large: Optional[int] = None, samples_ratio: float = 8,
+                lr_scaling: str = "sqrt") -> dict[str, Config]:
     """The two arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}``.
 
     ProRL arm: N = ``n_small`` with ``prompts_small`` prompts per step (BroRL: 16 x 512). BroRL arm: N = ``n_large``
     with ``prompts_large`` prompts per step, by default ``samples_ratio`` times the ProRL arm's samples per step
     (BroRL: 512 x 128, 8x). Both keep ``base.optimizer_steps_per_step`` and use ``lr_scaling="sqrt"`` with
     ``lr_reference_samples`` = the ProRL arm's samples per step, so the ProRL arm trains at ``base.lr`` and the BroRL
-    arm at ``base.lr * sqrt(ratio)``.
+    arm at ``base.lr * sqrt(ratio)``. ``lr_scaling="none"`` gives both arms ``base.lr`` (an ablation of the rule).
 
     Budget: ``base.steps``, ``base.eval_every`` and ``base.checkpoint_every`` count BroRL-arm steps; the ProRL arm
     gets ``ratio`` times as many (rounded), so both arms train on the same nominal number of samples and are
@@ -361,7 +360,9 @@ def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_
     def scaled(k: int) -> int:
         return max(1, round(k * ratio)) if k else 0
 
-    common = dict(lr_scaling="sqrt", lr_reference_samples=small)
+    if lr_scaling not in ("sqrt", "none"):
+        raise ValueError(f"lr_scaling: got {lr_scaling!r}; allowed: 'sqrt' (BroRL's rule) or 'none'")
+    common = dict(lr_scaling=lr_scaling, lr_reference_samples=small)
     return {
         "prorl": base.replace(**common, rollouts_per_prompt=n_small, prompts_per_step=prompts_small,
                               steps=scaled(base.steps), eval_every=scaled(base.eval_every),
@@ -682,8 +683,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a.add_argument("--threads", type=int, default=1, help="torch threads")
     s = sub.add_parser("scaling", help="run both arms from the plateau checkpoint and print summary and verdict")
     s.add_argument("--root", default=str(DEFAULT_ROOT))
-    s.add_argument("--steps", type=int, default=8, help="BroRL-arm steps (the ProRL arm gets ratio x as many)")
-    s.add_argument("--eval-every", type=int, default=2, help="in BroRL-arm steps")
+    s.add_argument("--steps", type=int, default=24, help="BroRL-arm steps (the ProRL arm gets ratio x as many)")
+    s.add_argument("--eval-every", type=int, default=4, help="in BroRL-arm steps")
     s.add_argument("--seeds", type=int, nargs="+", default=[0])
     s.add_argument("--n-small", type=int, default=16)
     s.add_argument("--n-large", type=int, default=512)

@@ -368,7 +368,7 @@ def pass_at_k_figure(pooled: pd.DataFrame, *, family: str = "mean",
 
 ARM_COLORS = {"prorl": "#1f77b4", "brorl": "#d62728"}
 ARM_DIAGNOSTICS = (("ds_pass_rate", "dynamic-sampling pass rate"), ("entropy", "entropy (nats/token)"),
-                   ("response_length_mean", "mean response length (tokens)"),
+                   ("kl", "KL to the reference policy"), ("response_length_mean", "mean response length (tokens)"),
                    ("samples_per_s", "generation samples/s"))
 
 
@@ -420,7 +420,8 @@ def arm_pass_at_1_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: Op
 
 def arm_diagnostics_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: Optional[Mapping[str, str]] = None,
                            title: str = "What each arm's steps looked like") -> go.Figure:
-    """Dynamic-sampling pass rate, entropy, response length and generation samples/s of both arms against ``x``."""
+    """Dynamic-sampling pass rate, entropy, KL to the reference, response length and generation samples/s of both
+    arms against ``x``."""
     present = [(m, t) for m, t in ARM_DIAGNOSTICS if m in df]
     return arm_panels_figure(df, [m for m, _ in present], x=x, titles=[t for _, t in present], labels=labels,
                              title=title)

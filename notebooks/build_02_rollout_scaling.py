@@ -38,8 +38,9 @@ likely tokens go unsampled, and the update's harmful "unsampled" term shrinks.
 **The miniature.** The same experiment on a laptop: the tiny shipped model, first trained with the ProRL recipe
 until its held-out pass@1 stopped improving (`data/plateau_model`, see its PLATEAU.md), then branched into a ProRL
 arm and a BroRL arm with BroRL's recipe: the same optimizer updates per step, 8x the samples per step for BroRL
-(4x fewer prompts, 32x more rollouts each), lr scaled by √8. Both arms train on the same number of samples; we
-compare them at equal generated samples and at equal wall time.
+(4x fewer prompts, 32x more rollouts each), lr scaled by √8. Both arms train on the same nominal number of
+samples (prompts x N x steps); since dynamic sampling discards and regenerates a different share in each arm, we
+compare them at equal *generated* samples and at equal wall time, reading each arm's curve where both have data.
 
 **What it can show:** the mechanics: how the dynamic-sampling pass rate and samples/s change with N, and whether,
 on this model, the BroRL arm's held-out pass@1 is ahead at equal samples or equal time. **What it cannot:** a 1.5B
@@ -56,8 +57,8 @@ code(r"""
 # same sample counts.
 model = "plateau"               # "plateau" is data/plateau_model (shipped); or "default", or an HF model directory
 families = None                 # None: the families the plateau model was trained on (its plateau.json)
-steps = 8                       # BroRL-arm steps
-eval_every = 2                  # BroRL-arm steps between held-out evaluations
+steps = 24                      # BroRL-arm steps (the ProRL arm: 192)
+eval_every = 4                  # BroRL-arm steps between held-out evaluations
 seeds = [0]
 n_small = 16                    # ProRL arm: rollouts per prompt
 n_large = 512                   # BroRL arm: rollouts per prompt
@@ -65,11 +66,12 @@ prompts_small = 16              # ProRL arm: prompts per step
 prompts_large = 4               # BroRL arm: prompts per step (16 x 16 -> 256 vs 512 x 4 -> 2048 samples: 8x)
 optimizer_steps_per_step = 2    # the same in both arms (BroRL keeps the number of PPO mini-batches)
 lr = 3e-4                       # the ProRL arm's learning rate; BroRL's is lr * sqrt(2048 / 256)
+lr_scaling = "sqrt"             # BroRL's rule; "none" gives the BroRL arm the same lr (an ablation)
 eval_prompts = 64               # per family, from the frozen eval sets
 eval_samples = 8                # samples per eval prompt (pass@1 is their mean)
-full_size = False               # True: 3 seeds and 3x the steps, for a result one can trust (hours on 2 cores)
+full_size = False               # True: 3 seeds and 3x the steps, for a result one can trust (an hour or more)
 run_dir = None                  # metrics, figures, summary and the arm runs go here; None: runs/rollout_scaling/
-torch_threads = 2
+torch_threads = 1               # 2 is faster on an idle 2-core machine, but two threads thrash when others compete
 export_png = True               # write the figures as PNG into run_dir (needs Chromium; skipped with a note if absent)
 """, tags=["parameters"])
 
@@ -93,7 +95,8 @@ base = experiments.recipe_config(model=model, tasks=families, steps=steps, eval_
                                  checkpoint_every=eval_every, optimizer_steps_per_step=optimizer_steps_per_step,
                                  lr=lr, eval_prompts=eval_prompts, eval_samples=eval_samples,
                                  torch_threads=torch_threads)
-arm_options = dict(n_small=n_small, n_large=n_large, prompts_small=prompts_small, prompts_large=prompts_large)
+arm_options = dict(n_small=n_small, n_large=n_large, prompts_small=prompts_small, prompts_large=prompts_large,
+                   lr_scaling=lr_scaling)
 arms = experiments.arm_configs(base, **arm_options)
 root = experiments.experiment_root(base, run_dir, **arm_options)
 print(f"model: {base.model}\nfamilies: {base.tasks}\nseeds: {seeds}\narm runs: {root}")
@@ -147,15 +150,20 @@ fig_time
 """)
 
 md(r"""
-## 4 · Why the arms differ: pass rate, entropy, length, throughput
+## 4 · Why the arms differ: pass rate, entropy, KL, length, throughput
 
 * **Dynamic-sampling pass rate**: informative groups / generated groups. BroRL reports 41% at N = 16 and 62% at
   N = 512. With N samples a prompt that the model solves with probability p is informative with probability
   1 - p^N - (1-p)^N: for a hard prompt (small p) that is close to N·p at N = 16 and close to 1 at N = 512.
 * **Entropy** of the policy's next-token distribution: clip-higher and the KL term are there to keep it from
   collapsing.
+* **KL to the reference policy** (k3 estimate; the reference is reset every 50 steps): how far each arm moves per
+  step. BroRL scales the learning rate by √(samples ratio), a heuristic from large-batch training; if one arm's KL
+  runs far above the other's, its steps are too large for this model, and its held-out pass@1 usually shows it.
+  Try the `lr` parameter, or `lr_scaling = "none"`.
 * **Response length** in tokens.
-* **Generation samples/s**: the rollout engine's throughput (BroRL: 36.5 -> 72.4 samples/s).
+* **Generation samples/s**: the rollout engine's throughput (BroRL: 36.5 -> 72.4 samples/s). The per-arm means
+  are in the summary table below (`gen_samples_per_s`; `samples_per_s` there is end to end, update included).
 """)
 
 code(r"""

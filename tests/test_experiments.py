@@ -61,6 +61,13 @@ def test_arm_configs_bad_input_names_the_argument(tmp_path, kwargs, name):
         E.arm_configs(tiny_base(tmp_path), **kwargs)
 
 
+def test_arm_configs_without_the_sqrt_rule_keeps_one_lr(tmp_path):
+    arms = E.arm_configs(tiny_base(tmp_path, lr=2e-4), lr_scaling="none")
+    assert arms["brorl"].effective_lr == arms["prorl"].effective_lr == pytest.approx(2e-4)
+    with pytest.raises(ValueError, match="lr_scaling"):
+        E.arm_configs(tiny_base(tmp_path), lr_scaling="linear")
+
+
 def test_arm_configs_rejects_mini_batches_that_do_not_split_both_arms(tmp_path):
     with pytest.raises(ConfigError, match="optimizer_steps_per_step"):
         E.arm_configs(tiny_base(tmp_path, optimizer_steps_per_step=8), n_small=16, n_large=512, prompts_small=16)
