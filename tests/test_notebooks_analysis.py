@@ -4,10 +4,7 @@ runs root)."""
 
 from __future__ import annotations
 
-import ast
 import base64
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
@@ -15,8 +12,8 @@ import numpy as np
 import pytest
 
 from brorl_lab import tracking
-from brorl_lab.sweep import notebook_parameters
 
+from helpers_notebooks import assert_committed_notebook_is_generated
 from helpers_runs import make_tiny_runs
 
 papermill = pytest.importorskip("papermill")
@@ -35,19 +32,7 @@ ARMS = ("baseline", "no KL", "reset every K", "reset on KL", "symmetric clip")
                                                        "live"]),
                                               (NB04, ["runs_root", "metric", "family", "arm_fields", "points"])])
 def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path, notebook, params):
-    fresh = tmp_path / "fresh.ipynb"
-    script = NOTEBOOKS / f"build_{notebook.stem}.py"
-    subprocess.run([sys.executable, str(script), str(fresh)], check=True, capture_output=True)
-    assert fresh.read_text() == notebook.read_text(), f"regenerate: python {script.relative_to(NOTEBOOKS.parent)}"
-    nb = nbformat.read(notebook, as_version=4)
-    assert nb.metadata.kernelspec.name == "python3" and nb.metadata.language_info.name == "python"
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.outputs and c.execution_count is None for c in code)
-    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in params)
-    # papermill skips a parameter line with a second "=" (e.g. in its comment): it must see every assignment
-    assigned = {t.id for node in ast.parse(tagged[0].source).body for t in node.targets}
-    assert set(notebook_parameters(notebook)) == assigned
+    assert_committed_notebook_is_generated(tmp_path, notebook.stem, params)
 
 
 def execute(notebook: Path, out: Path, params: dict, monkeypatch) -> list:

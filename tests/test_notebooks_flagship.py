@@ -1,16 +1,13 @@
 """Runs notebooks/00_quickstart.ipynb and notebooks/02_rollout_scaling.ipynb headless under papermill, tiny sizes."""
 
-import ast
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pandas as pd
 import pytest
 
-from brorl_lab.sweep import notebook_parameters
+from helpers_notebooks import assert_committed_notebook_is_generated
 
 papermill = pytest.importorskip("papermill")
 
@@ -23,21 +20,7 @@ SCALING = dict(steps=2, eval_every=1, seeds=[0], n_small=4, n_large=16, prompts_
 
 @pytest.mark.parametrize("name, params", [("00_quickstart", QUICK), ("02_rollout_scaling", SCALING)])
 def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path, name, params):
-    fresh = tmp_path / "fresh.ipynb"
-    subprocess.run([sys.executable, str(NOTEBOOKS / f"build_{name}.py"), str(fresh)], check=True,
-                   capture_output=True)
-    committed = NOTEBOOKS / f"{name}.ipynb"
-    assert fresh.read_text() == committed.read_text(), f"regenerate: python notebooks/build_{name}.py"
-    nb = nbformat.read(committed, as_version=4)
-    assert nb.metadata.kernelspec.name == "python3" and nb.metadata.language_info.name == "python"
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.outputs and c.execution_count is None for c in code)
-    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in params)
-    # papermill must see every assignment (it skips a line with a second "=", e.g. in a comment), or run_notebook
-    # would not pass run_dir and check_parameters would reject overrides
-    assigned = {t.id for node in ast.parse(tagged[0].source).body for t in node.targets}
-    assert set(notebook_parameters(committed)) == assigned
+    assert_committed_notebook_is_generated(tmp_path, name, params)
 
 
 def run(name: str, out_dir: Path, params: dict) -> list:
