@@ -29,8 +29,10 @@ class Size:
     micro_batch_tokens: int
 
 
-FULL = Size(P=2, ns=(16, 64, 256, 512), max_new_tokens=16, micro_batch_tokens=2048)
-SMOKE = Size(P=1, ns=(4, 16), max_new_tokens=4, micro_batch_tokens=256)
+# P is large enough that even N=16 fills several micro-batches: the ratio then measures growth with N, not the
+# smallest batch under-filling its first micro-batch (P=2 x N=16 at 2048 tokens did, and read as 1.3x growth).
+FULL = Size(P=4, ns=(16, 64, 256, 512), max_new_tokens=16, micro_batch_tokens=1024)
+SMOKE = Size(P=2, ns=(4, 16), max_new_tokens=4, micro_batch_tokens=64)
 
 
 def child(p: dict) -> dict:
@@ -38,7 +40,7 @@ def child(p: dict) -> dict:
 
     from brorl_lab import steps as S
     from brorl_lab.config import Config
-    from brorl_lab.logprobs import compute_logprobs
+    from brorl_lab.logprobs import compute_logprobs, micro_batches, row_token_counts
     from brorl_lab.models import load_policy, make_reference
 
     policy, _ = load_policy(p["model"], device="cpu", dtype="float32")
@@ -52,7 +54,8 @@ def child(p: dict) -> dict:
     before = rss_mib()
     old = compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=cfg.train_micro_batch_tokens)
     S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old)
-    return {"rss_before_mib": before, "samples": batch.size, "tokens": int(batch.lengths.sum())}
+    return {"rss_before_mib": before, "samples": batch.size, "tokens": int(batch.lengths.sum()),
+            "micro_batches": len(micro_batches(row_token_counts(batch), cfg.train_micro_batch_tokens))}
 
 
 def run(smoke: bool = False, threads=None) -> list[dict]:
@@ -92,7 +95,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         r = results[n]
         rows.append(row(GROUP, f"update peak RSS N={n} ({r['samples']} samples)", r["peak_rss_mib"], "MiB",
                         note=f"{r['peak_rss_mib'] - r['rss_before_mib']:.0f} MiB above the pre-update RSS "
-                             f"({r['rss_before_mib']:.0f} MiB: model, reference, batch)", fairness=fair))
+                             f"({r['rss_before_mib']:.0f} MiB: model, reference, batch); {r['micro_batches']} "
+                             "micro-batches per pass", fairness=fair))
     for n in size.ns:
         if n == lo:
             continue

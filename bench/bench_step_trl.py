@@ -4,10 +4,11 @@ as on a CPU), on the same model, task prompts, N, prompts per step, max tokens, 
     .venv/bin/python -m bench.run_all --only step [--smoke]
 
 A step is rollout -> score -> (logprobs) -> reference logprobs -> loss -> backward -> one AdamW step, on P*N samples.
-Each side runs in its own subprocess (so its peak RSS, VmHWM, is its own), ``warmup`` untimed steps and then
-``timed`` steps; the sides alternate (brorl, trl, proposed, brorl, ...) and the medians of all timed steps are
-compared. ``proposed`` is brorl_lab with :func:`shared_prefix_token_logprobs` swapped in: a change recommended
-for brorl_lab/logprobs.py, measured here so its effect is a number, not a guess (it has no target).
+Each side runs in its own subprocess (so its peak RSS, VmHWM, is its own); the processes run in lockstep
+(``common.Lockstep``): step k of every side in turn, in a rotating order, only one side computing at a time, so
+outside load hits all sides alike. ``warmup`` untimed steps, then the medians of ``timed`` steps are compared.
+``proposed`` is brorl_lab with :func:`shared_prefix_token_logprobs` swapped in: a change recommended for
+brorl_lab/logprobs.py, measured here so its effect is a number, not a guess (it has no target).
 
 How the two are made to do the same work:
   * model: the same local HF directory, fp32 on CPU (TRL: ``use_cpu=True, bf16=False``), the same torch threads;
@@ -36,8 +37,8 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from .common import (BENCH_FAMILIES, child_main, format_prompts, median, model_path, ratio, rss_mib, row,
-                     run_child, set_threads)
+from .common import (BENCH_FAMILIES, Lockstep, child_main, format_prompts, median, model_path, ratio, rss_mib,
+                     row, set_threads)
 
 GROUP = "step"
 MODULE = "bench.bench_step_trl"
@@ -51,11 +52,10 @@ class Size:
     micro_batch: int  # samples per forward/backward (TRL per_device_train_batch_size)
     warmup: int
     timed: int
-    rounds: int  # brorl, trl alternations
 
 
-FULL = Size(total=512, ns=(16, 64, 512), max_new_tokens=16, micro_batch=64, warmup=1, timed=3, rounds=2)
-SMOKE = Size(total=16, ns=(8,), max_new_tokens=4, micro_batch=8, warmup=1, timed=1, rounds=1)
+FULL = Size(total=512, ns=(16, 64, 512), max_new_tokens=16, micro_batch=64, warmup=1, timed=4)
+SMOKE = Size(total=16, ns=(8,), max_new_tokens=4, micro_batch=8, warmup=1, timed=1)
 BETA, LR, SEED = 1e-3, 1e-5, 0
 
 
@@ -136,7 +136,7 @@ def use_shared_prefix_logprobs() -> None:
 
 
 # ---- the two children ---------------------------------------------------------------------------------------------
-def brorl_child(p: dict) -> dict:
+def brorl_child(p: dict, link) -> dict:
     from brorl_lab.config import Config
     from brorl_lab.trainer import Trainer
 
@@ -160,18 +160,16 @@ def brorl_child(p: dict) -> dict:
         return generate(prompts, n, sampling)
 
     trainer.engine.generate = recording_generate
-    rss_before = rss_mib()
-    seconds, stages = [], []
+    link.ready(rss_before_mib=rss_mib())
     for _ in range(p["steps"]):
+        link.wait_step()
         t0 = time.perf_counter()
         r = trainer.step()
-        seconds.append(time.perf_counter() - t0)
-        stages.append({k: r[k] for k in r if k.startswith("time/")})
-    return {"seconds": seconds, "stages": stages, "prompt_hashes": hashes, "rss_before_mib": rss_before,
-            "samples": r["samples"], "tokens": r["tokens"]}
+        link.done(time.perf_counter() - t0, stages={k: r[k] for k in r if k.startswith("time/")})
+    return {"prompt_hashes": hashes, "samples": r["samples"], "tokens": r["tokens"]}
 
 
-def trl_child(p: dict) -> dict:
+def trl_child(p: dict, link) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -191,14 +189,21 @@ def trl_child(p: dict) -> dict:
         hashes.append(prompt_hash(prompts[:: p["n"]]))  # TRL repeats each prompt N times, in order
         return [score_response(c, TaskItem(**json.loads(i)), "plain").reward for c, i in zip(completions, item)]
 
-    class StepTimer(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            self.t = [time.perf_counter()]
-            self.threads = []
+    class LockstepTimer(TrainerCallback):
+        """A TRL step runs between ``on_step_begin`` (generation happens in the first micro-batch after it) and
+        ``on_step_end`` (after the optimizer step); the logging after it is not timed (in TRL's favour)."""
+
+        threads: set = set()
+
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == 0:
+                link.ready(rss_before_mib=rss_mib())
+            link.wait_step()
+            self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            self.t.append(time.perf_counter())
-            self.threads.append(torch.get_num_threads())
+            link.done(time.perf_counter() - self.t0)
+            self.threads.add(torch.get_num_threads())
 
     samples = p["P"] * p["n"]
     args = GRPOConfig(
@@ -210,20 +215,17 @@ def trl_child(p: dict) -> dict:
         adam_beta2=0.999, max_grad_norm=1.0, max_steps=p["steps"], shuffle_dataset=False, seed=p["seed"],
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         log_completions=False)
-    timer = StepTimer()
+    timer = LockstepTimer()
     trainer = GRPOTrainer(model=p["model"], reward_funcs=brorl_verifier, args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[timer])
     dtype = str(next(trainer.model.parameters()).dtype)
-    rss_before = rss_mib()
     trainer.train()
-    seconds = [b - a for a, b in zip(timer.t, timer.t[1:])]
-    return {"seconds": seconds, "prompt_hashes": hashes, "rss_before_mib": rss_before, "dtype": dtype,
-            "threads_seen": sorted(set(timer.threads)), "trl_version": __import__("trl").__version__,
-            "samples": samples}
+    return {"prompt_hashes": hashes, "dtype": dtype, "threads_seen": sorted(timer.threads),
+            "trl_version": __import__("trl").__version__, "samples": samples}
 
 
-def child(p: dict) -> dict:
-    return trl_child(p) if p["side"] == "trl" else brorl_child(p)
+def child(p: dict, link) -> dict:
+    return trl_child(p, link) if p["side"] == "trl" else brorl_child(p, link)
 
 
 # ---- the figure ---------------------------------------------------------------------------------------------------
@@ -251,29 +253,36 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         payload = {"model": path, "n": n, "P": P, "max_new_tokens": size.max_new_tokens, "steps": steps,
                    "micro_batch": size.micro_batch, "micro_batch_tokens": mb_tokens, "beta": BETA, "lr": LR,
                    "seed": SEED}
-        runs = {s: [] for s in sides}
-        for _ in range(size.rounds):
-            for side in sides:
-                variant = {"variant": "shared_prefix"} if side == "proposed" else {}
-                runs[side].append(run_child(MODULE, {**payload, "side": side, **variant}, threads=threads))
-        step_s = {s: median([t for r in runs[s] for t in r["seconds"][size.warmup:]]) for s in sides}
-        peak = {s: max(r["peak_rss_mib"] for r in runs[s]) for s in sides}
-        base = {s: median([r["rss_before_mib"] for r in runs[s]]) for s in sides}
-        same_prompts = all(r["prompt_hashes"][:steps] == runs["brorl"][0]["prompt_hashes"][:steps]
-                           for s in sides for r in runs[s])
+        payloads = {side: {**payload, "side": side, **({"variant": "shared_prefix"} if side == "proposed" else {})}
+                    for side in sides}
+        seconds, stages = {s: [] for s in sides}, {s: [] for s in sides}
+        with Lockstep(MODULE, payloads, threads=threads) as ls:
+            ready = ls.ready()
+            for k in range(steps):  # step k of every side, in a rotating order, one process computing at a time
+                for side in sides[k % len(sides):] + sides[: k % len(sides)]:
+                    done = ls.step(side)
+                    seconds[side].append(done["seconds"])
+                    stages[side].append(done.get("stages"))
+            result = ls.finish()
+        step_s = {s: median(seconds[s][size.warmup:]) for s in sides}
+        peak = {s: result[s]["peak_rss_mib"] for s in sides}
+        base = {s: ready[s]["rss_before_mib"] for s in sides}
+        same_prompts = all(result[s]["prompt_hashes"][:steps] == result["brorl"]["prompt_hashes"][:steps]
+                           for s in sides)
         where = f"N={n} P={P}"
-        trl = runs["trl"][0] if "trl" in sides else None
+        trl = result.get("trl")
         fair = (f"same model/prompts/N/max_new_tokens={size.max_new_tokens}/beta={BETA}/lr={LR}, {threads} "
                 f"threads, {P * n} samples and 1 optimizer step per step, micro-batch {size.micro_batch} samples (brorl_lab: "
                 f"{mb_tokens} tokens)" + (f", TRL {trl['trl_version']} {trl['dtype']} no grad checkpointing"
                                           if trl else "") +
-                f"; median of {size.rounds}x{size.timed} steady-state steps per side, alternating subprocesses; "
+                f"; median of {size.timed} steady-state steps per side after {size.warmup} warm-up, one subprocess "
+                f"per side run in lockstep (step k of each side in turn, rotating order); "
                 f"prompts identical: {same_prompts}")
         for side in sides:
             if side == "trl":
                 note = f"torch threads seen: {trl['threads_seen']}"
             else:
-                st = [r["stages"][k] for r in runs[side] for k in range(size.warmup, steps)]
+                st = stages[side][size.warmup:]
                 note = ", ".join(f"{k[5:]} {median([x[k] for x in st]):.2f}s" for k in st[0] if k != "time/filter")
             rows.append(row(GROUP, f"step {LABEL[side]} {where}", step_s[side], "s/step", note=note))
             rows.append(row(GROUP, f"step {LABEL[side]} {where} peak RSS", peak[side], "MiB",

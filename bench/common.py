@@ -161,20 +161,121 @@ def run_child(module: str, payload: dict, *, threads: int, timeout: float = 1800
         return json.loads(out.read_text())
 
 
-def child_main(fn: Callable[[dict], dict], argv: Optional[Sequence[str]] = None) -> None:
+def child_main(fn: Callable[..., dict], argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of a child: ``fn(payload) -> dict`` runs with the payload's thread count; its result, plus this
-    process's ``peak_rss_mib``, is written as JSON to ``--out``."""
+    process's ``peak_rss_mib``, is written as JSON to ``--out``. With ``--lockstep`` (see :class:`Lockstep`) it is
+    called as ``fn(payload, link)`` and its result goes back over the link instead."""
     import argparse
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--lockstep", action="store_true")
     args = ap.parse_args(argv)
     payload = json.loads(args.child)
     set_threads(payload.get("threads"))
-    result = fn(payload)
+    link = ParentLink() if args.lockstep else None
+    result = fn(payload, link) if link else fn(payload)
     result["peak_rss_mib"] = peak_rss_mib()
-    Path(args.out).write_text(json.dumps(result))
+    if link:
+        link.send("result", result)
+    else:
+        Path(args.out).write_text(json.dumps(result))
+
+
+class ParentLink:
+    """The child's end of a :class:`Lockstep` pipe: protocol lines go out on the original stdout (everything the
+    libraries print is moved to stderr), ``step`` commands come in on stdin."""
+
+    def __init__(self):
+        self._out = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)  # print() and library logs now land on stderr, never in the protocol
+
+    def send(self, kind: str, body: Optional[dict] = None) -> None:
+        self._out.write(f"{kind} {json.dumps(body or {})}\n")
+
+    def ready(self, **info) -> None:
+        """Set-up is done (info: e.g. the RSS before the first step); wait for the first ``step``."""
+        self.send("ready", info)
+
+    def wait_step(self) -> None:
+        line = sys.stdin.readline()
+        if line.strip() != "step":
+            raise SystemExit(f"lockstep: expected 'step', got {line!r}")
+
+    def done(self, seconds: float, **info) -> None:
+        self.send("done", {"seconds": seconds, **info})
+
+
+class Lockstep:
+    """Children that each run one step per ``step`` command, so the parent can interleave them step by step
+    (A, B, C, A, B, C, ...): a child waiting for its command is blocked on a read and uses no CPU, so exactly one
+    side computes at a time and a burst of outside load lands on whichever step it lands on, not on one side's
+    whole run. Each child is still its own process (its own peak RSS).
+
+        with Lockstep(MODULE, payloads, threads=2) as ls:   # payloads: {side: payload}
+            ls.ready()                                      # {side: ready info}
+            ls.step("brorl")                                # {"seconds": ..., ...}
+            ls.finish()                                     # {side: result}
+    """
+
+    def __init__(self, module: str, payloads: dict, *, threads: int, timeout: float = 1800):
+        self.timeout = timeout
+        self._tmp = tempfile.TemporaryDirectory(prefix="brorl_bench_")
+        self.procs, self.logs = {}, {}
+        for side, payload in payloads.items():
+            self.logs[side] = open(Path(self._tmp.name) / f"{side}.stderr", "w+")
+            body = json.dumps({**payload, "threads": threads, "tmp": self._tmp.name})
+            self.procs[side] = subprocess.Popen([sys.executable, "-m", module, "--child", body, "--lockstep"], cwd=REPO,
+                                                env=child_env(threads), stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, stderr=self.logs[side], text=True, bufsize=1)
+
+    def _expect(self, side: str, kind: str) -> dict:
+        import threading
+
+        watchdog = threading.Timer(self.timeout, self.procs[side].kill)  # a hung child ends the read with EOF
+        watchdog.start()
+        try:
+            line = self.procs[side].stdout.readline()
+        finally:
+            watchdog.cancel()
+        got, _, body = line.partition(" ")
+        if got != kind:
+            self.procs[side].wait(timeout=30)
+            self.logs[side].seek(0)
+            tail = "\n".join(self.logs[side].read().strip().splitlines()[-15:])
+            raise RuntimeError(f"lockstep child {side!r}: expected {kind!r}, got {line[:200]!r} "
+                               f"(exit {self.procs[side].returncode}):\n{tail}")
+        return json.loads(body)
+
+    def ready(self) -> dict:
+        return {side: self._expect(side, "ready") for side in self.procs}
+
+    def step(self, side: str) -> dict:
+        self.procs[side].stdin.write("step\n")
+        self.procs[side].stdin.flush()
+        return self._expect(side, "done")
+
+    def finish(self) -> dict:
+        out = {side: self._expect(side, "result") for side in self.procs}
+        for proc in self.procs.values():
+            proc.wait(timeout=self.timeout)
+        return out
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for f in self.logs.values():
+            f.close()
+        self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 # ---- model, prompts, FLOPs ----------------------------------------------------------------------------------------
