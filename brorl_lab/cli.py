@@ -104,7 +104,9 @@ def cmd_eval(args) -> int:
         TASKS.get(t)  # one clear error for an unknown family
     policy, tok = load_policy(args.model)
     engine = make_engine(args.engine, policy, tok)
-    template = args.template if args.template != "auto" else ("plain" if args.model == "default" else "chat")
+    from .tasks.templates import resolve_template
+
+    template = resolve_template(args.template, args.model, tok)
     try:
         res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
                        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,

@@ -38,6 +38,7 @@ from .engines.base import RolloutEngine, SamplingParams
 from .evaluation import evaluate
 from .logprobs import compute_logprobs
 from .seeding import derive_seed
+from .tasks.templates import resolve_template
 from .tracking import RunDir, atomic_write
 
 CHECKPOINT_FILE = "state.pt"
@@ -88,7 +89,7 @@ class Trainer:
         self.optimizer = self._make_optimizer()
         self.engine = engine if engine is not None else self._make_engine()
         self._own_engine = engine is None
-        self.template = cfg.template if cfg.template != "auto" else ("plain" if cfg.model == "default" else "chat")
+        self.template = resolve_template(cfg.template, cfg.model, tokenizer)
         self.run_dir = RunDir.create(cfg.run_dir, cfg.run_name or default_run_name(cfg)) if run_dir is None \
             else RunDir(run_dir)
         self.progress = progress

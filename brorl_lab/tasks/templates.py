@@ -47,9 +47,13 @@ def check_template(template: str) -> str:
     return template
 
 
-def resolve_template(template: str, model: str) -> str:
-    """Config's ``template='auto'``: ``'plain'`` for the shipped default model, ``'chat'`` for any other model."""
+def resolve_template(template: str, model: str, tokenizer: Any = None) -> str:
+    """Config's ``template='auto'``: ``'chat'`` when the tokenizer has a chat template (real instruction-tuned
+    models), else ``'plain'`` (the shipped default model and checkpoints trained from it). Without a tokenizer:
+    ``'plain'`` for ``model='default'``, ``'chat'`` otherwise."""
     if template == "auto":
+        if tokenizer is not None:
+            return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
         return "plain" if model == "default" else "chat"
     return check_template(template)
 
