@@ -1,11 +1,11 @@
 """Runs notebooks/01_mass_balance_theory.ipynb headless under papermill with small parameters."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+
+from helpers_notebooks import assert_committed_notebook_is_generated
 
 papermill = pytest.importorskip("papermill")
 
@@ -18,16 +18,7 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
 def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path):
-    fresh = tmp_path / "fresh.ipynb"
-    subprocess.run([sys.executable, str(NOTEBOOKS / "build_01_mass_balance_theory.py"), str(fresh)], check=True,
-                   capture_output=True)
-    assert fresh.read_text() == NOTEBOOK.read_text(), "regenerate: python notebooks/build_01_mass_balance_theory.py"
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata.kernelspec.name == "python3" and nb.metadata.language_info.name == "python"
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.outputs and c.execution_count is None for c in code)
-    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in SMALL)
+    assert_committed_notebook_is_generated(tmp_path, "01_mass_balance_theory", SMALL)
 
 
 def test_notebook_runs_headless_with_plotly_figures(tmp_path, monkeypatch):
