@@ -66,10 +66,15 @@ class RolloutBatch:
         """The N samples of prompt ``p`` as a batch of one prompt."""
         return self.select_prompts([p])
 
+    def rows_of(self, prompts: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Row indices [len(prompts)*N] of all samples of the given prompts, prompt-major, in the given order."""
+        prompts = torch.as_tensor(prompts, dtype=torch.long).reshape(-1)
+        return (prompts[:, None] * self.n + torch.arange(self.n)[None, :]).reshape(-1)
+
     def select_prompts(self, keep: Sequence[int] | torch.Tensor) -> "RolloutBatch":
         """A batch with only the given prompts (and all their samples), in the given order."""
         keep = torch.as_tensor(keep, dtype=torch.long).reshape(-1)
-        rows = (keep[:, None] * self.n + torch.arange(self.n)[None, :]).reshape(-1)  # [len(keep)*N]
+        rows = self.rows_of(keep)  # [len(keep)*N]
         pick = lambda xs: [xs[i] for i in keep.tolist()]  # noqa: E731
         take = lambda t: None if t is None else t[rows]  # noqa: E731
         return replace(

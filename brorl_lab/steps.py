@@ -22,7 +22,7 @@ from . import algo
 from .batch import RolloutBatch
 from .config import Config
 from .engines.base import RolloutEngine, SamplingParams
-from .logprobs import compute_logprobs, micro_batches, token_logprobs
+from .logprobs import compute_logprobs, micro_batches, row_token_counts, token_logprobs
 from .rewards import score
 from .tasks import TASKS, TaskItem, sample_items
 
@@ -137,14 +137,14 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
                                         micro_batch_tokens=cfg.train_micro_batch_tokens)
     tis = algo.truncated_is_weights(old_logprobs, batch.logprobs, cfg.tis_cap) if cfg.tis_cap else None
     loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
-    token_counts = torch.tensor([len(batch.prompt_ids[p]) for p in batch.prompt_index.tolist()]) + batch.lengths
+    token_counts = row_token_counts(batch)  # [P*N] prompt + response tokens per row
 
     # Mini-batches split whole groups, so each optimizer step sees complete groups.
     groups = torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step)
     snapshot = _snapshot(policy, optimizer) if len(groups) > 1 else None
     per_minibatch: list[dict] = []
     for g in groups:
-        rows = (g[:, None] * batch.n + torch.arange(batch.n)[None, :]).reshape(-1)  # [|g|*N]
+        rows = batch.rows_of(g)  # [|g|*N]
         # The mini-batch's global normalisers, so micro-batch losses (and gradients) add up to the mini-batch's.
         norm = {"num_tokens": max(1, int(mask[rows].sum())), "num_seqs": len(rows),
                 "max_response_len": cfg.max_new_tokens}
