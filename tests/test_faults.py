@@ -188,7 +188,9 @@ def test_sigkill_at_random_points_and_mid_write_then_resume_matches_an_uninterru
             pid = int(forker.stdout.readline())
             try:
                 if kill == "mid-write":
-                    wait_for(marker.exists, 120, what="the torn checkpoint write")
+                    # the injector creates the marker, then writes the size into it: wait for the size itself
+                    wait_for(lambda: marker.exists() and marker.read_text().strip(), 120,
+                             what="the torn checkpoint write")
                 else:
                     wait_for(started_training(run, since), 120, what="the resumed run to start")
                     time.sleep(rng.uniform(0.0, 0.4))
