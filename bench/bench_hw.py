@@ -8,8 +8,12 @@ run at N=512 on the default model, interleaved with the matmul rounds (matmul, r
 ...), and their MFU is model FLOPs / median stage time / best peak (see bench/common.py for the FLOP count):
 
     rollout   torch engine, P prompts x N: 2 * body * (P * prompt_len + decode steps) + LM head on sampled tokens
-    logprobs  compute_logprobs (no grad): 2 * body * (prompt + response tokens) + LM head on response tokens
+    logprobs  compute_logprobs (no grad): 2 * body * tokens fed + LM head on response tokens
     update    steps.update with old logprobs given: reference forward (2x) + policy forward and backward (6x)
+
+"Tokens fed" are the real tokens the trainer's logprob layout puts through the model (``layout_tokens``): with
+the default shared-prefix layout each micro-batch's distinct prompts once plus every row's response, not the
+prompt once per row. Work the layout avoids is not counted as done.
 """
 
 from __future__ import annotations
@@ -54,6 +58,25 @@ def matmul_round(n: int, calls: int):
     return go
 
 
+def layout_tokens(policy, batch, cfg) -> tuple[int, str]:
+    """(real tokens one logprob pass over ``batch`` feeds through the model, the layout used)."""
+    import torch
+
+    from brorl_lab.logprobs import _plain_kv_cache, micro_batches, row_token_counts
+
+    groups = micro_batches(row_token_counts(batch), cfg.train_micro_batch_tokens)
+    if cfg.logprob_layout == "packed" or _plain_kv_cache(policy) is None:
+        return int(row_token_counts(batch).sum()), "packed"
+    fed = 0
+    for g in groups:
+        prompts = torch.unique(g // batch.n).tolist()
+        if len(prompts) == len(g) and cfg.logprob_layout == "auto":  # nothing shared: packed for this group
+            fed += int(row_token_counts(batch)[g].sum())
+        else:
+            fed += sum(len(batch.prompt_ids[p]) for p in prompts) + int(batch.lengths[g].sub(1).clamp(min=0).sum())
+    return fed, cfg.logprob_layout if cfg.logprob_layout != "auto" else "shared_prefix"
+
+
 def run(smoke: bool = False, threads=None) -> list[dict]:
     import torch
 
@@ -84,7 +107,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
 
     prompt_len = sum(len(x) for x in batch.prompt_ids) * batch.n  # prompt tokens over all rows
     resp = int(batch.lengths.sum())
-    fwd = forward_flops(counts, prompt_len + resp, resp)  # one forward over the batch's real tokens
+    fed, layout = layout_tokens(policy, batch, cfg)
+    fwd = forward_flops(counts, fed, resp)  # one forward over the real tokens the layout feeds
 
     def rollout():
         b = engine.generate(prompts, size.n, sampling)
@@ -111,7 +135,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     fair = (f"peak: best of {size.repeats}x{size.matmul_calls} fp32 matmuls n={size.matmul_n}; stages: median of "
             f"{size.repeats}, interleaved with the matmul rounds; {threads} torch threads; body params "
             f"{counts[0]:,}, LM head {counts[1]:,}; attention FLOPs and padding not counted")
-    note = f"N={size.n}, P={P}, {resp / batch.size:.1f} response + {prompt_len / batch.size:.1f} prompt tokens/row"
+    note = (f"N={size.n}, P={P}, {resp / batch.size:.1f} response + {prompt_len / batch.size:.1f} prompt tokens/row; "
+            f"{layout} layout feeds {fed / batch.size:.1f} tokens/row")
     rows = [row(GROUP, f"fp32 matmul peak (n={size.matmul_n}, best)", peak / 1e9, "GFLOP/s", fairness=fair,
                 note=f"median round {median(results['matmul']) / 1e9:.1f} GFLOP/s")]
     targets = {"update": ">= 25" if size.n == 512 else None}

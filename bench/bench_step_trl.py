@@ -7,8 +7,8 @@ A step is rollout -> score -> (logprobs) -> reference logprobs -> loss -> backwa
 Each side runs in its own subprocess (so its peak RSS, VmHWM, is its own); the processes run in lockstep
 (``common.Lockstep``): step k of every side in turn, in a rotating order, only one side computing at a time, so
 outside load hits all sides alike. ``warmup`` untimed steps, then the medians of ``timed`` steps are compared.
-``proposed`` is brorl_lab with :func:`shared_prefix_token_logprobs` swapped in: a change recommended for
-brorl_lab/logprobs.py, measured here so its effect is a number, not a guess (it has no target).
+A third side, ``packed``, is brorl_lab with ``logprob_layout="packed"`` (one forward per row over prompt +
+response, the layout before issue 7's fix) so the shared-prefix layout's effect is measured, not asserted.
 
 How the two are made to do the same work:
   * model: the same local HF directory, fp32 on CPU (TRL: ``use_cpu=True, bf16=False``), the same torch threads;
@@ -26,8 +26,11 @@ How the two are made to do the same work:
   * micro-batch: TRL's ``per_device_train_batch_size`` = ``micro_batch`` samples, padded to the longest prompt and
     completion; brorl_lab's ``train_micro_batch_tokens`` = ``micro_batch * (longest prompt + max_new_tokens)``,
     the same padded token capacity (it packs rows by real tokens, so its micro-batches may hold more rows).
-  * what differs: TRL skips the old-logprob forward when ``num_iterations=1`` (it uses the detached current
-    logprobs); brorl_lab's Trainer always recomputes them (one extra no-grad forward, counted against brorl_lab).
+  * old log-probs: both sides are on-policy (one optimizer step, no importance correction), so both skip the
+    old-logprob forward and use the detached current log-probs (TRL with ``num_iterations=1``; brorl_lab's
+    ``steps.is_on_policy``).
+  * what differs: the forward layout. TRL runs prompt + completion per sample; brorl_lab (``logprob_layout``
+    "auto") runs each prompt once per micro-batch and the completions against its cached KV (same numbers).
 """
 
 from __future__ import annotations
@@ -77,71 +80,10 @@ def prompt_hash(prompts) -> str:
     return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:12]
 
 
-# ---- the proposed change, measured as its own side -----------------------------------------------------------------
-def shared_prefix_token_logprobs(model, batch, rows, *, temperature: float, with_entropy: bool = False):
-    """PROPOSED for brorl_lab/logprobs.py (not used by brorl_lab itself): ``token_logprobs`` with each prompt's
-    forward computed once per micro-batch instead of once per row.
-
-        prefix  = model(prompts of the rows' groups, use_cache=True, logits_to_keep=1)    # [p, S]: KV + first logits
-        KV     -> index_select to the rows (autograd carries every row's gradient back into the one prefix pass)
-        suffix  = model(response[:, :W-1], past_key_values=KV, attention_mask=[prompt mask, response mask])
-        logits  = [prefix logits, suffix logits]                                           # [b, W, V]
-
-    Same values as the packed forward (max |diff| ~3e-6 in fp32, gradients to ~2e-5 relative, checked on the
-    default model at N=512 and N=16); at N=512 with ~31 prompt and ~3 response tokens a row, about 10x fewer tokens
-    go through the model. Rows must be prompt-major (they are: micro-batches are consecutive rows).
-    """
-    import torch
-    from transformers import DynamicCache
-
-    from brorl_lab.engines.common import left_pad
-
-    rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
-    prompts, local = torch.unique_consecutive(rows // batch.n, return_inverse=True)  # [p], [b] row -> prompt slot
-    ids, mask = left_pad([batch.prompt_ids[i] for i in prompts.tolist()], batch.pad_id)  # [p, S]
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    device = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
-    first = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [p, V]
-    lengths = batch.lengths[rows]
-    W = max(int(lengths.max()), 1)
-    resp = batch.response_ids[rows, :W].to(device)  # [b, W]
-    valid = (torch.arange(W)[None] < lengths[:, None]).to(device)  # [b, W]
-    z = first[local.to(device)][:, None]  # [b, 1, V]
-    if W > 1:
-        for layer in cache.layers:
-            layer.keys, layer.values = layer.keys[local.to(device)], layer.values[local.to(device)]
-        full_mask = torch.cat([mask.to(device)[local], valid[:, : W - 1].long()], dim=1)  # [b, S + W - 1]
-        suffix_pos = pos.to(device)[local, -1:] + 1 + torch.arange(W - 1, device=device)[None]
-        z = torch.cat([z, model(input_ids=resp[:, : W - 1], attention_mask=full_mask, position_ids=suffix_pos,
-                                past_key_values=cache, use_cache=True).logits], dim=1)  # [b, W, V]
-    z = z.float() / temperature
-    lse = torch.logsumexp(z, dim=-1)
-    T = batch.response_ids.shape[1]
-    logp = torch.nn.functional.pad((z.gather(-1, resp[..., None])[..., 0] - lse).masked_fill(~valid, 0.0),
-                                   (0, T - W))
-    entropy = None
-    if with_entropy:
-        ent = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-        entropy = torch.nn.functional.pad(ent.masked_fill(~valid, 0.0), (0, T - W))
-    return logp, entropy
-
-
-def use_shared_prefix_logprobs() -> None:
-    """Swap the proposal in where brorl_lab looks ``token_logprobs`` up (compute_logprobs and steps.update)."""
-    from brorl_lab import logprobs, steps
-
-    logprobs.token_logprobs = steps.token_logprobs = shared_prefix_token_logprobs
-
-
-# ---- the two children ---------------------------------------------------------------------------------------------
+# ---- the children (one per side) ---------------------------------------------------------------------------------
 def brorl_child(p: dict, link) -> dict:
     from brorl_lab.config import Config
     from brorl_lab.trainer import Trainer
-
-    if p.get("variant") == "shared_prefix":
-        use_shared_prefix_logprobs()
 
     cfg = Config(model=p["model"], engine="torch", tasks=list(BENCH_FAMILIES), template="plain",
                  rollouts_per_prompt=p["n"], prompts_per_step=p["P"], max_new_tokens=p["max_new_tokens"],
@@ -150,7 +92,7 @@ def brorl_child(p: dict, link) -> dict:
                  adam_betas=[0.9, 0.999], weight_decay=0.0, grad_clip=1.0, optimizer_steps_per_step=1,
                  train_micro_batch_tokens=p["micro_batch_tokens"], dynamic_sampling=False, eval_every=0,
                  checkpoint_every=0, steps=p["steps"], run_dir=p["tmp"], run_name="brorl", seed=p["seed"],
-                 torch_threads=p["threads"])
+                 torch_threads=p["threads"], logprob_layout=p["layout"])
     trainer = Trainer(cfg, progress=False)
     hashes = []
     generate = trainer.engine.generate
@@ -237,14 +179,15 @@ def longest_prompt_tokens(path: str, P: int, steps: int) -> int:
     return max(len(x) for x in tok(prompts)["input_ids"])
 
 
-LABEL = {"brorl": "brorl_lab", "trl": "TRL GRPOTrainer", "proposed": "brorl_lab+SP (proposed)"}  # SP: shared prefix
+LABEL = {"brorl": "brorl_lab", "trl": "TRL GRPOTrainer", "packed": "brorl_lab-packed"}
+LAYOUT = {"brorl": "auto", "packed": "packed"}
 
 
 def run(smoke: bool = False, threads=None) -> list[dict]:
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)
     path = model_path()
-    sides = ("brorl", "trl", "proposed") if trl_available() else ("brorl", "proposed")
+    sides = ("brorl", "trl", "packed") if trl_available() else ("brorl", "packed")
     steps = size.warmup + size.timed
     rows = []
     for n in size.ns:
@@ -253,8 +196,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         payload = {"model": path, "n": n, "P": P, "max_new_tokens": size.max_new_tokens, "steps": steps,
                    "micro_batch": size.micro_batch, "micro_batch_tokens": mb_tokens, "beta": BETA, "lr": LR,
                    "seed": SEED}
-        payloads = {side: {**payload, "side": side, **({"variant": "shared_prefix"} if side == "proposed" else {})}
-                    for side in sides}
+        payloads = {side: {**payload, "side": side, "layout": LAYOUT.get(side)} for side in sides}
         seconds, stages = {s: [] for s in sides}, {s: [] for s in sides}
         with Lockstep(MODULE, payloads, threads=threads) as ls:
             ready = ls.ready()
@@ -287,9 +229,9 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
             rows.append(row(GROUP, f"step {LABEL[side]} {where}", step_s[side], "s/step", note=note))
             rows.append(row(GROUP, f"step {LABEL[side]} {where} peak RSS", peak[side], "MiB",
                             note=f"{base[side]:.0f} MiB before the first step"))
-        for side in ("brorl", "proposed") if trl else ():
-            tag = LABEL[side].split()[0]
-            note = "" if side == "brorl" else "SP: shared_prefix_token_logprobs swapped in (a proposal, no target)"
+        for side in ("brorl", "packed") if trl else ():
+            tag = LABEL[side]
+            note = "" if side == "brorl" else "logprob_layout='packed': the layout before issue 7's fix (no target)"
             rows.append(row(GROUP, f"step time {tag}/TRL {where}", ratio(step_s[side], step_s["trl"]),
                             "x", target="<= 0.5" if n == 512 and side == "brorl" else None, fairness=fair,
                             note=note if same_prompts else "PROMPTS DIFFERED"))

@@ -190,3 +190,16 @@ class RolloutBatch:
             df[col] = [t if len(t) <= 80 else t[:79] + "…" for t in df[col]]
         return (f"<p><b>{html.escape(repr(self))}</b> (showing {samples_per_prompt} samples of the first "
                 f"{max_prompts} prompts)</p>" + df.to_html(index=False))
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [P, L], attention_mask [P, L])`` with each sequence right-aligned, so all prompts end at column L-1
+    and the first sampled token of every row is predicted at the same column."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, L - len(s):] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, L - len(s):] = 1
+    return ids, mask

@@ -41,6 +41,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 LR_SCALINGS = ("none", "sqrt")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOGPROB_LAYOUTS = ("auto", "shared_prefix", "packed")  # brorl_lab.logprobs: same numbers, different cost
 
 
 @dataclass
@@ -75,6 +76,9 @@ class Config:
                                             "(256 prompts, mini-batch 64). BroRL keeps this equal across arms.")
     train_micro_batch_tokens: int = knob(8192, "Token budget of one forward/backward micro-batch (logprob, reference and "
                                                 "loss passes); peak memory is set by this, not by N.")
+    logprob_layout: str = knob("auto", "How the trainer lays rows out for its logprob forwards (brorl_lab.logprobs): "
+                                       "'shared_prefix' runs each prompt once per micro-batch, 'packed' once per row; "
+                                       "same numbers. 'auto' shares when the model's KV cache allows. Not in the papers.")
     lr: float = knob(1e-4, "AdamW learning rate before scaling. ProRL v1: 2e-6 constant; ProRL v2 configs: 1e-6. "
                            "The tiny default model needs far more.")
     lr_scaling: str = knob("none", "'sqrt': BroRL's rule lr = lr * sqrt(B / lr_reference_samples), B = samples per step "
@@ -206,6 +210,7 @@ class Config:
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
         _choice("template", self.template, ("auto", "plain", "chat"))
+        _choice("logprob_layout", self.logprob_layout, LOGPROB_LAYOUTS)
         _require("model", bool(self.model.strip()), "'default', a local HF model directory or a hub id")
         _require("run_dir", bool(self.run_dir.strip()), "a non-empty directory path")
         _require("run_name", self.run_name is None or (self.run_name.strip() not in ("", ".", "..")

@@ -27,7 +27,7 @@ from .rewards import score
 from .tasks import TASKS, TaskItem, sample_items
 
 __all__ = ["sample_prompts", "rollout", "score", "filter_groups", "advantages", "update", "sync",
-           "UpdateReport", "NonFiniteError"]
+           "is_on_policy", "UpdateReport", "NonFiniteError"]
 
 
 def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
@@ -118,7 +118,8 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
         L = L_policy(ratio, A; eps_low, eps_high) + beta * KL_est(pi || pi_ref) - c_ent * H(pi)
 
     ``old_logprobs`` [P*N, T] are the behaviour policy's log-probs recomputed by the trainer (``compute_logprobs``);
-    computed here when not given. With ``cfg.tis_cap`` the engine's own log-probs give truncated importance weights.
+    when not given they are computed here, or, if :func:`is_on_policy`, taken as each micro-batch's ``logp.detach()``
+    (the same numbers, one no-grad forward fewer). With ``cfg.tis_cap`` the engine's own log-probs give truncated importance weights.
     Raises :class:`NonFiniteError` (weights and optimizer untouched) if a loss or gradient is not finite.
     """
     if batch.size == 0:
@@ -126,15 +127,15 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     device = next(policy.parameters()).device
     temperature = float(batch.meta.get("temperature", cfg.temperature))
     mask = batch.response_mask  # [P*N, T]
-    if old_logprobs is None:
-        old_logprobs = compute_logprobs(policy, batch, temperature=temperature,
-                                        micro_batch_tokens=cfg.train_micro_batch_tokens)
+    lp_options = dict(temperature=temperature, layout=cfg.logprob_layout)
+    if old_logprobs is None and not is_on_policy(cfg):
+        old_logprobs = compute_logprobs(policy, batch, micro_batch_tokens=cfg.train_micro_batch_tokens, **lp_options)
     ref_logprobs = None
     if cfg.kl_beta > 0:
         if reference is None:
             raise ValueError("reference: kl_beta > 0 needs a reference policy (see models.make_reference)")
-        ref_logprobs = compute_logprobs(reference, batch, temperature=temperature,
-                                        micro_batch_tokens=cfg.train_micro_batch_tokens)
+        ref_logprobs = compute_logprobs(reference, batch, micro_batch_tokens=cfg.train_micro_batch_tokens,
+                                        **lp_options)
     tis = algo.truncated_is_weights(old_logprobs, batch.logprobs, cfg.tis_cap) if cfg.tis_cap else None
     loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
     token_counts = row_token_counts(batch)  # [P*N] prompt + response tokens per row
@@ -152,9 +153,10 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
         parts: list[dict] = []
         for mb in micro_batches(token_counts[rows], cfg.train_micro_batch_tokens):
             r = rows[mb]
-            logp, ent = token_logprobs(policy, batch, r, temperature=temperature, with_entropy=True)  # [b, T]
+            logp, ent = token_logprobs(policy, batch, r, with_entropy=True, **lp_options)  # [b, T]
             m = mask[r].to(device)
-            loss, met = loss_fn(logp, old_logprobs[r].to(device), adv[r].to(device), m, eps_low=cfg.eps_low,
+            old = logp.detach() if old_logprobs is None else old_logprobs[r].to(device)  # [b, T]
+            loss, met = loss_fn(logp, old, adv[r].to(device), m, eps_low=cfg.eps_low,
                                 eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
                                 tis_weights=None if tis is None else tis[r].to(device), **norm)
             met = {**met, "policy_loss": met["loss"]}
@@ -185,6 +187,13 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     metrics = {key: sum(mb.get(key, 0.0) for mb in per_minibatch) / k for key in keys}  # mean over mini-batches
     metrics["train_tokens"] = sum(mb.get("tokens", 0.0) for mb in per_minibatch)
     return UpdateReport(metrics, optimizer_steps=k)
+
+
+def is_on_policy(cfg: Config) -> bool:
+    """Whether the update's behaviour policy is the policy being differentiated: one optimizer step per RL step
+    and no truncated IS. Then old_logp == logp (the engine sampled from these weights and nothing has stepped), so
+    ``update`` uses ``logp.detach()`` and skips a forward, as TRL's GRPOTrainer does with ``num_iterations=1``."""
+    return cfg.optimizer_steps_per_step == 1 and cfg.tis_cap is None
 
 
 def sync(engine: RolloutEngine, policy: torch.nn.Module) -> None:

@@ -6,7 +6,8 @@
 One step, top to bottom (CleanRL style):
     1. rollout + score + filter   repeated (dynamic sampling) until `prompts_per_step` informative groups or the cap
     2. advantages                 registered estimator over each group of N
-    3. logprobs                   behaviour (old) and reference log-probs, micro-batched by tokens
+    3. logprobs                   behaviour (old) log-probs, micro-batched by tokens (skipped on-policy: update
+                                  then uses its own logp.detach()); reference log-probs inside update
     4. update                     `optimizer_steps_per_step` mini-batches of PPO-clip + KL
     5. sync                       engine gets the new weights
     6. log / eval / reset / checkpoint
@@ -191,8 +192,9 @@ class Trainer:
         else:
             adv = S.advantages(batch, c.advantage, **self._adv_options())                   # 2. advantages
             t0 = time.perf_counter()
-            old = compute_logprobs(self.policy, batch, temperature=c.temperature,           # 3. logprobs
-                                   micro_batch_tokens=c.train_micro_batch_tokens)
+            old = None if S.is_on_policy(c) else compute_logprobs(                          # 3. logprobs
+                self.policy, batch, temperature=c.temperature, micro_batch_tokens=c.train_micro_batch_tokens,
+                layout=c.logprob_layout)  # on-policy: update uses logp.detach()
             row["time/logprobs"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             try:

@@ -53,6 +53,7 @@ CHOICES = {  # string fields with a fixed or registered set of names
     "loss_agg": ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"],
     "kl_estimator": ["k1", "k2", "k3"], "lr_scaling": ["none", "sqrt"], "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
+    "logprob_layout": ["auto", "shared_prefix", "packed"],
 }
 BOOLS = ["adv_std_norm", "dynamic_sampling", "reset_optimizer"]
 SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_prompts=4, eval_samples=4,

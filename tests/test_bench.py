@@ -62,7 +62,7 @@ def test_each_figure_has_its_comparisons(smoke):
     step = {r["figure"]: r for r in data["figures"]["step"]["rows"]}
     ratios = [r for n, r in step.items() if n.startswith("step time brorl_lab/TRL")]
     assert bool(ratios) == HAS_TRL
-    assert any(n.startswith("step time brorl_lab+SP/TRL") for n in step) == HAS_TRL
+    assert any(n.startswith("step time brorl_lab-packed/TRL") for n in step) == HAS_TRL
     for r in ratios:  # the fairness record is part of the figure; both sides saw the same prompts
         assert "prompts identical: True" in r["fairness"] and r["note"] != "PROMPTS DIFFERED"
     assert any(n.startswith("update peak RSS N=") and "/" in n for n in names["memory"])
@@ -106,41 +106,6 @@ def test_param_counts_split_body_and_head(tie):
     total = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
     assert head == 40 * 16 and body == total - 40 * 16 * (1 if tie else 2)
     assert common.forward_flops((body, head), 10, 3) == 2 * (10 * body + 3 * head)
-
-
-@pytest.mark.parametrize("n, T, rows", [(3, 7, None), (4, 1, None), (5, 6, [2, 3, 4, 5, 6, 7])])
-def test_proposed_shared_prefix_logprobs_equal_the_packed_ones(n, T, rows):
-    """The step figure's proposal for brorl_lab/logprobs.py: same log-probs, entropies and gradients."""
-    import torch
-
-    from bench.bench_step_trl import shared_prefix_token_logprobs
-    from brorl_lab.batch import RolloutBatch
-    from brorl_lab.logprobs import token_logprobs
-    from helpers_models import tiny_qwen2, tiny_tokenizer
-
-    tok = tiny_tokenizer()
-    model = tiny_qwen2(len(tok), seed=5).train()
-    prompts = ["What is 12+7?", "hi", "Count: 1 2 3 4 5"]  # ragged: the prefix forward is left-padded
-    g = torch.Generator().manual_seed(n)
-    B = len(prompts) * n
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0] = T
-    ids = torch.randint(3, len(tok), (B, T), generator=g)
-    ids = torch.where(torch.arange(T)[None] < lengths[:, None], ids, tok.pad_token_id)
-    batch = RolloutBatch(prompts=prompts, prompt_ids=[tok(p)["input_ids"] for p in prompts], n=n, response_ids=ids,
-                         logprobs=torch.zeros(B, T), lengths=lengths, truncated=lengths == T, texts=[""] * B,
-                         pad_id=tok.pad_token_id).validate()
-    rows = torch.arange(B) if rows is None else torch.tensor(rows)
-    out = {}
-    for name, fn in (("packed", token_logprobs), ("shared", shared_prefix_token_logprobs)):
-        model.zero_grad()
-        logp, ent = fn(model, batch, rows, temperature=0.7, with_entropy=True)
-        (logp.sum() + 0.3 * ent.sum()).backward()
-        out[name] = (logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()])
-    torch.testing.assert_close(out["shared"][0], out["packed"][0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(out["shared"][1], out["packed"][1], atol=1e-5, rtol=0)
-    for a, b in zip(out["shared"][2], out["packed"][2]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_unknown_figure_is_exit_code_2(capsys):

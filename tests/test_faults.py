@@ -41,7 +41,7 @@ TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
 TINY = dict(tasks=["chain_sum"], template="plain", rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4,
             eval_prompts=4, eval_samples=4, eval_k=[1], eval_every=5, checkpoint_every=1, torch_threads=1,
             dynamic_sampling=False, entropy_coef=0.05, kl_beta=0.01, lr=1e-2, max_resample_rounds=0)
-STEPS = 16  # the random kills below land at different steps, all before the end
+STEPS = 24  # the random kills below land at different steps, all before the end
 
 
 def cli_args(cfg: dict) -> list[str]:
@@ -161,15 +161,18 @@ def test_sigkill_at_random_points_and_mid_write_then_resume_matches_an_uninterru
     forker = subprocess.Popen([sys.executable, "-c", FORKER], env=env(), cwd=tmp_path, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        t0 = time.perf_counter()
         with Trainer(Config(**cfg, run_name="reference"), progress=False) as t:
             reference = t.run()
             reference_policy = {k: v.clone() for k, v in t.policy.state_dict().items()}
+        # each random kill waits up to ~2 steps, so the five of them land at different steps but before the end
+        max_wait = min(0.4, 2 * (time.perf_counter() - t0) / STEPS)
         assert len(reference) == STEPS + 1 and not reference["skipped"].iloc[1:].any()
 
         # 1. a real `python -m brorl_lab train`, killed at a random moment after its first checkpoint
         try:
             wait_for((run / "checkpoint" / CHECKPOINT_FILE).exists, 300, first, "the first checkpoint")
-            time.sleep(rng.uniform(0.0, 0.4))
+            time.sleep(rng.uniform(0.0, max_wait))
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait()
@@ -193,7 +196,7 @@ def test_sigkill_at_random_points_and_mid_write_then_resume_matches_an_uninterru
                              what="the torn checkpoint write")
                 else:
                     wait_for(started_training(run, since), 120, what="the resumed run to start")
-                    time.sleep(rng.uniform(0.0, 0.4))
+                    time.sleep(rng.uniform(0.0, max_wait))
             finally:
                 os.kill(pid, signal.SIGKILL)
             status = int(forker.stdout.readline())

@@ -101,12 +101,16 @@ def test_pack_rejects_out_of_range_rows(tok):
 
 
 # ---- token_logprobs / compute_logprobs ---------------------------------------------------------------------------------
+LAYOUTS = ["shared_prefix", "packed"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_token_logprobs_match_a_plain_forward_per_row(model, tok, temperature):
+def test_token_logprobs_match_a_plain_forward_per_row(model, tok, temperature, layout):
     batch = hand_batch(tok, PROMPTS, n=3, T=7, seed=1)
     rows = torch.arange(batch.size)
     with torch.no_grad():
-        logp, ent = token_logprobs(model, batch, rows, temperature=temperature, with_entropy=True)
+        logp, ent = token_logprobs(model, batch, rows, temperature=temperature, with_entropy=True, layout=layout)
     assert logp.shape == ent.shape == batch.response_ids.shape
     mask = batch.response_mask
     assert (logp[~mask] == 0).all() and (ent[~mask] == 0).all()
@@ -120,10 +124,11 @@ def test_token_logprobs_match_a_plain_forward_per_row(model, tok, temperature):
     assert (ent[mask] <= torch.log(torch.tensor(float(len(tok)))) + 1e-4).all()
 
 
-def test_token_logprobs_is_differentiable(tok):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_token_logprobs_is_differentiable(tok, layout):
     model = tiny_qwen2(len(tok), seed=4).train()
     batch = hand_batch(tok, PROMPTS, n=2, T=4)
-    logp, ent = token_logprobs(model, batch, [1, 2, 4], temperature=1.0, with_entropy=True)
+    logp, ent = token_logprobs(model, batch, [1, 2, 4], temperature=1.0, with_entropy=True, layout=layout)
     assert logp.requires_grad and ent.requires_grad
     (logp.sum() + 0.1 * ent.sum()).backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -144,23 +149,110 @@ def test_compute_logprobs_is_invariant_to_the_micro_batch_budget(model, tok):
         torch.testing.assert_close(all_at_once[b, : len(ref_lp)], ref_lp, atol=1e-5, rtol=0)
 
 
-def test_memory_is_set_by_the_token_budget_and_only_response_logits_are_built(model, tok):
-    """Every forward carries at most `budget` real tokens, and the LM head only sees the response columns."""
-    batch = hand_batch(tok, PROMPTS, n=8, T=6, seed=5)
-    budget = 60
-    seen_tokens, head_inputs = [], []
-    h1 = model.register_forward_pre_hook(
-        lambda m, args, kw: seen_tokens.append(int(kw["attention_mask"].sum())), with_kwargs=True)
-    h2 = model.lm_head.register_forward_pre_hook(lambda m, args: head_inputs.append(tuple(args[0].shape)))
+@pytest.mark.parametrize("n, T, rows", [(3, 7, None), (4, 1, None), (5, 6, [7, 2, 3, 4, 5, 6]), (1, 5, None)])
+def test_the_two_layouts_give_the_same_logprobs_entropies_and_gradients(tok, n, T, rows):
+    """shared_prefix (one prefix pass, KV indexed out to the rows) against packed (one pass per row), incl. rows out
+    of order, width-1 responses (no suffix pass) and N=1 (nothing to share)."""
+    model = tiny_qwen2(len(tok), seed=5).train()
+    batch = hand_batch(tok, PROMPTS, n=n, T=T, seed=n)
+    rows = torch.arange(batch.size) if rows is None else torch.tensor(rows)
+    out = {}
+    for layout in LAYOUTS:
+        model.zero_grad()
+        logp, ent = token_logprobs(model, batch, rows, temperature=0.7, with_entropy=True, layout=layout)
+        (logp.sum() + 0.3 * ent.sum()).backward()
+        out[layout] = (logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()])
+    shared, packed = out["shared_prefix"], out["packed"]
+    torch.testing.assert_close(shared[0], packed[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared[1], packed[1], atol=1e-5, rtol=0)
+    for a, b in zip(shared[2], packed[2]):
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)  # fp32 sums in a different order
+
+
+def _forward_log(model, batch, budget, layout):
+    """Run compute_logprobs and record, per model forward, (real tokens of input_ids, input shape), and the LM
+    head's input widths."""
+    forwards, head_widths = [], []
+
+    def on_forward(m, args, kw):
+        ids, mask = kw["input_ids"], kw["attention_mask"]
+        forwards.append((int(mask[:, -ids.shape[1]:].sum()), tuple(ids.shape)))  # the mask's last columns = ids
+
+    h1 = model.register_forward_pre_hook(on_forward, with_kwargs=True)
+    h2 = model.lm_head.register_forward_pre_hook(lambda m, args: head_widths.append(args[0].shape[1]))
     try:
-        compute_logprobs(model, batch, temperature=1.0, micro_batch_tokens=budget)
+        compute_logprobs(model, batch, temperature=1.0, micro_batch_tokens=budget, layout=layout)
     finally:
         h1.remove()
         h2.remove()
+    return forwards, head_widths
+
+
+def test_packed_memory_is_set_by_the_token_budget_and_only_response_logits_are_built(model, tok):
+    """Every packed forward carries at most `budget` real tokens, and the LM head only sees the response columns."""
+    batch = hand_batch(tok, PROMPTS, n=8, T=6, seed=5)
+    budget = 60
+    forwards, head_widths = _forward_log(model, batch, budget, "packed")
     counts = row_token_counts(batch)
-    assert len(seen_tokens) == len(micro_batches(counts, budget)) > 1
-    assert max(seen_tokens) <= budget and sum(seen_tokens) == int(counts.sum())
-    assert all(width <= 6 + 1 for _, width, _ in head_inputs)  # [b, W+1, H], never the prompt columns
+    assert len(forwards) == len(micro_batches(counts, budget)) > 1
+    real = [t for t, _ in forwards]
+    assert max(real) <= budget and sum(real) == int(counts.sum())
+    assert all(w <= 6 + 1 for w in head_widths)  # [b, W+1, H], never the prompt columns
+
+
+def test_shared_prefix_runs_each_prompt_once_per_micro_batch(model, tok):
+    """Per micro-batch: one prefix pass over its distinct prompts (LM head on 1 column), then suffix passes over the
+    responses, grouped by width so padding stays under 2x: far fewer tokens than packed, within the budget."""
+    batch = hand_batch(tok, PROMPTS, n=8, T=9, seed=5)
+    budget = 80
+    forwards, head_widths = _forward_log(model, batch, budget, "shared_prefix")
+    calls, widths = iter(zip(forwards, head_widths)), iter(())
+    for g in micro_batches(row_token_counts(batch), budget):
+        prompts = sorted(set((g // batch.n).tolist()))
+        (real, shape), width = next(calls)
+        assert real == sum(len(batch.prompt_ids[p]) for p in prompts) and shape[0] == len(prompts) and width == 1
+        needs = (batch.lengths[g] - 1).clamp(min=0)  # tokens each row needs from a suffix pass
+        seen_rows, fed = 0, real
+        for _ in range(len({int(x).bit_length() for x in (needs[needs > 0] - 1)})):  # one pass per width bucket
+            (real_suffix, (c, w)), width = next(calls)
+            assert width == w and real_suffix <= c * w
+            seen_rows, fed = seen_rows + c, fed + c * w
+        assert seen_rows == int((needs > 0).sum())
+        assert fed - real <= 2 * int(needs.sum())  # padding under 2x
+        assert fed <= budget
+    assert next(calls, None) is None
+    packed_tokens = sum(t for t, _ in _forward_log(model, batch, budget, "packed")[0])
+    assert sum(t for t, _ in forwards) < 0.6 * packed_tokens
+
+
+def test_auto_shares_a_prefix_only_when_rows_share_prompts_and_the_cache_allows(tok):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def passes(model, batch):
+        seen = []
+        h = model.register_forward_pre_hook(lambda m, a, kw: seen.append("past_key_values" in kw
+                                                                          and kw["past_key_values"] is not None),
+                                            with_kwargs=True)
+        try:
+            with torch.no_grad():
+                token_logprobs(model, batch, torch.arange(batch.size), temperature=1.0)
+        finally:
+            h.remove()
+        return seen
+
+    full = tiny_qwen2(len(tok), seed=6)
+    shared = passes(full, hand_batch(tok, PROMPTS, n=4, T=5))
+    assert len(shared) >= 2 and all(shared)  # shared prefix: a prefix pass, then suffix passes on its KV
+    assert passes(full, hand_batch(tok, PROMPTS, n=1, T=5)) == [False]  # nothing to share: packed
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                      max_window_layers=0, pad_token_id=0)
+    windowed = Qwen2ForCausalLM(cfg).eval()  # sliding-window layers: their cache drops rows' old keys
+    assert passes(windowed, hand_batch(tok, PROMPTS, n=4, T=5)) == [False]
+    with pytest.raises(ValueError, match="layout: 'shared_prefix' needs a plain full-attention KV cache"):
+        token_logprobs(windowed, hand_batch(tok, PROMPTS, n=4, T=5), [0, 1], temperature=1.0, layout="shared_prefix")
+    with pytest.raises(ValueError, match="layout: got 'tiled'; allowed: auto, shared_prefix, packed"):
+        token_logprobs(full, hand_batch(tok, PROMPTS, n=4, T=5), [0, 1], temperature=1.0, layout="tiled")
 
 
 def test_token_logprobs_rejects_bad_temperature(model, tok):

@@ -82,19 +82,6 @@ def encode_prompts(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
     return [list(map(int, x)) for x in ids]
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids [P, L], attention_mask [P, L])`` with each sequence right-aligned, so all prompts end at column L-1
-    and the first sampled token of every row is predicted at the same column."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, L - len(s):] = torch.as_tensor(s, dtype=torch.long)
-            mask[i, L - len(s):] = 1
-    return ids, mask
-
-
 def make_generator(seed: Optional[int], device: torch.device | str = "cpu") -> torch.Generator:
     """A private RNG (the global one is left alone): seeded when ``seed`` is given, else from OS entropy."""
     gen = torch.Generator(device=device)

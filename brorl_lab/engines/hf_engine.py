@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from ..batch import left_pad
 from .base import SamplingParams
-from .common import ModuleEngine, left_pad
+from .common import ModuleEngine
 
 
 class HFEngine(ModuleEngine):

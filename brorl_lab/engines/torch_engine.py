@@ -24,8 +24,9 @@ import importlib
 
 import torch
 
+from ..batch import left_pad
 from .base import SamplingParams
-from .common import ModuleEngine, left_pad, make_generator, sample_next
+from .common import ModuleEngine, make_generator, sample_next
 
 KERNELS = ("auto", "shared_prefix", "hf_cache")
 SHARED_PREFIX_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
