@@ -18,7 +18,7 @@ prompt once per row. Work the layout avoids is not counted as done.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .common import (bench_items, format_prompts, forward_flops, interleave, median, model_path, param_counts,
                      ratio, row, set_threads)
@@ -109,6 +109,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     resp = int(batch.lengths.sum())
     fed, layout = layout_tokens(policy, batch, cfg)
     fwd = forward_flops(counts, fed, resp)  # one forward over the real tokens the layout feeds
+    packed_cfg = replace(cfg, logprob_layout="packed")  # the ablation: the prompt once per row
+    packed_fwd = forward_flops(counts, layout_tokens(policy, batch, packed_cfg)[0], resp)
 
     def rollout():
         b = engine.generate(prompts, size.n, sampling)
@@ -122,6 +124,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         "logprobs": lambda: compute_logprobs(policy, batch, temperature=1.0,
                                              micro_batch_tokens=cfg.train_micro_batch_tokens),
         "update": lambda: S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old),
+        "update_packed": lambda: S.update(policy, optimizer, batch, adv, cfg=packed_cfg, reference=reference,
+                                          old_logprobs=old),
     }
     try:
         seconds, results = interleave(cases, size.repeats)
@@ -131,19 +135,23 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     rollout_flops = median(results["rollout"])
     stage = {"rollout": rollout_flops / median(seconds["rollout"]),
              "logprobs": fwd / median(seconds["logprobs"]),
-             "update": 4 * fwd / median(seconds["update"])}  # reference forward (1x) + policy fwd+bwd (3x)
+             "update": 4 * fwd / median(seconds["update"]),  # reference forward (1x) + policy fwd+bwd (3x)
+             "update_packed": 4 * packed_fwd / median(seconds["update_packed"])}
     fair = (f"peak: best of {size.repeats}x{size.matmul_calls} fp32 matmuls n={size.matmul_n}; stages: median of "
             f"{size.repeats}, interleaved with the matmul rounds; {threads} torch threads; body params "
             f"{counts[0]:,}, LM head {counts[1]:,}; attention FLOPs and padding not counted")
-    note = (f"N={size.n}, P={P}, {resp / batch.size:.1f} response + {prompt_len / batch.size:.1f} prompt tokens/row; "
-            f"{layout} layout feeds {fed / batch.size:.1f} tokens/row")
+    shape = f"N={size.n}, P={P}, {resp / batch.size:.1f} response + {prompt_len / batch.size:.1f} prompt tokens/row"
+    note = f"{shape}; {layout} layout feeds {fed / batch.size:.1f} tokens/row"
+    packed_note = f"{shape}; packed layout feeds {(prompt_len + resp) / batch.size:.1f} tokens/row"
     rows = [row(GROUP, f"fp32 matmul peak (n={size.matmul_n}, best)", peak / 1e9, "GFLOP/s", fairness=fair,
                 note=f"median round {median(results['matmul']) / 1e9:.1f} GFLOP/s")]
     targets = {"update": ">= 25" if size.n == 512 else None}
     what = {"rollout": "rollout (torch engine)", "logprobs": "logprobs forward (no grad)",
-            "update": "update (ref fwd + policy fwd/bwd + AdamW)"}
-    for key in ("rollout", "logprobs", "update"):
-        rows.append(row(GROUP, f"{what[key]} N={size.n}", stage[key] / 1e9, "GFLOP/s", note=note, fairness=fair))
+            "update": "update (ref fwd + policy fwd/bwd + AdamW)",
+            "update_packed": "update, logprob_layout='packed' (ablation)"}
+    for key in ("rollout", "logprobs", "update", "update_packed"):
+        rows.append(row(GROUP, f"{what[key]} N={size.n}", stage[key] / 1e9, "GFLOP/s",
+                        note=packed_note if key == "update_packed" else note, fairness=fair))
         rows.append(row(GROUP, f"{what[key]} N={size.n} MFU", 100 * ratio(stage[key], peak), "% peak",
                         target=targets.get(key), note=f"{median(seconds[key]):.3g} s per call", fairness=fair))
     return rows
