@@ -39,6 +39,11 @@ from transformers.cache_utils import DynamicLayer
 
 from .batch import RolloutBatch, left_pad
 from .config import LOGPROB_LAYOUTS
+from .prefix_attention import PrefixDecoder, PrefixGrid, padding_bias, supports_shared_prefix
+
+# The explicit shared-prefix kernel builds its attention scores ([rows, H, W, keys]); past this many keys per row the
+# suffix pass uses the model's own attention instead (SDPA never materialises scores), so memory stays set by tokens.
+EXPLICIT_MAX_KEYS = 1024
 
 
 def micro_batches(token_counts: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
@@ -140,7 +145,11 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, **stat
 
     Response token 0 is predicted by the prefix pass itself; tokens 1.. need a suffix pass over y_<t. Rows go into
     suffix passes by width bucket ((1], (1, 2], (2, 4], (4, 8], ...), so padding stays under 2x the real tokens
-    even when a few truncated rows are much longer than the rest (at most log2(T) + 1 passes)."""
+    even when a few truncated rows are much longer than the rest (at most log2(T) + 1 passes).
+
+    A suffix pass runs through :class:`~brorl_lab.prefix_attention.PrefixDecoder` for Llama-family models (each
+    prompt's KV read once by one matmul per prompt) while a row has at most :data:`EXPLICIT_MAX_KEYS` keys, and
+    otherwise through the model's own forward, against the prompt's KV gathered to every row."""
     device = next(model.parameters()).device
     prompts, slot = torch.unique(rows // batch.n, return_inverse=True)  # [p] distinct prompts, [b] row -> prompt
     ids, mask = left_pad([batch.prompt_ids[i] for i in prompts.tolist()], batch.pad_id)  # [p, S]
@@ -148,6 +157,8 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, **stat
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, S]
     first = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                   logits_to_keep=1).logits  # [p, 1, V]: predicts response token 0
+    decoder = PrefixDecoder(model) if supports_shared_prefix(model) else None
+    prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [p, H_kv, S, d] per layer
     lengths = batch.lengths[rows]  # [b]
     suffix = (lengths - 1).clamp(min=0)  # [b] response tokens that need the suffix pass
     bucket = torch.where(suffix > 0, 1 + torch.ceil(torch.log2(suffix.clamp(min=1).double())).long(), 0)
@@ -159,13 +170,17 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, **stat
         valid = (torch.arange(W)[None, :] < lengths[idx][:, None]).to(device)  # [c, W]
         s = slot[idx.to(device)]
         z = _take_rows(first, s)  # [c, 1, V]
-        if W > 1:
-            kv = _cache_of(model, [(_take_rows(layer.keys, s), _take_rows(layer.values, s))  # [c, H_kv, S, d]
-                                   for layer in cache.layers])  # grads flow back into the prefix pass
-            out = model(input_ids=targets[:, : W - 1], attention_mask=torch.cat([mask[s], valid[:, : W - 1]], 1),
-                        position_ids=pos[s, -1:] + 1 + torch.arange(W - 1, device=device)[None],
-                        past_key_values=kv, use_cache=True)
-            z = torch.cat([z, out.logits], dim=1)  # [c, W, V]
+        if W > 1:  # grads flow back into the prefix pass through `prefix` / the cache's layers
+            inputs = targets[:, : W - 1]  # [c, W-1]: y_<t for t = 1 .. W-1
+            positions = pos[s, -1:] + 1 + torch.arange(W - 1, device=device)[None]  # [c, W-1]
+            if decoder is not None and ids.shape[1] + W - 1 <= EXPLICIT_MAX_KEYS:
+                rest = decoder.logits(inputs, positions, prefix, padding_bias(mask), PrefixGrid.of(s, len(prompts)))
+            else:
+                kv = _cache_of(model, [(_take_rows(layer.keys, s), _take_rows(layer.values, s))  # [c, H_kv, S, d]
+                                       for layer in cache.layers])
+                rest = model(input_ids=inputs, attention_mask=torch.cat([mask[s], valid[:, : W - 1]], 1),
+                             position_ids=positions, past_key_values=kv, use_cache=True).logits
+            z = torch.cat([z, rest], dim=1)  # [c, W, V]
         order.append(idx)
         parts.append(_token_stats(z, targets, valid, **stats))
     back = torch.argsort(torch.cat(order)).to(device)  # bucket order -> the order of `rows`

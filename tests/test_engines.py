@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from brorl_lab.engines import SamplingParams, make_engine
 from brorl_lab.engines.common import plan_chunks
-from brorl_lab.engines.torch_engine import TorchEngine, shared_prefix_attention
+from brorl_lab.engines.torch_engine import TorchEngine
 from brorl_lab.logprobs import compute_logprobs
 from brorl_lab.models import DEFAULT_MODEL_DIR
 from helpers_models import bias_token, save_tiny, tiny_qwen2, tiny_tokenizer
@@ -316,26 +316,6 @@ def test_kernels_sample_identically_without_compaction(tiny):
     assert a.meta["kernel"] == "shared_prefix" and b.meta["kernel"] == "hf_cache"
     assert torch.equal(a.response_ids, b.response_ids)
     assert float((a.logprobs - b.logprobs).abs().max()) < 1e-4
-
-
-def test_shared_prefix_attention_equals_attention_over_expanded_rows():
-    """The [P, K] shared-prefix kernel against plain softmax attention over each row's own full KV."""
-    g = torch.Generator().manual_seed(0)
-    P, K, H, Hkv, L, t, d = 3, 4, 4, 2, 5, 3, 8
-    q = torch.randn(P * K, H, d, generator=g)
-    pk, pv = torch.randn(P, Hkv, L, d, generator=g), torch.randn(P, Hkv, L, d, generator=g)
-    gk, gv = torch.randn(P * K, Hkv, t, d, generator=g), torch.randn(P * K, Hkv, t, d, generator=g)
-    valid = torch.ones(P, L, dtype=torch.bool)
-    valid[0, :2] = False  # left padding of prompt 0
-    bias = torch.zeros(P, L).masked_fill(~valid, float("-inf"))[:, None, None, None, :]
-    out = shared_prefix_attention(q, pk, pv, bias, gk, gv, scale=d ** -0.5)  # [P*K, H*d]
-    for r in range(P * K):
-        p = r // K
-        for h in range(H):
-            keys = torch.cat([pk[p, h // 2][valid[p]], gk[r, h // 2]])  # [L' + t, d]
-            vals = torch.cat([pv[p, h // 2][valid[p]], gv[r, h // 2]])
-            w = torch.softmax(keys @ q[r, h] * d ** -0.5, dim=0)
-            torch.testing.assert_close(out[r, h * d:(h + 1) * d], w @ vals, atol=1e-5, rtol=0)
 
 
 @settings(max_examples=100, deadline=None)

@@ -170,15 +170,13 @@ def test_the_two_layouts_give_the_same_logprobs_entropies_and_gradients(tok, n, 
 
 
 def _forward_log(model, batch, budget, layout):
-    """Run compute_logprobs and record, per model forward, (real tokens of input_ids, input shape), and the LM
-    head's input widths."""
+    """Run compute_logprobs and record, per pass through the model's token embedding (the HF forward and the
+    shared-prefix decoder both start there), (real tokens, input shape), and the LM head's input widths."""
     forwards, head_widths = [], []
+    pad = batch.pad_id  # hand_batch's prompts and responses hold no pad token but padding
 
-    def on_forward(m, args, kw):
-        ids, mask = kw["input_ids"], kw["attention_mask"]
-        forwards.append((int(mask[:, -ids.shape[1]:].sum()), tuple(ids.shape)))  # the mask's last columns = ids
-
-    h1 = model.register_forward_pre_hook(on_forward, with_kwargs=True)
+    h1 = model.get_decoder().embed_tokens.register_forward_pre_hook(
+        lambda m, args: forwards.append((int((args[0] != pad).sum()), tuple(args[0].shape))))
     h2 = model.lm_head.register_forward_pre_hook(lambda m, args: head_widths.append(args[0].shape[1]))
     try:
         compute_logprobs(model, batch, temperature=1.0, micro_batch_tokens=budget, layout=layout)
@@ -242,7 +240,7 @@ def test_auto_shares_a_prefix_only_when_rows_share_prompts_and_the_cache_allows(
 
     full = tiny_qwen2(len(tok), seed=6)
     shared = passes(full, hand_batch(tok, PROMPTS, n=4, T=5))
-    assert len(shared) >= 2 and all(shared)  # shared prefix: a prefix pass, then suffix passes on its KV
+    assert shared == [True]  # shared prefix: one prefix pass into a cache; suffix passes run in PrefixDecoder
     assert passes(full, hand_batch(tok, PROMPTS, n=1, T=5)) == [False]  # nothing to share: packed
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
@@ -260,3 +258,53 @@ def test_token_logprobs_rejects_bad_temperature(model, tok):
     for bad in (0, -1.0, float("inf"), True):
         with pytest.raises(ValueError, match="temperature"):
             token_logprobs(model, batch, [0], temperature=bad)
+
+
+def _layouts_agree_with_a_plain_forward(model, batch):
+    """shared_prefix equals packed and a plain per-row forward in values and gradients; returns the model forwards
+    the shared layout made (True where it passed a KV cache)."""
+    seen = []
+    h = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("past_key_values") is not None),
+                                        with_kwargs=True)
+    out = {}
+    for layout in LAYOUTS:
+        model.zero_grad()
+        logp, ent = token_logprobs(model, batch, torch.arange(batch.size), temperature=0.9, with_entropy=True,
+                                   layout=layout)
+        (logp.sum() + 0.2 * ent.sum()).backward()
+        out[layout] = (logp.detach(), [p.grad.clone() for p in model.parameters()])
+        if layout == "shared_prefix":
+            h.remove()
+    torch.testing.assert_close(out["shared_prefix"][0], out["packed"][0], atol=1e-5, rtol=0)
+    for a, b in zip(out["shared_prefix"][1], out["packed"][1]):
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
+    with torch.no_grad():
+        for b in range(batch.size):
+            ref, _ = naive_row(model, batch, b, 0.9)
+            torch.testing.assert_close(out["shared_prefix"][0][b, : len(ref)], ref, atol=1e-5, rtol=0)
+    return seen
+
+
+def test_shared_prefix_on_a_non_llama_model_runs_the_models_own_forward_against_the_cache(tok):
+    """GPT-2 has a plain KV cache but no PrefixDecoder: its suffix passes are its own forward on the gathered KV."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                                      bos_token_id=1, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
+                                      attn_pdrop=0.0)).train()
+    seen = _layouts_agree_with_a_plain_forward(gpt2, hand_batch(tok, PROMPTS, n=3, T=6, seed=1))
+    assert len(seen) >= 2 and all(seen)  # a prefix pass, then suffix passes on its KV
+
+
+def test_shared_prefix_past_the_explicit_key_limit_uses_the_models_attention(tok, monkeypatch):
+    """Rows with more keys than EXPLICIT_MAX_KEYS (the decoder would build [rows, H, W, keys] scores) go through the
+    model's own forward: same numbers."""
+    import brorl_lab.logprobs as lp
+
+    model = tiny_qwen2(len(tok), seed=8).train()
+    batch = hand_batch(tok, PROMPTS, n=3, T=6, seed=2)
+    assert _layouts_agree_with_a_plain_forward(model, batch) == [True]  # under the limit: the decoder
+    monkeypatch.setattr(lp, "EXPLICIT_MAX_KEYS", 0)
+    seen = _layouts_agree_with_a_plain_forward(model, batch)
+    assert len(seen) >= 2 and all(seen)

@@ -13,93 +13,41 @@ Two decode kernels:
 
 - ``"shared_prefix"`` (Llama-family models: Llama, Qwen2, Qwen3, Mistral without sliding window): our own decode
   step over the model's own modules. The prefix KV is stored once per prompt, never copied per sample; generated
-  KV lives in preallocated [rows, H_kv, T, d] buffers; attention joins the two (:func:`shared_prefix_attention`).
+  KV lives in preallocated [rows, H_kv, T, d] buffers; attention joins the two
+  (:mod:`brorl_lab.prefix_attention`, shared with the trainer's log-probs).
 - ``"hf_cache"`` (any HF causal LM): the model's forward with a ``DynamicCache`` whose prefix rows are gathered to
   the N samples; the generic fallback.
 """
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from ..batch import left_pad
+from ..prefix_attention import (SHARED_PREFIX_MODEL_TYPES, PrefixDecoder, PrefixGrid, padding_bias,
+                                supports_shared_prefix)
 from .base import SamplingParams
 from .common import ModuleEngine, make_generator, sample_next
 
 KERNELS = ("auto", "shared_prefix", "hf_cache")
-SHARED_PREFIX_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-
-
-def shared_prefix_attention(q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor,
-                            prefix_bias: torch.Tensor, gen_k: torch.Tensor, gen_v: torch.Tensor,
-                            scale: float) -> torch.Tensor:
-    """One decode step of attention for rows laid out [P, K] (row r = p*K + k reads prompt p's prefix).
-
-        a_r = softmax([q_r . K_p^T + bias_p, q_r . G_r^T] * scale) [V_p ; W_r]
-
-    with K_p, V_p the prompt's prefix keys/values (shared by its K rows) and G_r, W_r the row's own generated ones.
-    Query head h reads KV head h // g (grouped-query attention, g = H / H_kv), as HF's ``repeat_kv`` does.
-
-    q [P*K, H, d]; prefix_k/v [P, H_kv, L, d]; prefix_bias [P, 1, 1, 1, L] (0 or -inf on left padding);
-    gen_k/v [P*K, H_kv, t, d]. Returns [P*K, H*d].
-    """
-    R, H, d = q.shape
-    P, Hkv, L, _ = prefix_k.shape
-    K, g, t = R // P, H // Hkv, gen_k.shape[2]
-    qg = q.view(P, K, Hkv, g, d).transpose(1, 2)  # [P, H_kv, K, g, d]
-    s_pre = (qg.reshape(P, Hkv, K * g, d) @ prefix_k.transpose(-1, -2)).view(P, Hkv, K, g, L)
-    s_pre = s_pre * scale + prefix_bias  # [P, H_kv, K, g, L]
-    s_gen = (q.view(R, Hkv, g, d) @ gen_k.transpose(-1, -2)) * scale  # [R, H_kv, g, t]
-    s_gen = s_gen.view(P, K, Hkv, g, t).transpose(1, 2)  # [P, H_kv, K, g, t]
-    w = torch.cat([s_pre, s_gen], dim=-1).softmax(dim=-1)  # [P, H_kv, K, g, L + t]
-    o_pre = w[..., :L].reshape(P, Hkv, K * g, L) @ prefix_v  # [P, H_kv, K*g, d]
-    o_pre = o_pre.view(P, Hkv, K, g, d).transpose(1, 2).reshape(R, Hkv, g, d)
-    o_gen = w[..., L:].transpose(1, 2).reshape(R, Hkv, g, t) @ gen_v  # [R, H_kv, g, d]
-    return (o_pre + o_gen).reshape(R, H * d)
-
-
-def supports_shared_prefix(model) -> bool:
-    """Whether :class:`_SharedPrefixDecoder` can run ``model``: a Llama-family decoder, full attention only."""
-    cfg = model.config
-    types = getattr(cfg, "layer_types", None) or ["full_attention"]
-    if cfg.model_type not in SHARED_PREFIX_MODEL_TYPES or any(t != "full_attention" for t in types):
-        return False
-    if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None):
-        return False
-    return hasattr(model.get_decoder(), "rotary_emb")
 
 
 class _SharedPrefixDecoder:
-    """The decode step of a Llama-family model, written out over its own modules (weights are never copied):
-
-        h = embed(y);  per layer:  h += o_proj(attn(rope(q), rope(k), v));  h += mlp(post_norm(h))
-        z = lm_head(norm(h))
-
-    with q/k/v = proj(input_norm(h)) (Qwen3 also RMS-normalises q and k per head), and attention over the shared
-    prefix plus this row's generated tokens.
-    """
+    """The decode step of :class:`~brorl_lab.prefix_attention.PrefixDecoder`: the prefill's KV is the shared prefix,
+    generated KV goes into preallocated [rows, H_kv, T, d] buffers (column t is written before it is read)."""
 
     def __init__(self, model):
-        self.core = model.get_decoder()
-        self.head = model.get_output_embeddings()
-        attn = self.core.layers[0].self_attn
-        self.head_dim = attn.head_dim
-        self.scale = attn.scaling
-        self.rope = importlib.import_module(type(attn).__module__).apply_rotary_pos_emb
+        self.decoder = PrefixDecoder(model)
 
-    def start(self, cache, prefix_mask: torch.Tensor, rows: int, T: int) -> None:
-        """Take the prefill's KV (post-RoPE keys) as the shared prefix and allocate the generated-KV buffers.
-
-        Attention runs in float32 whatever the model dtype (as SDPA accumulates internally): bf16 attention scores
-        would carry ~0.4% relative error into the softmax and the returned log-probs."""
+    def start(self, cache, prefix_mask: torch.Tensor, P: int, rows: int, T: int) -> None:
+        """Take the prefill's KV (post-RoPE keys, float32) as the shared prefix and allocate the generated-KV
+        buffers for ``rows`` = P*K rows in the [P, K] layout."""
         self.prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [P_c, H_kv, L, d]
-        bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=prefix_mask.device)
-        self.prefix_bias = bias.masked_fill(prefix_mask == 0, float("-inf"))[:, None, None, None, :]
+        self.bias = padding_bias(prefix_mask)  # [P_c, L]
         k0 = self.prefix[0][0]
-        shape = (rows, k0.shape[1], T, k0.shape[3])  # [R, H_kv, T, d]; column t is written before it is read
+        shape = (rows, k0.shape[1], T, k0.shape[3])  # [R, H_kv, T, d]
         self.gen = [(k0.new_empty(shape), k0.new_empty(shape)) for _ in self.prefix]
+        self.P = P
 
     def compact(self, index: torch.Tensor) -> None:
         """Keep generated-KV rows ``index`` (the prefix is per prompt and never moves)."""
@@ -107,24 +55,13 @@ class _SharedPrefixDecoder:
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
         """Logits [R, V] after feeding token ``tok`` [R] at positions ``pos`` [R] as generated token ``t``."""
-        h = self.core.embed_tokens(tok)[:, None]  # [R, 1, D]
-        cos, sin = self.core.rotary_emb(h, pos[:, None])  # [R, 1, d]
-        R, d = tok.shape[0], self.head_dim
-        for layer, (pk, pv), (gk, gv) in zip(self.core.layers, self.prefix, self.gen):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)  # [R, 1, D]
-            q = attn.q_proj(x).view(R, 1, -1, d)  # [R, 1, H, d]
-            k = attn.k_proj(x).view(R, 1, -1, d)  # [R, 1, H_kv, d]
-            if hasattr(attn, "q_norm"):  # Qwen3
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [R, H, 1, d], [R, H_kv, 1, d]
-            gk[:, :, t] = k[:, :, 0]
-            gv[:, :, t] = attn.v_proj(x).view(R, -1, d)
-            o = shared_prefix_attention(q[:, :, 0].float(), pk, pv, self.prefix_bias, gk[:, :, : t + 1],
-                                        gv[:, :, : t + 1], self.scale)  # [R, H*d] float32
-            h = h + attn.o_proj(o.to(h.dtype))[:, None]
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.head(self.core.norm(h))[:, 0]  # [R, V]
+        def append(i, k, v):  # k, v [R, H_kv, 1, d] -> the row's generated keys/values 0..t
+            gk, gv = self.gen[i]
+            gk[:, :, t], gv[:, :, t] = k[:, :, 0], v[:, :, 0]
+            return gk[:, :, : t + 1], gv[:, :, : t + 1]
+
+        grid = PrefixGrid(self.P, len(tok) // self.P)  # rows are [P, K] in order
+        return self.decoder.logits(tok[:, None], pos[:, None], self.prefix, self.bias, grid, own_kv=append)[:, 0]
 
 
 class TorchEngine(ModuleEngine):
@@ -183,7 +120,7 @@ class TorchEngine(ModuleEngine):
         logits, next_pos = logits[row_prompt], pos[row_prompt, -1] + 1  # [R, V], [R]
         if self.kernel == "shared_prefix":
             decoder = _SharedPrefixDecoder(model)
-            decoder.start(cache, mask, R, T)
+            decoder.start(cache, mask, P, R, T)
         else:
             cache.batch_select_indices(row_prompt)  # every sample row gets a copy of its prompt's prefix KV
             mask = mask[row_prompt] if padded else None  # [R, L]
