@@ -62,9 +62,10 @@ def layout_tokens(policy, batch, cfg) -> tuple[int, str]:
     """(real tokens one logprob pass over ``batch`` feeds through the model, the layout used)."""
     import torch
 
-    from brorl_lab.logprobs import _plain_kv_cache, micro_batches, row_token_counts
+    from brorl_lab.logprobs import _plain_kv_cache, plan_micro_batches, row_token_counts
 
-    groups = micro_batches(row_token_counts(batch), cfg.train_micro_batch_tokens)
+    groups = plan_micro_batches(policy, batch, torch.arange(batch.size), cfg.train_micro_batch_tokens,
+                                cfg.logprob_layout)
     if cfg.logprob_layout == "packed" or _plain_kv_cache(policy) is None:
         return int(row_token_counts(batch).sum()), "packed"
     fed = 0

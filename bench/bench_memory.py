@@ -40,7 +40,7 @@ def child(p: dict) -> dict:
 
     from brorl_lab import steps as S
     from brorl_lab.config import Config
-    from brorl_lab.logprobs import compute_logprobs, micro_batches, row_token_counts
+    from brorl_lab.logprobs import compute_logprobs, plan_micro_batches
     from brorl_lab.models import load_policy, make_reference
 
     policy, _ = load_policy(p["model"], device="cpu", dtype="float32")
@@ -55,7 +55,8 @@ def child(p: dict) -> dict:
     old = compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=cfg.train_micro_batch_tokens)
     S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old)
     return {"rss_before_mib": before, "samples": batch.size, "tokens": int(batch.lengths.sum()),
-            "micro_batches": len(micro_batches(row_token_counts(batch), cfg.train_micro_batch_tokens))}
+            "micro_batches": len(plan_micro_batches(policy, batch, torch.arange(batch.size),
+                                                    cfg.train_micro_batch_tokens, cfg.logprob_layout))}
 
 
 def run(smoke: bool = False, threads=None) -> list[dict]:

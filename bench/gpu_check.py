@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     from brorl_lab.config import Config
     from brorl_lab.engines.base import SamplingParams
     from brorl_lab.engines.torch_engine import TorchEngine
-    from brorl_lab.logprobs import micro_batches, row_token_counts
+    from brorl_lab.logprobs import plan_micro_batches, row_token_counts
     from brorl_lab.models import make_reference, pick_device, pick_dtype
 
     t_start = time.perf_counter()
@@ -267,7 +267,9 @@ def run(args: argparse.Namespace) -> dict:
             train_tokens = int(counts.sum())
             result["update"] = {"n": n, "prompts": update_batch.num_prompts, "samples": update_batch.size,
                                 "seconds": m.seconds, "tokens": train_tokens, "tokens_per_s": train_tokens / m.seconds,
-                                "micro_batches": len(micro_batches(counts, args.micro_batch_tokens)),
+                                "micro_batches": len(plan_micro_batches(policy, update_batch,
+                                                                        torch.arange(update_batch.size),
+                                                                        args.micro_batch_tokens)),
                                 "micro_batch_tokens": args.micro_batch_tokens, "peak_memory_gib": m.peak_gib,
                                 "optimizer_steps": report.optimizer_steps,
                                 "metrics": {k: float(v) for k, v in report.metrics.items()}}

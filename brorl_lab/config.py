@@ -75,7 +75,8 @@ class Config:
     optimizer_steps_per_step: int = knob(1, "PPO mini-batches (optimizer updates) per step. ProRL v1: 4 "
                                             "(256 prompts, mini-batch 64). BroRL keeps this equal across arms.")
     train_micro_batch_tokens: int = knob(8192, "Token budget of one forward/backward micro-batch (logprob, reference and "
-                                                "loss passes); peak memory is set by this, not by N.")
+                                                "loss passes), counted as the logprob layout holds tokens "
+                                                "(logprobs.plan_micro_batches); peak memory is set by this, not by N.")
     logprob_layout: str = knob("auto", "How the trainer lays rows out for its logprob forwards (brorl_lab.logprobs): "
                                        "'shared_prefix' runs each prompt once per micro-batch, 'packed' once per row; "
                                        "same numbers. 'auto' shares when the model's KV cache allows. Not in the papers.")

@@ -21,12 +21,12 @@ Two layouts give the same numbers (fp32: values to ~3e-6, gradients to ~2e-5 rel
 
 ``"auto"`` (the default) takes ``"shared_prefix"`` when the rows hold fewer distinct prompts than rows and the
 model's KV cache is a plain full-attention one, else ``"packed"``. Either way the [b, L, V] log-softmax over prompt
-positions is never built, and memory per forward is set by the micro-batch token budget (:func:`micro_batches`),
-not by P*N.
+positions is never built, and memory per forward is set by the micro-batch token budget
+(:func:`plan_micro_batches` counts tokens as the layout holds them), not by P*N.
 
     logp = compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=8192)       # [P*N, T], no grad
-    for mb in micro_batches(token_counts, 8192):
-        logp, ent = token_logprobs(policy, batch, mb, temperature=1.0, with_entropy=True)  # [b, T], grads flow
+    for mb in plan_micro_batches(policy, batch, rows, 8192):
+        logp, ent = token_logprobs(policy, batch, rows[mb], temperature=1.0, with_entropy=True)  # [b, T], grads
 """
 
 from __future__ import annotations
@@ -46,23 +46,52 @@ from .prefix_attention import PrefixDecoder, PrefixGrid, padding_bias, supports_
 EXPLICIT_MAX_KEYS = 1024
 
 
-def micro_batches(token_counts: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
+def micro_batches(token_counts: torch.Tensor, token_budget: int, *, prompt_of: Optional[torch.Tensor] = None,
+                  prompt_tokens: Optional[Sequence[int]] = None) -> list[torch.Tensor]:
     """Split rows ``0..B-1`` in order into consecutive groups whose token counts sum to at most ``token_budget``
-    (a single row above the budget forms its own group). Returns a list of index tensors (long)."""
+    (a single row above the budget forms its own group). Returns a list of index tensors (long).
+
+    With ``prompt_of`` [B] (each row's prompt) and ``prompt_tokens`` (per prompt), a group also pays each of its
+    prompts' tokens once, at its first row of that prompt: the shared-prefix layout's cost."""
     if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
         raise ValueError(f"token_budget: got {token_budget!r}; allowed: an integer >= 1")
     counts = torch.as_tensor(token_counts)
     if counts.ndim != 1:
         raise ValueError(f"token_counts: got shape {tuple(counts.shape)}; allowed: a 1-D tensor [B] of token counts")
-    groups, start, total = [], 0, 0
-    for i, c in enumerate(counts.tolist()):
-        if i > start and total + c > token_budget:
+    prompts = [None] * len(counts) if prompt_of is None else torch.as_tensor(prompt_of).tolist()
+    groups, start, total, paid = [], 0, 0, set()  # paid: prompts already charged in the open group
+    for i, (c, p) in enumerate(zip(counts.tolist(), prompts)):
+        prompt = 0 if p is None else prompt_tokens[p]
+        if i > start and total + c + (0 if p in paid else prompt) > token_budget:
             groups.append(torch.arange(start, i))
-            start, total = i, 0
-        total += c
+            start, total, paid = i, 0, set()
+        total += c + (0 if p in paid else prompt)
+        paid.add(p)
     if len(counts):
         groups.append(torch.arange(start, len(counts)))
     return groups
+
+
+def plan_micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Sequence[int] | torch.Tensor,
+                       token_budget: int, layout: str = "auto") -> list[torch.Tensor]:
+    """Positions in ``rows`` split into micro-batches whose tokens, as ``layout`` holds them, fit ``token_budget``.
+
+    Counted per micro-batch: every row's prompt + response tokens (packed, and shared prefix on the model's own
+    attention, which copies each prompt's KV to its rows), or, when every suffix pass of ``batch`` runs in
+    :class:`~brorl_lab.prefix_attention.PrefixDecoder`, each distinct prompt once plus each response token at
+    ``1 + H * K / D``: its activations and its attention scores over at most K = longest prompt + T keys, in units
+    of the D-wide hidden state. So the budget bounds what a forward holds, whichever layout runs."""
+    rows = _as_rows(batch, rows)
+    if layout not in LOGPROB_LAYOUTS:
+        raise ValueError(f"layout: got {layout!r}; allowed: {', '.join(LOGPROB_LAYOUTS)}")
+    keys = max(len(x) for x in batch.prompt_ids) + batch.response_ids.shape[1]
+    if layout == "packed" or _plain_kv_cache(model) is None or not supports_shared_prefix(model) \
+            or keys > EXPLICIT_MAX_KEYS:
+        return micro_batches(row_token_counts(batch)[rows], token_budget)
+    per_token = 1 + model.config.num_attention_heads * keys / model.config.hidden_size
+    costs = torch.ceil(batch.lengths[rows] * per_token).long()  # [b]
+    return micro_batches(costs, token_budget, prompt_of=rows // batch.n,
+                         prompt_tokens=[len(x) for x in batch.prompt_ids])
 
 
 def row_token_counts(batch: RolloutBatch) -> torch.Tensor:
@@ -95,10 +124,11 @@ def pack(batch: RolloutBatch, rows: Sequence[int] | torch.Tensor) -> Packed:
 
 
 def token_logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: Sequence[int] | torch.Tensor, *,
-                   temperature: float, with_entropy: bool = False,
+                   temperature: float, with_entropy: bool = False, entropy_grad: bool = True,
                    layout: str = "auto") -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(logp [b, T], entropy [b, T] | None)`` for ``rows`` of ``batch`` (T = batch.response_ids.shape[1]),
-    float32 on the model's device, 0 on padding. Differentiable: gradients flow when called outside ``no_grad``.
+    float32 on the model's device, 0 on padding. Differentiable: gradients flow when called outside ``no_grad``;
+    ``entropy_grad=False`` returns the entropy as a value only (a metric), which saves its graph.
     ``layout``: one of :data:`LOGPROB_LAYOUTS` (module docstring); it changes the cost, not the result.
     """
     _check_temperature(temperature)
@@ -111,25 +141,35 @@ def token_logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: Sequence[i
         if cache is None and layout == "shared_prefix":
             raise ValueError(f"layout: 'shared_prefix' needs a plain full-attention KV cache; model_type "
                              f"{getattr(model.config, 'model_type', type(model).__name__)!r} has none; use 'packed'")
-    stats = dict(temperature=temperature, with_entropy=with_entropy, T=batch.response_ids.shape[1])
+    stats = dict(temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
     if cache is None:
         return _packed(model, batch, rows, **stats)
     return _shared_prefix(model, batch, rows, cache, **stats)
 
 
-def _token_stats(z: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, *, temperature: float,
-                 with_entropy: bool, T: int):
-    """logits z [b, W, V] (z[:, t] predicts targets[:, t]) -> (logp [b, T], entropy [b, T] | None), 0 off ``valid``."""
-    z = z.float() / temperature
-    lse = torch.logsumexp(z, dim=-1)  # [b, W]
-    logp = _pad_to((z.gather(-1, targets[..., None]).squeeze(-1) - lse).masked_fill(~valid, 0.0), T)
+def _log_softmax(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(z / temperature) over the vocabulary, in float32 (no division at temperature 1)."""
+    z = z.float()
+    return torch.log_softmax(z if temperature == 1 else z / temperature, dim=-1)
+
+
+def _entropy(log_probs: torch.Tensor, grad: bool) -> torch.Tensor:
+    """H = -sum_v p_v log p_v of each distribution [..., V] -> [...] (entr(0) = 0, so -inf logits are safe)."""
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        return torch.special.entr(log_probs.exp()).sum(-1)
+
+
+def _token_stats(log_probs: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, *, with_entropy: bool,
+                 entropy_grad: bool):
+    """log-softmax [b, W, V] (row t predicts targets[:, t]) -> (logp [b, W], entropy [b, W] | None), 0 off
+    ``valid``."""
+    logp = log_probs.gather(-1, targets[..., None]).squeeze(-1).masked_fill(~valid, 0.0)
     if not with_entropy:
         return logp, None
-    ent = lse - (torch.softmax(z, dim=-1) * z).sum(-1)  # [b, W]: H of the whole distribution
-    return logp, _pad_to(ent.masked_fill(~valid, 0.0), T)
+    return logp, _entropy(log_probs, entropy_grad).masked_fill(~valid, 0.0)
 
 
-def _packed(model, batch: RolloutBatch, rows: torch.Tensor, **stats):
+def _packed(model, batch: RolloutBatch, rows: torch.Tensor, *, temperature: float, **stats):
     """One forward over prompt + response per row; the LM head sees only the last W+1 columns."""
     device = next(model.parameters()).device
     packed = pack(batch, rows)
@@ -137,10 +177,14 @@ def _packed(model, batch: RolloutBatch, rows: torch.Tensor, **stats):
     out = model(input_ids=packed.input_ids.to(device), attention_mask=packed.attention_mask.to(device),
                 position_ids=packed.position_ids.to(device), use_cache=False, logits_to_keep=W + 1)
     valid = packed.attention_mask[:, S:].to(device).bool()  # [b, W]
-    return _token_stats(out.logits[:, :W], packed.input_ids[:, S:].to(device), valid, **stats)  # col S-1+t -> t
+    targets = packed.input_ids[:, S:].to(device)  # [b, W]: column S-1+t predicts response token t
+    logp, ent = _token_stats(_log_softmax(out.logits[:, :W], temperature), targets, valid, **stats)
+    T = batch.response_ids.shape[1]
+    return _pad_to(logp, T), None if ent is None else _pad_to(ent, T)
 
 
-def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, **stats):
+def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, temperature: float, with_entropy: bool,
+                   entropy_grad: bool):
     """One forward over the rows' distinct prompts (KV kept in ``cache``), then the responses against that KV.
 
     Response token 0 is predicted by the prefix pass itself; tokens 1.. need a suffix pass over y_<t. Rows go into
@@ -156,7 +200,9 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, **stat
     ids, mask, slot = ids.to(device), mask.to(device), slot.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, S]
     first = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                  logits_to_keep=1).logits  # [p, 1, V]: predicts response token 0
+                  logits_to_keep=1).logits[:, 0]  # [p, V]: each prompt's prediction of response token 0
+    first = _log_softmax(first, temperature)  # [p, V], shared by the prompt's rows (indexed, never copied to them)
+    first_entropy = _entropy(first, entropy_grad) if with_entropy else None  # [p]
     decoder = PrefixDecoder(model) if supports_shared_prefix(model) else None
     prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [p, H_kv, S, d] per layer
     lengths = batch.lengths[rows]  # [b]
@@ -169,7 +215,8 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, **stat
         targets = batch.response_ids[rows[idx], :W].to(device)  # [c, W]
         valid = (torch.arange(W)[None, :] < lengths[idx][:, None]).to(device)  # [c, W]
         s = slot[idx.to(device)]
-        z = _take_rows(first, s)  # [c, 1, V]
+        logp = first[s, targets[:, 0]][:, None]  # [c, 1]
+        ent = None if first_entropy is None else first_entropy[s][:, None]
         if W > 1:  # grads flow back into the prefix pass through `prefix` / the cache's layers
             inputs = targets[:, : W - 1]  # [c, W-1]: y_<t for t = 1 .. W-1
             positions = pos[s, -1:] + 1 + torch.arange(W - 1, device=device)[None]  # [c, W-1]
@@ -180,19 +227,25 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, **stat
                                        for layer in cache.layers])
                 rest = model(input_ids=inputs, attention_mask=torch.cat([mask[s], valid[:, : W - 1]], 1),
                              position_ids=positions, past_key_values=kv, use_cache=True).logits
-            z = torch.cat([z, rest], dim=1)  # [c, W, V]
+            lp, en = _token_stats(_log_softmax(rest, temperature), targets[:, 1:], valid[:, 1:],
+                                  with_entropy=with_entropy, entropy_grad=entropy_grad)  # [c, W-1]
+            logp = torch.cat([logp, lp], dim=1)  # [c, W]
+            ent = None if en is None else torch.cat([ent, en], dim=1)
         order.append(idx)
-        parts.append(_token_stats(z, targets, valid, **stats))
+        T = batch.response_ids.shape[1]
+        parts.append((_pad_to(logp.masked_fill(~valid, 0.0), T),
+                      None if ent is None else _pad_to(ent.masked_fill(~valid, 0.0), T)))
     back = torch.argsort(torch.cat(order)).to(device)  # bucket order -> the order of `rows`
     logp = torch.cat([lp for lp, _ in parts])[back]
-    entropy = torch.cat([ent for _, ent in parts])[back] if stats["with_entropy"] else None
+    entropy = torch.cat([ent for _, ent in parts])[back] if with_entropy else None
     return logp, entropy
 
 
 def _take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[index]`` along dim 0, possibly as an expanded view (its users only read it, and concatenate it with the
-    suffix's own KV or logits, which copies it once anyway). Runs of equal indices (the usual micro-batch holds one or a few prompts) become expanded views, whose backward
-    is a sum; an index's backward is a scatter_add, which the profile at N=512 showed as ~14% of the update."""
+    suffix's own KV, which copies it once anyway). Runs of equal indices (the usual micro-batch holds one or a few
+    prompts) become expanded views, whose backward is a sum; an index's backward is a scatter_add, which the
+    profile at N=512 showed as ~14% of the update."""
     ids, counts = torch.unique_consecutive(index, return_counts=True)
     if len(ids) > 16:
         return x.index_select(0, index)
@@ -223,11 +276,11 @@ def _plain_kv_cache(model):
 def compute_logprobs(model: torch.nn.Module, batch: RolloutBatch, *, temperature: float, micro_batch_tokens: int,
                      with_entropy: bool = False, layout: str = "auto"):
     """Log-probs [P*N, T] (and entropies [P*N, T] when ``with_entropy``) of every row, on CPU, without grad,
-    one forward per micro-batch of at most ``micro_batch_tokens`` prompt+response tokens."""
+    one forward per micro-batch of at most ``micro_batch_tokens`` tokens (:func:`plan_micro_batches`)."""
     T = batch.response_ids.shape[1]
     logp = torch.zeros((batch.size, T), dtype=torch.float32)
     entropy = torch.zeros((batch.size, T), dtype=torch.float32) if with_entropy else None
-    for rows in micro_batches(row_token_counts(batch), micro_batch_tokens):
+    for rows in plan_micro_batches(model, batch, torch.arange(batch.size), micro_batch_tokens, layout):
         lp, ent = token_logprobs(model, batch, rows, temperature=temperature, with_entropy=with_entropy,
                                  layout=layout)
         logp[rows] = lp.cpu()
@@ -257,4 +310,5 @@ def _pad_to(x: torch.Tensor, T: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, T - x.shape[1]))
 
 
-__all__ = ["micro_batches", "row_token_counts", "Packed", "pack", "token_logprobs", "compute_logprobs"]
+__all__ = ["micro_batches", "plan_micro_batches", "row_token_counts", "Packed", "pack", "token_logprobs",
+           "compute_logprobs", "EXPLICIT_MAX_KEYS"]

@@ -22,7 +22,7 @@ from . import algo
 from .batch import RolloutBatch
 from .config import Config
 from .engines.base import RolloutEngine, SamplingParams
-from .logprobs import compute_logprobs, micro_batches, row_token_counts, token_logprobs
+from .logprobs import compute_logprobs, plan_micro_batches, token_logprobs
 from .rewards import score
 from .tasks import TASKS, TaskItem, sample_items
 
@@ -138,7 +138,6 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
                                         **lp_options)
     tis = algo.truncated_is_weights(old_logprobs, batch.logprobs, cfg.tis_cap) if cfg.tis_cap else None
     loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
-    token_counts = row_token_counts(batch)  # [P*N] prompt + response tokens per row
 
     # Mini-batches split whole groups, so each optimizer step sees complete groups.
     groups = torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step)
@@ -151,9 +150,10 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
                 "max_response_len": cfg.max_new_tokens}
         optimizer.zero_grad(set_to_none=True)
         parts: list[dict] = []
-        for mb in micro_batches(token_counts[rows], cfg.train_micro_batch_tokens):
+        for mb in plan_micro_batches(policy, batch, rows, cfg.train_micro_batch_tokens, cfg.logprob_layout):
             r = rows[mb]
-            logp, ent = token_logprobs(policy, batch, r, with_entropy=True, **lp_options)  # [b, T]
+            logp, ent = token_logprobs(policy, batch, r, with_entropy=True, entropy_grad=bool(cfg.entropy_coef),
+                                       **lp_options)  # [b, T]; H only logged (no graph) unless it is in the loss
             m = mask[r].to(device)
             old = logp.detach() if old_logprobs is None else old_logprobs[r].to(device)  # [b, T]
             loss, met = loss_fn(logp, old, adv[r].to(device), m, eps_low=cfg.eps_low,

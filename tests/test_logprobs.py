@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brorl_lab.batch import RolloutBatch
-from brorl_lab.logprobs import compute_logprobs, micro_batches, pack, row_token_counts, token_logprobs
+from brorl_lab.logprobs import (EXPLICIT_MAX_KEYS, compute_logprobs, micro_batches, pack, plan_micro_batches,
+                                row_token_counts, token_logprobs)
 from helpers_models import tiny_qwen2, tiny_tokenizer
 
 torch.set_num_threads(1)
@@ -62,6 +63,51 @@ def test_micro_batches_cover_in_order_within_budget_and_greedy(counts, budget):
         assert total <= budget or len(g) == 1
         if j + 1 < len(groups):  # greedy: the next row would not have fitted
             assert total + counts[groups[j + 1][0]] > budget
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), max_size=40), st.integers(1, 60),
+       st.lists(st.integers(0, 30), min_size=4, max_size=4))
+def test_micro_batches_charge_each_prompt_once_per_group(rows, budget, prompt_tokens):
+    prompt_of = torch.tensor([p for p, _ in rows], dtype=torch.long)
+    counts = torch.tensor([c for _, c in rows], dtype=torch.long)
+    groups = micro_batches(counts, budget, prompt_of=prompt_of, prompt_tokens=prompt_tokens)
+
+    def cost(idx):
+        return int(counts[idx].sum()) + sum(prompt_tokens[p] for p in set(prompt_of[idx].tolist()))
+
+    assert [i for g in groups for i in g.tolist()] == list(range(len(rows)))
+    for j, g in enumerate(groups):
+        assert cost(g) <= budget or len(g) == 1
+        if j + 1 < len(groups):  # greedy: the next row would not have fitted
+            assert cost(torch.cat([g, groups[j + 1][:1]])) > budget
+
+
+def test_plan_counts_tokens_as_the_layout_holds_them(model, tok):
+    """Shared prefix through the decoder: each prompt once per micro-batch plus each response token at 1 + H*K/D.
+    Packed, a model without the decoder, or rows past EXPLICIT_MAX_KEYS: prompt + response per row."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    batch = hand_batch(tok, PROMPTS, n=8, T=6, seed=3)
+    rows = torch.arange(batch.size)
+    per_row = micro_batches(row_token_counts(batch), 60)
+    assert [g.tolist() for g in plan_micro_batches(model, batch, rows, 60, "packed")] == [g.tolist() for g in per_row]
+    shared = plan_micro_batches(model, batch, rows, 60, "auto")
+    K = max(len(x) for x in batch.prompt_ids) + 6
+    per_token = 1 + model.config.num_attention_heads * K / model.config.hidden_size
+    for g in shared:
+        cost = sum(len(batch.prompt_ids[p]) for p in set((g // batch.n).tolist())) + \
+            int(torch.ceil(batch.lengths[g] * per_token).sum())
+        assert cost <= 60 or len(g) == 1
+    assert len(shared) < len(per_row)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64,
+                                      bos_token_id=1, eos_token_id=1))
+    assert [g.tolist() for g in plan_micro_batches(gpt2, batch, rows, 60)] == [g.tolist() for g in per_row]
+    long = hand_batch(tok, PROMPTS, n=8, T=EXPLICIT_MAX_KEYS, seed=3)
+    assert [g.tolist() for g in plan_micro_batches(model, long, torch.arange(long.size), 600)] == \
+        [g.tolist() for g in micro_batches(row_token_counts(long), 600)]
+    sub = torch.tensor([9, 10, 11, 20])  # positions into the rows given, not row ids
+    assert sorted(i for g in plan_micro_batches(model, batch, sub, 60) for i in g.tolist()) == [0, 1, 2, 3]
 
 
 def test_micro_batches_reject_bad_arguments():
@@ -137,6 +183,19 @@ def test_token_logprobs_is_differentiable(tok, layout):
     assert sum(float(g.abs().sum()) for g in grads) > 0
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_entropy_as_a_metric_has_the_same_values_and_no_graph(tok, layout):
+    model = tiny_qwen2(len(tok), seed=4).train()
+    batch = hand_batch(tok, PROMPTS, n=3, T=5, seed=6)
+    logp, ent = token_logprobs(model, batch, torch.arange(batch.size), temperature=0.8, with_entropy=True,
+                               layout=layout)
+    logp2, ent2 = token_logprobs(model, batch, torch.arange(batch.size), temperature=0.8, with_entropy=True,
+                                 entropy_grad=False, layout=layout)
+    assert ent.requires_grad and not ent2.requires_grad and logp2.requires_grad
+    torch.testing.assert_close(ent2, ent.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(logp2, logp, atol=0, rtol=0)
+
+
 def test_compute_logprobs_is_invariant_to_the_micro_batch_budget(model, tok):
     batch = hand_batch(tok, PROMPTS, n=4, T=6, seed=2)
     one_per_row = compute_logprobs(model, batch, temperature=0.8, micro_batch_tokens=1)
@@ -205,7 +264,8 @@ def test_shared_prefix_runs_each_prompt_once_per_micro_batch(model, tok):
     budget = 80
     forwards, head_widths = _forward_log(model, batch, budget, "shared_prefix")
     calls, widths = iter(zip(forwards, head_widths)), iter(())
-    for g in micro_batches(row_token_counts(batch), budget):
+    groups = plan_micro_batches(model, batch, torch.arange(batch.size), budget, "shared_prefix")
+    for g in groups:
         prompts = sorted(set((g // batch.n).tolist()))
         (real, shape), width = next(calls)
         assert real == sum(len(batch.prompt_ids[p]) for p in prompts) and shape[0] == len(prompts) and width == 1
