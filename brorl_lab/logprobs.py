@@ -95,7 +95,7 @@ def plan_micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Sequen
 
 
 def row_token_counts(batch: RolloutBatch) -> torch.Tensor:
-    """[P*N] prompt + response tokens of each row (what a micro-batch budget counts)."""
+    """[P*N] prompt + response tokens of each row (what a micro-batch budget counts in the packed layout)."""
     prompt_lens = torch.tensor([len(x) for x in batch.prompt_ids], dtype=torch.long)  # [P]
     return prompt_lens.repeat_interleave(batch.n) + batch.lengths
 
@@ -205,7 +205,7 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
     first_entropy = _entropy(first, entropy_grad) if with_entropy else None  # [p]
     decoder = PrefixDecoder(model) if supports_shared_prefix(model) else None
     prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [p, H_kv, S, d] per layer
-    lengths = batch.lengths[rows]  # [b]
+    lengths, T = batch.lengths[rows], batch.response_ids.shape[1]  # [b]
     suffix = (lengths - 1).clamp(min=0)  # [b] response tokens that need the suffix pass
     bucket = torch.where(suffix > 0, 1 + torch.ceil(torch.log2(suffix.clamp(min=1).double())).long(), 0)
     order, parts = [], []
@@ -232,7 +232,6 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
             logp = torch.cat([logp, lp], dim=1)  # [c, W]
             ent = None if en is None else torch.cat([ent, en], dim=1)
         order.append(idx)
-        T = batch.response_ids.shape[1]
         parts.append((_pad_to(logp.masked_fill(~valid, 0.0), T),
                       None if ent is None else _pad_to(ent.masked_fill(~valid, 0.0), T)))
     back = torch.argsort(torch.cat(order)).to(device)  # bucket order -> the order of `rows`
