@@ -37,7 +37,7 @@ class Size:
     repeats: int
 
 
-FULL = Size(matmul_n=2048, matmul_calls=3, n=512, total=512, max_new_tokens=16, micro_batch_tokens=8192, repeats=5)
+FULL = Size(matmul_n=2048, matmul_calls=3, n=512, total=512, max_new_tokens=16, micro_batch_tokens=8192, repeats=9)
 SMOKE = Size(matmul_n=256, matmul_calls=2, n=16, total=32, max_new_tokens=6, micro_batch_tokens=512, repeats=1)
 
 
