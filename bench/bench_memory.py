@@ -30,8 +30,9 @@ class Size:
 
 
 # P is large enough that even N=16 fills several micro-batches: the ratio then measures growth with N, not the
-# smallest batch under-filling its first micro-batch (P=2 x N=16 at 2048 tokens did, and read as 1.3x growth).
-FULL = Size(P=4, ns=(16, 64, 256, 512), max_new_tokens=16, micro_batch_tokens=1024)
+# smallest batch under-filling its first micro-batch (P=2 x N=16 at 2048 tokens did, and read as 1.3x growth; so
+# did P=4 once the shared-prefix plan counted each prompt once per micro-batch).
+FULL = Size(P=16, ns=(16, 64, 256, 512), max_new_tokens=16, micro_batch_tokens=1024)
 SMOKE = Size(P=2, ns=(4, 16), max_new_tokens=4, micro_batch_tokens=64)
 
 

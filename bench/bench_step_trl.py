@@ -8,7 +8,8 @@ Each side runs in its own subprocess (so its peak RSS, VmHWM, is its own); the p
 (``common.Lockstep``): step k of every side in turn, in a rotating order, only one side computing at a time, so
 outside load hits all sides alike. ``warmup`` untimed steps, then the medians of ``timed`` steps are compared.
 A third side, ``packed``, is brorl_lab with ``logprob_layout="packed"`` (one forward per row over prompt +
-response, the layout before issue 7's fix) so the shared-prefix layout's effect is measured, not asserted.
+response, micro-batches counted per row: the layout before issue 7's fix), so the shared-prefix layout's effect
+is measured, not asserted.
 
 How the two are made to do the same work:
   * model: the same local HF directory, fp32 on CPU (TRL: ``use_cpu=True, bf16=False``), the same torch threads;
@@ -25,12 +26,15 @@ How the two are made to do the same work:
     lr (constant), AdamW betas, no weight decay, grad clip 1.0. No dynamic sampling (TRL has none).
   * micro-batch: TRL's ``per_device_train_batch_size`` = ``micro_batch`` samples, padded to the longest prompt and
     completion; brorl_lab's ``train_micro_batch_tokens`` = ``micro_batch * (longest prompt + max_new_tokens)``,
-    the same padded token capacity (it packs rows by real tokens, so its micro-batches may hold more rows).
+    the same token capacity. brorl_lab counts tokens as its layout holds them (``logprobs.plan_micro_batches``:
+    each prompt once per micro-batch, each response token with its attention scores), so its micro-batches hold
+    more rows; the peak-RSS rows show what that costs in memory.
   * old log-probs: both sides are on-policy (one optimizer step, no importance correction), so both skip the
     old-logprob forward and use the detached current log-probs (TRL with ``num_iterations=1``; brorl_lab's
     ``steps.is_on_policy``).
   * what differs: the forward layout. TRL runs prompt + completion per sample; brorl_lab (``logprob_layout``
-    "auto") runs each prompt once per micro-batch and the completions against its cached KV (same numbers).
+    "auto") runs each prompt once per micro-batch and the completions against its cached KV, read once per prompt
+    by ``brorl_lab.prefix_attention`` (same numbers).
 """
 
 from __future__ import annotations

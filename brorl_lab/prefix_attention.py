@@ -58,7 +58,8 @@ class PrefixGrid(NamedTuple):
         """The grid for rows whose prompts (in 0..P-1) are ``prompt`` [R], in any order."""
         counts = torch.bincount(prompt, minlength=P)  # [P]
         K = int(counts.max())
-        if bool((counts == K).all()) and torch.equal(prompt, torch.arange(P, device=prompt.device).repeat_interleave(K)):
+        in_order = torch.arange(P, device=prompt.device).repeat_interleave(K)  # rows p*K .. p*K+K-1 are prompt p's
+        if bool((counts == K).all()) and torch.equal(prompt, in_order):
             return cls(P, K)
         order = torch.argsort(prompt, stable=True)  # rows sorted by prompt, in their order within a prompt
         first = torch.cumsum(counts, 0) - counts  # [P] sorted position of each prompt's first row
