@@ -58,7 +58,14 @@ def micro_batches(token_counts: torch.Tensor, token_budget: int, *, prompt_of: O
     counts = torch.as_tensor(token_counts)
     if counts.ndim != 1:
         raise ValueError(f"token_counts: got shape {tuple(counts.shape)}; allowed: a 1-D tensor [B] of token counts")
-    prompts = [None] * len(counts) if prompt_of is None else torch.as_tensor(prompt_of).tolist()
+    if prompt_of is None:
+        prompts = [None] * len(counts)
+    else:
+        prompts = torch.as_tensor(prompt_of).reshape(-1).tolist()
+        if len(prompts) != len(counts) or prompt_tokens is None \
+                or not all(isinstance(p, int) and 0 <= p < len(prompt_tokens) for p in prompts):
+            raise ValueError(f"prompt_of: got {len(prompts)} entries; allowed: one prompt index per row "
+                             f"({len(counts)}), each an index into prompt_tokens (needed with prompt_of)")
     groups, start, total, paid = [], 0, 0, set()  # paid: prompts already charged in the open group
     for i, (c, p) in enumerate(zip(counts.tolist(), prompts)):
         prompt = 0 if p is None else prompt_tokens[p]
@@ -204,7 +211,8 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
     first = _log_softmax(first, temperature)  # [p, V], shared by the prompt's rows (indexed, never copied to them)
     first_entropy = _entropy(first, entropy_grad) if with_entropy else None  # [p]
     decoder = PrefixDecoder(model) if supports_shared_prefix(model) else None
-    prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [p, H_kv, S, d] per layer
+    if decoder is not None:  # the decoder's inputs: per layer [p, H_kv, S, d] float32 KV, and [p, S] padding bias
+        prefix, bias = [(layer.keys.float(), layer.values.float()) for layer in cache.layers], padding_bias(mask)
     lengths, T = batch.lengths[rows], batch.response_ids.shape[1]  # [b]
     suffix = (lengths - 1).clamp(min=0)  # [b] response tokens that need the suffix pass
     bucket = torch.where(suffix > 0, 1 + torch.ceil(torch.log2(suffix.clamp(min=1).double())).long(), 0)
@@ -221,7 +229,7 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
             inputs = targets[:, : W - 1]  # [c, W-1]: y_<t for t = 1 .. W-1
             positions = pos[s, -1:] + 1 + torch.arange(W - 1, device=device)[None]  # [c, W-1]
             if decoder is not None and ids.shape[1] + W - 1 <= EXPLICIT_MAX_KEYS:
-                rest = decoder.logits(inputs, positions, prefix, padding_bias(mask), PrefixGrid.of(s, len(prompts)))
+                rest = decoder.logits(inputs, positions, prefix, bias, PrefixGrid.of(s, len(prompts)))
             else:
                 kv = _cache_of(model, [(_take_rows(layer.keys, s), _take_rows(layer.values, s))  # [c, H_kv, S, d]
                                        for layer in cache.layers])

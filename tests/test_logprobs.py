@@ -117,6 +117,9 @@ def test_micro_batches_reject_bad_arguments():
         micro_batches(torch.tensor([1, 2]), 2.5)
     with pytest.raises(ValueError, match="token_counts"):
         micro_batches(torch.ones(2, 2), 10)
+    for prompt_of, prompt_tokens in (([0], [5]), ([0, 1], [5]), ([0, -1], [5]), ([0, 0], None)):
+        with pytest.raises(ValueError, match="prompt_of: got .* one prompt index per row"):
+            micro_batches(torch.tensor([1, 2]), 10, prompt_of=torch.tensor(prompt_of), prompt_tokens=prompt_tokens)
 
 
 # ---- pack --------------------------------------------------------------------------------------------------------------
