@@ -62,7 +62,7 @@ def layout_tokens(policy, batch, cfg) -> tuple[int, str]:
     """(real tokens one logprob pass over ``batch`` feeds through the model, the layout used)."""
     import torch
 
-    from brorl_lab.logprobs import _plain_kv_cache, plan_micro_batches, row_token_counts
+    from brorl_lab.rl.logprobs import _plain_kv_cache, plan_micro_batches, row_token_counts
 
     groups = plan_micro_batches(policy, batch, torch.arange(batch.size), cfg.train_micro_batch_tokens,
                                 cfg.logprob_layout)
@@ -81,11 +81,11 @@ def layout_tokens(policy, batch, cfg) -> tuple[int, str]:
 def run(smoke: bool = False, threads=None) -> list[dict]:
     import torch
 
-    from brorl_lab import steps as S
-    from brorl_lab.config import Config
-    from brorl_lab.engines import SamplingParams, make_engine
-    from brorl_lab.logprobs import compute_logprobs
-    from brorl_lab.models import load_policy, make_reference
+    from brorl_lab.rl import steps as S
+    from brorl_lab.core.config import Config
+    from brorl_lab.rollout.engines import SamplingParams, make_engine
+    from brorl_lab.rl.logprobs import compute_logprobs
+    from brorl_lab.core.models import load_policy, make_reference
 
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import (bench_items, child_main, format_prompts, model_path, ratio, rss_mib, row, run_child,
+from .common import (bench_items, child_main, model_path, ratio, rss_mib, row, run_child,
                      set_threads)
 
 GROUP = "memory"
@@ -39,10 +39,10 @@ SMOKE = Size(P=2, ns=(4, 16), max_new_tokens=4, micro_batch_tokens=64)
 def child(p: dict) -> dict:
     import torch
 
-    from brorl_lab import steps as S
-    from brorl_lab.config import Config
-    from brorl_lab.logprobs import compute_logprobs, plan_micro_batches
-    from brorl_lab.models import load_policy, make_reference
+    from brorl_lab.rl import steps as S
+    from brorl_lab.core.config import Config
+    from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches
+    from brorl_lab.core.models import load_policy, make_reference
 
     policy, _ = load_policy(p["model"], device="cpu", dtype="float32")
     reference = make_reference(policy)
@@ -65,8 +65,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
 
     import torch
 
-    from brorl_lab import steps as S
-    from brorl_lab.engines import SamplingParams, make_engine
+    from brorl_lab.rl import steps as S
+    from brorl_lab.rollout.engines import SamplingParams, make_engine
 
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)

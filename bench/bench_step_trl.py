@@ -34,7 +34,7 @@ How the two are made to do the same work:
     ``steps.is_on_policy``).
   * what differs: the forward layout. TRL runs prompt + completion per sample; brorl_lab (``logprob_layout``
     "auto") runs each prompt once per micro-batch and the completions against its cached KV, read once per prompt
-    by ``brorl_lab.prefix_attention`` (same numbers).
+    by ``brorl_lab.core.prefix_attention`` (same numbers).
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def trl_available() -> bool:
 
 def step_items(P: int, steps: int, seed: int):
     """The P items of steps 1..steps, exactly as brorl_lab's Trainer draws them (no dynamic sampling: round 0)."""
-    from brorl_lab.steps import sample_prompts
-    from brorl_lab.trainer import derive_seed
+    from brorl_lab.rl.steps import sample_prompts
+    from brorl_lab.rl.trainer import derive_seed
 
     return [sample_prompts(BENCH_FAMILIES, P, seed=derive_seed(seed, "prompts", s, 0)) for s in range(1, steps + 1)]
 
@@ -86,8 +86,8 @@ def prompt_hash(prompts) -> str:
 
 # ---- the children (one per side) ---------------------------------------------------------------------------------
 def brorl_child(p: dict, link) -> dict:
-    from brorl_lab.config import Config
-    from brorl_lab.trainer import Trainer
+    from brorl_lab.core.config import Config
+    from brorl_lab.rl.trainer import Trainer
 
     cfg = Config(model=p["model"], engine="torch", tasks=list(BENCH_FAMILIES), template="plain",
                  rollouts_per_prompt=p["n"], prompts_per_step=p["P"], max_new_tokens=p["max_new_tokens"],
@@ -121,9 +121,9 @@ def trl_child(p: dict, link) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from brorl_lab.models import load_tokenizer
-    from brorl_lab.rewards import score_response
-    from brorl_lab.tasks import TaskItem
+    from brorl_lab.core.models import load_tokenizer
+    from brorl_lab.rollout.rewards import score_response
+    from brorl_lab.rollout.tasks import TaskItem
 
     tok = load_tokenizer(p["model"])
     per_step = step_items(p["P"], p["steps"], p["seed"])
@@ -176,7 +176,7 @@ def child(p: dict, link) -> dict:
 
 # ---- the figure ---------------------------------------------------------------------------------------------------
 def longest_prompt_tokens(path: str, P: int, steps: int) -> int:
-    from brorl_lab.models import load_tokenizer
+    from brorl_lab.core.models import load_tokenizer
 
     tok = load_tokenizer(path)
     prompts = [pr for items in step_items(P, steps, SEED) for pr in format_prompts(items, tok)]

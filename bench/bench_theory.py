@@ -31,7 +31,7 @@ def run(smoke: bool = False, threads: int = 1) -> list[dict]:
     import torch
 
     from brorl_lab import theory
-    from brorl_lab.widgets import mass_balance_explorer
+    from brorl_lab.lab.widgets import mass_balance_explorer
 
     torch.set_num_threads(threads)
     rows = []

@@ -281,7 +281,7 @@ class Lockstep:
 # ---- model, prompts, FLOPs ----------------------------------------------------------------------------------------
 def model_path() -> str:
     """The shipped default model; while it is missing, a tiny random Qwen2 (tests/helpers_models.save_tiny)."""
-    from brorl_lab.models import DEFAULT_MODEL_DIR
+    from brorl_lab.core.models import DEFAULT_MODEL_DIR
 
     if (DEFAULT_MODEL_DIR / "config.json").is_file() and any(DEFAULT_MODEL_DIR.glob("*.safetensors")):
         return str(DEFAULT_MODEL_DIR)
@@ -296,13 +296,13 @@ def model_path() -> str:
 
 def bench_items(count: int, seed: int = 0):
     """``count`` task items mixed over :data:`BENCH_FAMILIES` (deterministic in seed)."""
-    from brorl_lab.steps import sample_prompts
+    from brorl_lab.rl.steps import sample_prompts
 
     return sample_prompts(BENCH_FAMILIES, count, seed=seed)
 
 
 def format_prompts(items, tokenizer=None, template: str = "plain") -> list[str]:
-    from brorl_lab.tasks import TASKS
+    from brorl_lab.rollout.tasks import TASKS
 
     return [TASKS[it.family].format_prompt(it, template, tokenizer) for it in items]
 

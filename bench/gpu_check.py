@@ -12,7 +12,7 @@ What is measured (one JSON file, default ``$OUT/gpu_check.json`` when ``$OUT`` i
   ``prompt_tokens`` random tokens), one timed ``TorchEngine.generate(prompts, N, max_new_tokens)`` after an untimed
   warm-up: samples/s = P*N / seconds, tokens/s = generated tokens / seconds (a random model almost never samples
   EOS, so every row runs to ``new_tokens``), and the peak device memory of the call.
-- ``update``: one ``brorl_lab.steps.update`` on the N=512 rollout (1 prompt x 512 samples, random 0/1 rewards,
+- ``update``: one ``brorl_lab.rl.steps.update`` on the N=512 rollout (1 prompt x 512 samples, random 0/1 rewards,
   GRPO advantages, PPO-clip + k3 KL to a frozen reference), micro-batched by ``train_micro_batch_tokens``: its
   seconds (old-policy and reference log-probs, forward + backward, optimizer step) and peak memory
   (``torch.cuda.max_memory_allocated``; on CPU the process's peak RSS is reported instead).
@@ -171,12 +171,12 @@ def environment(device) -> dict:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from brorl_lab import steps
-    from brorl_lab.config import Config
-    from brorl_lab.engines.base import SamplingParams
-    from brorl_lab.engines.torch_engine import TorchEngine
-    from brorl_lab.logprobs import plan_micro_batches, row_token_counts
-    from brorl_lab.models import make_reference, pick_device, pick_dtype
+    from brorl_lab.rl import steps
+    from brorl_lab.core.config import Config
+    from brorl_lab.rollout.engines.base import SamplingParams
+    from brorl_lab.rollout.engines.torch_engine import TorchEngine
+    from brorl_lab.rl.logprobs import plan_micro_batches, row_token_counts
+    from brorl_lab.core.models import make_reference, pick_device, pick_dtype
 
     t_start = time.perf_counter()
     if args.threads:

@@ -53,7 +53,7 @@ def _theory(smoke: bool, threads: int) -> list:
 def machine_info(threads: int) -> dict:
     from importlib import metadata
 
-    from brorl_lab.tracking import environment_info
+    from brorl_lab.lab.tracking import environment_info
 
     info = environment_info()
     info["torch_threads"] = threads

@@ -1,6 +1,6 @@
 """brorl_lab: a workbench for rollout scaling (BroRL) and prolonged RL (ProRL) with verifiable rewards.
 
-The RL step as cell-friendly functions (see :mod:`brorl_lab.steps`)::
+The RL step as cell-friendly functions (see :mod:`brorl_lab.rl.steps`)::
 
     import brorl_lab as bl
     cfg    = bl.Config(rollouts_per_prompt=16)
@@ -16,21 +16,29 @@ from __future__ import annotations
 
 import importlib
 
+from brorl_lab.core import registry as _registry
+
 __version__ = "0.1.0"
 
+# Where each kind of named thing is registered (core validates names without importing the layers above it).
+_registry.provide("engine", "brorl_lab.rollout.engines:ENGINES")
+_registry.provide("task", "brorl_lab.rollout.tasks:TASKS")
+_registry.provide("advantage", "brorl_lab.rl.algo:ADVANTAGES")
+_registry.provide("policy_loss", "brorl_lab.rl.algo:POLICY_LOSSES")
+
 _EXPORTS = {
-    "Config": "config", "ConfigError": "config", "scaled_lr": "config",
-    "RolloutBatch": "batch",
-    "SamplingParams": "engines.base", "make_engine": "engines", "ENGINES": "engines",
-    "load_policy": "models", "make_reference": "models",
-    "TASKS": "tasks", "sample_items": "tasks", "eval_set": "tasks",
-    "sample_prompts": "steps", "rollout": "steps", "score": "steps", "filter_groups": "steps",
-    "advantages": "steps", "update": "steps", "sync": "steps",
-    "compute_logprobs": "logprobs",
-    "evaluate": "evaluation",
-    "Trainer": "trainer",
-    "RunDir": "tracking", "load_runs": "tracking", "run_index": "tracking",
-    "run_notebook": "sweep", "run_sweep": "sweep", "iso_compute_plan": "sweep",
+    "Config": "core.config", "ConfigError": "core.config", "scaled_lr": "core.config",
+    "RolloutBatch": "core.batch",
+    "load_policy": "core.models", "make_reference": "core.models",
+    "SamplingParams": "rollout.engines.base", "make_engine": "rollout.engines", "ENGINES": "rollout.engines",
+    "TASKS": "rollout.tasks", "sample_items": "rollout.tasks", "eval_set": "rollout.tasks",
+    "sample_prompts": "rl.steps", "rollout": "rl.steps", "score": "rl.steps", "filter_groups": "rl.steps",
+    "advantages": "rl.steps", "update": "rl.steps", "sync": "rl.steps",
+    "compute_logprobs": "rl.logprobs",
+    "evaluate": "rl.evaluation",
+    "Trainer": "rl.trainer",
+    "RunDir": "core.rundir", "load_runs": "lab.tracking", "run_index": "lab.tracking",
+    "run_notebook": "lab.sweep", "run_sweep": "lab.sweep", "iso_compute_plan": "lab.sweep",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,4 @@
-"""``python -m brorl_lab <command>``: demo, train, eval, sweep, bench.
+"""``python -m brorl_lab <command>``: demo, train, eval, sweep, bench, plateau, scaling, make-data, train-default.
 
 Every Config field is a ``train`` option (``--rollouts-per-prompt 512``), and ``--config run.yaml`` reads a file
 of the same fields; options override the file. Everything is validated before any work starts, and a bad value
@@ -15,10 +15,9 @@ import typing
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .config import Config, ConfigError
+from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.paths import NOTEBOOK_DIR, REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-NOTEBOOKS = REPO / "notebooks"
 FLAGSHIP = "02_rollout_scaling.ipynb"
 THEORY = "01_mass_balance_theory.ipynb"
 
@@ -77,7 +76,7 @@ def cmd_train(args) -> int:
             raise ConfigError(f"--resume: got {args.resume!r} together with {', '.join(given or ['--config'])}; "
                               "allowed: --resume RUN_DIR alone (the run continues with its own config.yaml)")
     cfg = None if args.resume else config_from_args(args)  # validate before importing anything heavy
-    from .trainer import Trainer
+    from brorl_lab.rl.trainer import Trainer
 
     if args.resume:
         trainer = Trainer.resume(args.resume, progress=not args.quiet)
@@ -94,17 +93,17 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .engines import make_engine
-    from .engines.base import SamplingParams
-    from .evaluation import evaluate
-    from .models import load_policy
-    from .tasks import TASKS
+    from brorl_lab.rollout.engines import make_engine
+    from brorl_lab.rollout.engines.base import SamplingParams
+    from brorl_lab.rl.evaluation import evaluate
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rollout.tasks import TASKS
 
     for t in args.tasks:
         TASKS.get(t)  # one clear error for an unknown family
     policy, tok = load_policy(args.model)
     engine = make_engine(args.engine, policy, tok)
-    from .tasks.templates import resolve_template
+    from brorl_lab.rollout.tasks.templates import resolve_template
 
     template = resolve_template(args.template, args.model, tok)
     try:
@@ -125,9 +124,9 @@ def cmd_eval(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .sweep import run_notebook
+    from brorl_lab.lab.sweep import run_notebook
 
-    nb = NOTEBOOKS / (FLAGSHIP if (NOTEBOOKS / FLAGSHIP).exists() else THEORY)
+    nb = NOTEBOOK_DIR / (FLAGSHIP if (NOTEBOOK_DIR / FLAGSHIP).exists() else THEORY)
     out = Path(args.out)
     params = {}
     for kv in args.param or []:
@@ -148,11 +147,11 @@ def cmd_demo(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .sweep import run_sweep
+    from brorl_lab.lab.sweep import run_sweep
 
     nb = Path(args.notebook)
-    if not nb.exists() and (NOTEBOOKS / args.notebook).exists():
-        nb = NOTEBOOKS / args.notebook
+    if not nb.exists() and (NOTEBOOK_DIR / args.notebook).exists():
+        nb = NOTEBOOK_DIR / args.notebook
     grid: dict = {}
     for kv in args.grid or []:
         k, _, v = kv.partition("=")
@@ -170,12 +169,60 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO_ROOT))
     try:
         from bench import run_all
     except ImportError as e:
         raise ConfigError(f"bench: the bench/ package is not available ({e})") from e
     return run_all.main(only=args.only, smoke=args.smoke, json_path=args.json)
+
+
+def cmd_plateau(args) -> int:
+    from brorl_lab.lab.plateau import plateau_config, train_plateau
+
+    cfg = plateau_config(steps=args.steps, tasks=args.families, seed=args.seed, eval_every=args.eval_every,
+                         checkpoint_every=args.eval_every, lr=args.lr, run_dir=args.run_dir, torch_threads=args.threads)
+    res = train_plateau(cfg, out=args.out, window=args.window, min_delta=args.min_delta, command=_command_line(args))
+    print(res.curve.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"{'plateau reached' if res.plateaued else 'NO plateau within the step cap'} at step {res.steps}; "
+          f"model: {res.out}; run: {res.run_dir}")
+    return 0 if res.plateaued else 3
+
+
+def cmd_scaling(args) -> int:
+    from brorl_lab.lab.analysis import summarize, verdict
+    from brorl_lab.lab.arms import run_rollout_scaling
+    from brorl_lab.lab.plateau import recipe_config
+
+    base = recipe_config(model=args.model, steps=args.steps, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
+                         checkpoint_every=args.eval_every, torch_threads=args.threads)
+    df = run_rollout_scaling(base, seeds=args.seeds, root=args.root, n_small=args.n_small, n_large=args.n_large,
+                             prompts_small=args.prompts_small, prompts_large=args.prompts_large)
+    print(summarize(df).T.to_string(float_format=lambda v: f"{v:.4g}"))
+    print(verdict(df))
+    return 0
+
+
+def cmd_make_data(args) -> int:
+    from brorl_lab.rollout.make_data import make_eval_sets
+
+    for name, path in make_eval_sets(args.families, size=args.size, seed=args.seed, out_dir=Path(args.out_dir)).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def cmd_train_default(args) -> int:
+    from brorl_lab.rl.train_default import TRAIN_DEFAULTS, train_default_model
+
+    options = {k: getattr(args, k) for k in TRAIN_DEFAULTS}
+    report = train_default_model(args.out, args.families, command=_command_line(args), **options)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def _command_line(args) -> str:
+    """The command as typed (recorded in the files a command writes, so anyone can re-run it)."""
+    return " ".join(["python -m brorl_lab", *(args.argv if args.argv is not None else sys.argv[1:])])
 
 
 def _literal(s: str) -> Any:
@@ -191,7 +238,7 @@ def _literal(s: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,sweep,bench}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,sweep,bench,plateau,scaling,make-data,train-default}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -233,16 +280,74 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--smoke", action="store_true", help="tiny sizes (what the tests run)")
     b.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON")
     b.set_defaults(func=cmd_bench)
+
+    from brorl_lab.core.paths import EVAL_DIR, DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR
+    from brorl_lab.lab.arms import DEFAULT_ROOT
+    from brorl_lab.lab.plateau import RECIPE
+    from brorl_lab.rl.train_default import MODEL_SHAPE, TRAIN_DEFAULTS
+    from brorl_lab.rollout.make_data import DEFAULT_EVAL_FAMILIES, EVAL_SEED, EVAL_SIZE
+    from brorl_lab.rollout.tasks import BUILTIN_FAMILIES
+
+    a = sub.add_parser("plateau", help="train the default model with the ProRL recipe until held-out pass@1 stalls")
+    a.add_argument("--steps", type=int, default=400, help="step cap (the plateau rule usually stops earlier)")
+    a.add_argument("--out", default=str(PLATEAU_MODEL_DIR), help="HF model directory to write")
+    a.add_argument("--families", nargs="+", default=None, help="default: hard_families() of the default model")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--eval-every", type=int, default=10)
+    a.add_argument("--window", type=int, default=5, help="plateau rule: evaluations without improvement")
+    a.add_argument("--min-delta", type=float, default=0.01, help="plateau rule: the improvement that counts")
+    a.add_argument("--lr", type=float, default=RECIPE["lr"])
+    a.add_argument("--run-dir", default="runs", help="parent of the resumable run directory 'plateau'")
+    a.add_argument("--threads", type=int, default=1, help="torch threads")
+    a.set_defaults(func=cmd_plateau)
+
+    s = sub.add_parser("scaling", help="run both arms from the plateau checkpoint; print summary and verdict")
+    s.add_argument("--root", default=str(DEFAULT_ROOT))
+    s.add_argument("--steps", type=int, default=24, help="BroRL-arm steps (the ProRL arm gets ratio x as many)")
+    s.add_argument("--eval-every", type=int, default=4, help="in BroRL-arm steps")
+    s.add_argument("--seeds", type=int, nargs="+", default=[0])
+    s.add_argument("--n-small", type=int, default=16)
+    s.add_argument("--n-large", type=int, default=512)
+    s.add_argument("--prompts-small", type=int, default=16)
+    s.add_argument("--prompts-large", type=int, default=None)
+    s.add_argument("--model", default="plateau")
+    s.add_argument("--eval-prompts", type=int, default=64)
+    s.add_argument("--threads", type=int, default=1)
+    s.set_defaults(func=cmd_scaling)
+
+    m = sub.add_parser("make-data", help="regenerate the frozen eval sets data/eval/<family>.jsonl")
+    m.add_argument("--families", nargs="+", default=list(DEFAULT_EVAL_FAMILIES))
+    m.add_argument("--size", type=int, default=EVAL_SIZE)
+    m.add_argument("--seed", type=int, default=EVAL_SEED)
+    m.add_argument("--out-dir", default=str(EVAL_DIR))
+    m.set_defaults(func=cmd_make_data)
+
+    d = sub.add_parser("train-default", help="train the shipped default model from scratch (supervised warm start)")
+    d.add_argument("--out", default=str(DEFAULT_MODEL_DIR))
+    d.add_argument("--families", nargs="+", default=list(BUILTIN_FAMILIES))
+    d.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"])
+    d.add_argument("--sequences-per-step", type=int, default=TRAIN_DEFAULTS["sequences_per_step"])
+    d.add_argument("--lr", type=float, default=TRAIN_DEFAULTS["lr"])
+    d.add_argument("--seed", type=int, default=TRAIN_DEFAULTS["seed"])
+    d.add_argument("--hidden-size", type=int, default=MODEL_SHAPE["hidden_size"])
+    d.add_argument("--layers", type=int, default=MODEL_SHAPE["num_hidden_layers"])
+    d.add_argument("--eval-prompts", type=int, default=TRAIN_DEFAULTS["eval_prompts"],
+                   help="eval prompts per family for the report (0: skip)")
+    d.add_argument("--eval-samples", type=int, default=TRAIN_DEFAULTS["eval_samples"],
+                   help="samples per eval prompt at each temperature")
+    d.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
+    d.set_defaults(func=cmd_train_default)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = None if argv is None else list(argv)
     if getattr(args, "tasks", "x") is None:
-        from .registry import task_names
+        from brorl_lab.core.registry import names_of
 
-        args.tasks = [t for t in task_names() if t != "code"]
+        args.tasks = [t for t in names_of("task") if t != "code"]
     try:
         return args.func(args)
     except (ConfigError, ValueError) as e:

@@ -28,7 +28,7 @@ it returns; then the `Trainer` runs the same functions for a few steps. It takes
 
 code(r"""
 model = "default"                      # the tiny Qwen2 in data/default_model, or a local HF model directory
-tasks = ["gcd", "simple_equations"]    # task families (brorl_lab.tasks.TASKS)
+tasks = ["gcd", "simple_equations"]    # task families (brorl_lab.rollout.tasks.TASKS)
 prompts_per_step = 8                   # prompts (groups) per step
 rollouts_per_prompt = 8                # N, samples per prompt
 trainer_steps = 3
@@ -45,12 +45,12 @@ import torch
 import transformers
 from IPython.display import display
 
-from brorl_lab import steps as S
-from brorl_lab.config import Config
-from brorl_lab.engines import SamplingParams, make_engine
-from brorl_lab.models import load_policy, make_reference
-from brorl_lab.tasks import TASKS
-from brorl_lab.trainer import Trainer
+from brorl_lab.rl import steps as S
+from brorl_lab.core.config import Config
+from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.core.models import load_policy, make_reference
+from brorl_lab.rollout.tasks import TASKS
+from brorl_lab.rl.trainer import Trainer
 
 # Quiet: math-verify warns on every call that its signal timeout is off (it must be outside the main thread),
 # and transformers draws a bar per model load.

@@ -81,7 +81,7 @@ import logging
 import transformers
 from IPython.display import display
 
-from brorl_lab import experiments, plots
+from brorl_lab.lab import experiments, plots
 
 # Quiet: math-verify warns on every call that its signal timeout is off (it must be outside the main thread),
 # and transformers draws a bar per model load.
@@ -118,7 +118,7 @@ arm is read back, not re-run.
 
 code(r"""
 df = experiments.run_rollout_scaling(base, seeds=seeds, root=root, **arm_options)
-labels = experiments.arm_labels(df)
+labels = experiments.arm_display_names(df)
 print(f"{len(df)} metrics rows from {df['run'].nunique()} runs")
 df.groupby("arm")[["step", "cum_samples", "cum_trained_samples", "cum_wall_s"]].max()
 """)

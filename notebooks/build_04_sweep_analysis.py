@@ -18,7 +18,7 @@ md, code = nb.md, nb.code
 md(r"""
 # 04 · Sweep analysis: arms at equal samples, equal time, and pass@k
 
-A sweep (`python -m brorl_lab sweep`, `brorl_lab.sweep.run_sweep`, or notebooks 02/03 run with several settings)
+A sweep (`python -m brorl_lab sweep`, `brorl_lab.lab.sweep.run_sweep`, or notebooks 02/03 run with several settings)
 leaves one run directory per setting and seed. This notebook reads **every run under `runs_root`** into one
 DataFrame and asks the questions BroRL's comparison is about:
 
@@ -46,7 +46,7 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
-from brorl_lab import analysis, plots, tracking
+from brorl_lab.lab import analysis, plots, tracking
 
 df = tracking.load_runs(runs_root)
 index = tracking.run_index(runs_root)

@@ -28,7 +28,7 @@ def assert_committed_notebook_is_generated(tmp_path: Path, name: str, params) ->
 
     import nbformat
 
-    from brorl_lab.sweep import notebook_parameters
+    from brorl_lab.lab.sweep import notebook_parameters
 
     notebooks = Path(__file__).resolve().parent.parent / "notebooks"
     fresh = tmp_path / "fresh.ipynb"

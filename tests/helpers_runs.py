@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from brorl_lab.config import Config
-from brorl_lab.trainer import Trainer
+from brorl_lab.core.config import Config
+from brorl_lab.rl.trainer import Trainer
 
 
 def tiny_config(root: Path, name: str, **kw) -> Config:

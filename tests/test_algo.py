@@ -1,4 +1,4 @@
-"""brorl_lab.algo: every estimator and loss against a hand computation in plain Python, plus the properties the
+"""brorl_lab.rl.algo: every estimator and loss against a hand computation in plain Python, plus the properties the
 trainer relies on (micro-batch sums, on-policy equivalence of ppo_clip and pg, where clipping acts)."""
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from brorl_lab import algo, registry
-from brorl_lab.algo import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, aggregate, compute_advantages,
+from brorl_lab.rl import algo
+
+from brorl_lab.core import registry
+from brorl_lab.rl.algo import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, aggregate, compute_advantages,
                             entropy_from_logits, kl_penalty, loss_normalisers, merge_metrics, pass_at_k,
                             pass_at_k_array, truncated_is_weights)
-from brorl_lab.config import Config, ConfigError
+from brorl_lab.core.config import Config, ConfigError
 
 EPS = algo.ADV_EPS
 MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -67,10 +69,10 @@ def hand_ppo_token(r, a, eps_low, eps_high):
 def test_registries_hold_the_names_config_expects():
     assert ADVANTAGES.names() == ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"]
     assert POLICY_LOSSES.names() == ["ppo_clip", "pg"]
-    assert registry.advantage_names() == ADVANTAGES.names()
-    assert registry.policy_loss_names() == POLICY_LOSSES.names()
-    assert all(registry.advantage_needs_group(name) is True for name in ADVANTAGES)
-    import brorl_lab.config as config
+    assert registry.names_of("advantage") == ADVANTAGES.names() and registry.registry_of("advantage") is ADVANTAGES
+    assert registry.names_of("policy_loss") == POLICY_LOSSES.names()
+    assert all(getattr(ADVANTAGES.get(name), "needs_group", True) is True for name in ADVANTAGES)
+    import brorl_lab.core.config as config
 
     assert tuple(KL_ESTIMATORS.names()) == config.KL_ESTIMATORS
     assert tuple(LOSS_AGGREGATIONS.names()) == config.LOSS_AGGREGATIONS

@@ -21,10 +21,12 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from brorl_lab import cli, sweep
-from brorl_lab.config import Config, ConfigError
-from brorl_lab.registry import advantage_names, engine_names, policy_loss_names, task_names
-from brorl_lab.tasks import eval_path
+from brorl_lab import cli
+
+from brorl_lab.lab import sweep
+from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.registry import names_of
+from brorl_lab.rollout.tasks import eval_path
 from helpers_models import save_tiny
 from helpers_notebooks import write_notebook
 
@@ -48,8 +50,8 @@ FLOAT_RANGE = {
     "grad_clip": (0, False, None, False), "tis_cap": (1, True, None, False),
 }
 CHOICES = {  # string fields with a fixed or registered set of names
-    "engine": engine_names(), "ray_worker_engine": [e for e in engine_names() if e != "ray"],
-    "advantage": advantage_names(), "policy_loss": policy_loss_names(),
+    "engine": names_of("engine"), "ray_worker_engine": [e for e in names_of("engine") if e != "ray"],
+    "advantage": names_of("advantage"), "policy_loss": names_of("policy_loss"),
     "loss_agg": ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"],
     "kl_estimator": ["k1", "k2", "k3"], "lr_scaling": ["none", "sqrt"], "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
@@ -120,7 +122,7 @@ def bad_field(draw, python_objects: bool = True):
     elif kind == "list":
         name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k"]))
         if name in ("tasks", "eval_tasks"):
-            known = task_names()
+            known = names_of("task")
             value = draw(st.one_of(
                 st.just([]), st.lists(_unknown_name(known), min_size=1, max_size=3),
                 st.lists(st.sampled_from(known), min_size=2, max_size=4).filter(lambda v: len(set(v)) < len(v)),
@@ -150,7 +152,7 @@ def bad_field(draw, python_objects: bool = True):
     else:  # a value that is fine alone but not with another field
         which = draw(st.sampled_from(["group", "divides"]))
         if which == "group":
-            name, value, extra = "rollouts_per_prompt", 1, {"advantage": draw(st.sampled_from(advantage_names()))}
+            name, value, extra = "rollouts_per_prompt", 1, {"advantage": draw(st.sampled_from(names_of("advantage")))}
         else:
             p = draw(st.integers(1, 24))
             k = draw(st.integers(1, 24).filter(lambda k: p % k != 0))
@@ -219,7 +221,7 @@ def test_a_one_letter_typo_suggests_a_real_field(field, salt):
 
 
 def test_a_config_edited_after_construction_is_revalidated_by_the_trainer(tmp_path):
-    from brorl_lab.trainer import Trainer
+    from brorl_lab.rl.trainer import Trainer
 
     cfg = Config(**SMALL, run_dir=str(tmp_path))
     cfg.rollouts_per_prompt = 0  # notebooks edit fields in place
@@ -244,7 +246,7 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def finished_run(tiny_model, tmp_path_factory) -> Path:
     """A real (tiny) run: config, environment, metrics, events, status and a checkpoint."""
-    from brorl_lab.trainer import Trainer
+    from brorl_lab.rl.trainer import Trainer
 
     root = tmp_path_factory.mktemp("runs")
     cfg = Config(**SMALL, model=tiny_model, template="plain", steps=1, eval_every=1, checkpoint_every=1,
@@ -297,13 +299,13 @@ def test_cli_errors_are_one_line_and_write_nothing(argv, needle, finished_run, c
 
 
 def test_trainer_level_bad_input_fails_before_the_run_dir_is_touched(finished_run, tiny_model, tmp_path):
-    from brorl_lab.trainer import Trainer
+    from brorl_lab.rl.trainer import Trainer
 
     root = finished_run.parent
     before = snapshot(root)
     same_run = dict(SMALL, run_dir=str(root), run_name=finished_run.name)
     # a registered family without a frozen eval set, while evaluation is on
-    missing = [t for t in task_names() if not eval_path(t).is_file()]
+    missing = [t for t in names_of("task") if not eval_path(t).is_file()]
     if missing:
         with pytest.raises(ConfigError) as e:
             Trainer(Config(**same_run, model=tiny_model, tasks=[missing[0]], eval_every=1), progress=False)
@@ -444,7 +446,7 @@ def test_a_missing_or_unreadable_notebook_is_a_value_error(tmp_path):
 
 
 # ---- model outputs: answer extraction and every verifier -----------------------------------------------------------
-FAMILIES = task_names()
+FAMILIES = names_of("task")
 CALL_BOUND_S = 2.0  # per verifier call, after the one-time imports (reasoning-gym scorers, math-verify, sympy)
 DIGITS = ["3", "٣", "３", "੩", "𝟑", "Ⅲ", "³", "⑶"]  # ASCII, Arabic-Indic, fullwidth, Gurmukhi, math bold, ...
 FRAGMENTS = DIGITS + ["<answer>", "</answer>", "<answer", "answer>", "\\boxed{", "{", "}", "\\frac{", "\\sqrt{",
@@ -493,8 +495,8 @@ ADVERSARIAL = {
 def items() -> dict:
     """One real item of every registered family (frozen eval item when there is a set, else a sampled one), and a
     warm-up call per family so the per-call bound measures verification, not first imports."""
-    from brorl_lab.rewards import score_response
-    from brorl_lab.tasks import TASKS, eval_set
+    from brorl_lab.rollout.rewards import score_response
+    from brorl_lab.rollout.tasks import TASKS, eval_set
 
     out = {}
     for name in FAMILIES:
@@ -504,7 +506,7 @@ def items() -> dict:
 
 
 def check_scored(family: str, item, response, template: str):
-    from brorl_lab.rewards import score_response
+    from brorl_lab.rollout.rewards import score_response
 
     t0 = time.perf_counter()
     r = score_response(response, item, template)
@@ -552,7 +554,7 @@ def test_random_outputs_never_raise_and_score_in_range(family, response, templat
                           .map("".join), st.none(), st.integers(), st.binary(max_size=8)),
        template=st.one_of(st.sampled_from(["plain", "chat"]), st.text(max_size=5)))
 def test_extract_answer_never_raises_and_returns_none_or_a_string(response, template):
-    from brorl_lab.tasks.templates import extract_answer
+    from brorl_lab.rollout.tasks.templates import extract_answer
 
     t0 = time.perf_counter()
     got = extract_answer(response, template)
@@ -563,7 +565,7 @@ def test_extract_answer_never_raises_and_returns_none_or_a_string(response, temp
 
 
 def test_extract_answer_is_bounded_on_megabyte_outputs():
-    from brorl_lab.tasks.templates import extract_answer
+    from brorl_lab.rollout.tasks.templates import extract_answer
 
     for case in ("1 MB of digits", "1 MB of tags", "1 MB of unclosed boxes", "brace flood", "frac 500 deep boxed"):
         for template in ("chat", "plain"):
@@ -589,8 +591,8 @@ def test_code_family_few_adversarial_outputs(items):
 POWER_TOWERS = ["9^9^9", "10**10**10"]
 TOWER_SCRIPT = """
 import sys, time
-from brorl_lab.rewards import score_response
-from brorl_lab.tasks import eval_set
+from brorl_lab.rollout.rewards import score_response
+from brorl_lab.rollout.tasks import eval_set
 item = eval_set("simple_equations", limit=1)[0]
 score_response(item.answer, item, "plain")  # warm-up
 for tower in sys.argv[1:]:

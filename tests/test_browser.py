@@ -29,7 +29,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from brorl_lab.widgets import DASHBOARD_STOP_LABEL, EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
+from brorl_lab.lab.widgets import DASHBOARD_STOP_LABEL, EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
 
 from helpers_notebooks import write_notebook
 
@@ -83,9 +83,9 @@ def dashboard_notebook(dest: Path) -> Path:
     return write_notebook(
         dest / DASHBOARD_NB, f"steps = {DASHBOARD_STEPS}",
         "import transformers\n"
-        "from brorl_lab.config import Config\n"
-        "from brorl_lab.trainer import Trainer\n"
-        "from brorl_lab.widgets import TrainingDashboard\n"
+        "from brorl_lab.core.config import Config\n"
+        "from brorl_lab.rl.trainer import Trainer\n"
+        "from brorl_lab.lab.widgets import TrainingDashboard\n"
         "transformers.logging.disable_progress_bar()",
         "cfg = Config(tasks=['gcd'], rollouts_per_prompt=8, prompts_per_step=4, max_new_tokens=8, steps=steps,\n"
         "             eval_every=0, checkpoint_every=0, max_resample_rounds=1, lr=3e-3, kl_beta=0.01,\n"

@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brorl_lab.engines import SamplingParams, make_engine
-from brorl_lab.engines.common import plan_chunks
-from brorl_lab.engines.torch_engine import TorchEngine
-from brorl_lab.logprobs import compute_logprobs
-from brorl_lab.models import DEFAULT_MODEL_DIR
-from helpers_models import bias_token, save_tiny, tiny_qwen2, tiny_tokenizer
+from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.engines.common import plan_chunks
+from brorl_lab.rollout.engines.torch_engine import TorchEngine
+from brorl_lab.rl.logprobs import compute_logprobs
+from brorl_lab.core.models import DEFAULT_MODEL_DIR
+from helpers_models import bias_token, save_tiny, tiny_qwen2
 
 torch.set_num_threads(1)
 
@@ -35,7 +35,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny(tiny_dir):
-    from brorl_lab.models import load_policy
+    from brorl_lab.core.models import load_policy
 
     model, tok = load_policy(str(tiny_dir), device="cpu")
     return model.eval(), tok
@@ -51,7 +51,7 @@ def source(request, tiny, tiny_dir):
     """``(model, tokenizer, path)`` of the model under test."""
     if request.param == "tiny":
         return tiny[0], tiny[1], str(tiny_dir)
-    from brorl_lab.models import load_policy
+    from brorl_lab.core.models import load_policy
 
     model, tok = load_policy("default", device="cpu")
     return model.eval(), tok, "default"
@@ -69,7 +69,7 @@ def engines(source):
 
 def assert_well_formed(batch, engine, prompts, n, max_new):
     tok, eos = engine.tokenizer, engine.eos_ids
-    P, B = len(prompts), len(prompts) * n
+    B = len(prompts) * n
     batch.validate()
     assert batch.n == n and batch.prompts == prompts and batch.size == B
     assert batch.prompt_ids == [tok(p)["input_ids"] for p in prompts]

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from brorl_lab import experiments as E
-from brorl_lab.config import Config, ConfigError
+from brorl_lab.lab import experiments as E
+from brorl_lab.core.config import Config, ConfigError
 
 TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
 
@@ -92,7 +92,7 @@ def test_plateau_rule_bad_input(kwargs, name):
 
 
 def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
-    from brorl_lab.models import load_policy
+    from brorl_lab.core.models import load_policy
 
     outs = []
     for k in range(2):
@@ -163,7 +163,7 @@ def test_run_rollout_scaling_runs_both_arms_and_never_reruns_a_finished_one(tmp_
     nominal = df.groupby("arm")["cum_trained_samples"].max()
     assert nominal["brorl"] <= 32 and nominal["prorl"] <= 32  # kept groups x N, at most 2 steps x 16
 
-    import brorl_lab.trainer as T
+    import brorl_lab.rl.trainer as T
 
     def no_training(*a, **k):
         raise AssertionError("a finished arm was trained again")

@@ -23,13 +23,15 @@ import pandas as pd
 import pytest
 import torch
 
-from brorl_lab import algo, sweep
-from brorl_lab.config import Config
-from brorl_lab.tasks import TASKS
-from brorl_lab.tasks.base import RewardResult
-from brorl_lab.tasks.gym import GYM_FAMILIES, GymFamily
-from brorl_lab.tracking import RunDir, atomic_write
-from brorl_lab.trainer import CHECKPOINT_FILE, Trainer
+from brorl_lab.rl import algo
+
+from brorl_lab.lab import sweep
+from brorl_lab.core.config import Config
+from brorl_lab.rollout.tasks import TASKS
+from brorl_lab.rollout.tasks.base import RewardResult
+from brorl_lab.rollout.tasks.gym import GYM_FAMILIES, GymFamily
+from brorl_lab.lab.tracking import RunDir
+from brorl_lab.rl.trainer import CHECKPOINT_FILE, Trainer
 from helpers_models import save_tiny
 from helpers_notebooks import write_notebook
 
@@ -90,8 +92,9 @@ def load_checkpoint(run: Path) -> dict:
 FORKER = """
 import io, json, os, sys, time
 import torch, transformers, reasoning_gym  # noqa: F401  (what `python -m brorl_lab train` imports)
-from brorl_lab import cli, trainer  # noqa: F401
-import brorl_lab.engines.torch_engine  # noqa: F401
+from brorl_lab import cli  # noqa: F401
+from brorl_lab.rl import trainer
+import brorl_lab.rollout.engines.torch_engine  # noqa: F401
 print("ready", flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -235,7 +238,7 @@ def test_sigkill_at_random_points_and_mid_write_then_resume_matches_an_uninterru
 
 WRITER = """
 import sys, os
-from brorl_lab.tracking import atomic_write
+from brorl_lab.lab.tracking import atomic_write
 path, size = sys.argv[1], int(sys.argv[2])
 v = 0
 while True:
@@ -483,8 +486,8 @@ def test_a_sweep_records_each_failure_completes_the_rest_and_a_rerun_skips_finis
 # ---- engines that are closed -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["torch", "hf"])
 def test_engine_close_is_idempotent_use_after_close_is_one_clear_error_and_it_can_be_recreated(name, tiny_model):
-    from brorl_lab.engines import SamplingParams, make_engine
-    from brorl_lab.models import load_policy
+    from brorl_lab.rollout.engines import SamplingParams, make_engine
+    from brorl_lab.core.models import load_policy
 
     policy, tok = load_policy(tiny_model, device="cpu")
     sp = SamplingParams(max_new_tokens=4, seed=3)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from brorl_lab.config import Config, ConfigError, scaled_lr
+from brorl_lab.core.config import Config, ConfigError, scaled_lr
 
 ROOT = Path(__file__).resolve().parent.parent
 

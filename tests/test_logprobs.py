@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brorl_lab.batch import RolloutBatch
-from brorl_lab.logprobs import (EXPLICIT_MAX_KEYS, compute_logprobs, micro_batches, pack, plan_micro_batches,
+from brorl_lab.core.batch import RolloutBatch
+from brorl_lab.rl.logprobs import (EXPLICIT_MAX_KEYS, compute_logprobs, micro_batches, pack, plan_micro_batches,
                                 row_token_counts, token_logprobs)
 from helpers_models import tiny_qwen2, tiny_tokenizer
 
@@ -266,7 +266,7 @@ def test_shared_prefix_runs_each_prompt_once_per_micro_batch(model, tok):
     batch = hand_batch(tok, PROMPTS, n=8, T=9, seed=5)
     budget = 80
     forwards, head_widths = _forward_log(model, batch, budget, "shared_prefix")
-    calls, widths = iter(zip(forwards, head_widths)), iter(())
+    calls = iter(zip(forwards, head_widths))
     groups = plan_micro_batches(model, batch, torch.arange(batch.size), budget, "shared_prefix")
     for g in groups:
         prompts = sorted(set((g // batch.n).tolist()))
@@ -363,7 +363,7 @@ def test_shared_prefix_on_a_non_llama_model_runs_the_models_own_forward_against_
 def test_shared_prefix_past_the_explicit_key_limit_uses_the_models_attention(tok, monkeypatch):
     """Rows with more keys than EXPLICIT_MAX_KEYS (the decoder would build [rows, H, W, keys] scores) go through the
     model's own forward: same numbers."""
-    import brorl_lab.logprobs as lp
+    import brorl_lab.rl.logprobs as lp
 
     model = tiny_qwen2(len(tok), seed=8).train()
     batch = hand_batch(tok, PROMPTS, n=3, T=6, seed=2)

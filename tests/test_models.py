@@ -7,9 +7,11 @@ import time
 import pytest
 import torch
 
-from brorl_lab import models, train_default
-from brorl_lab.rewards import score_response
-from brorl_lab.tasks import BUILTIN_FAMILIES, TASKS, eval_set, sample_items
+from brorl_lab.core import models
+
+from brorl_lab.rl import train_default
+from brorl_lab.rollout.rewards import score_response
+from brorl_lab.rollout.tasks import BUILTIN_FAMILIES, TASKS, eval_set, sample_items
 
 
 def test_resolve_model():

@@ -11,7 +11,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from brorl_lab import tracking
+from brorl_lab.lab import tracking
 
 from helpers_notebooks import assert_committed_notebook_is_generated
 from helpers_runs import make_tiny_runs

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brorl_lab.prefix_attention import (PrefixDecoder, PrefixGrid, padding_bias, shared_prefix_attention,
+from brorl_lab.core.prefix_attention import (PrefixDecoder, PrefixGrid, padding_bias, shared_prefix_attention,
                                         supports_shared_prefix)
 from helpers_models import tiny_qwen2, tiny_tokenizer
 
@@ -94,7 +94,7 @@ def test_decoder_equals_the_models_own_forward_over_prompt_plus_response():
     forward over prompt + response (left-padded prompts, several rows per prompt, grouped-query heads)."""
     from transformers import DynamicCache
 
-    from brorl_lab.batch import left_pad
+    from brorl_lab.core.batch import left_pad
 
     tok = tiny_tokenizer()
     model = tiny_qwen2(len(tok), seed=11)

@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from brorl_lab.engines import SamplingParams, make_engine
-from brorl_lab.engines.ray_engine import (RayEngine, generate_sharded, merge_shards, plan_shards, shard_sampling,
+from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.engines.ray_engine import (RayEngine, generate_sharded, merge_shards, plan_shards, shard_sampling,
                                           state_checksum)
 from helpers_models import bias_token, save_tiny, tiny_qwen2, tiny_tokenizer
 

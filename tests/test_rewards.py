@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from brorl_lab import make_data
-from brorl_lab.batch import RolloutBatch
-from brorl_lab.rewards import score, score_response
-from brorl_lab.tasks import TaskItem, eval_set
+from brorl_lab.rollout import make_data
+from brorl_lab.core.batch import RolloutBatch
+from brorl_lab.rollout.rewards import score, score_response
+from brorl_lab.rollout.tasks import TaskItem, eval_set
 
 FAMILIES = list(make_data.DEFAULT_EVAL_FAMILIES)
 MATH = {"simple_equations"}
@@ -118,8 +118,8 @@ def test_score_rejects_batches_without_matching_items():
 POWER_TOWERS = ["9^9^9", "10**10**10", "9^{9^{9}}", "(999^999)^999", "99999!", "2^(10^10)"]
 TOWER_SCRIPT = """
 import sys, time
-from brorl_lab.rewards import score_response
-from brorl_lab.tasks import eval_set
+from brorl_lab.rollout.rewards import score_response
+from brorl_lab.rollout.tasks import eval_set
 item = eval_set("simple_equations", limit=1)[0]
 for tower in sys.argv[1:]:
     t0 = time.perf_counter()
@@ -134,7 +134,7 @@ def test_math_answers_sympy_would_evaluate_for_ever_score_zero_fast():
     import subprocess
     import sys
 
-    from brorl_lab.tasks.math_tasks import too_costly
+    from brorl_lab.rollout.tasks.math_tasks import too_costly
 
     assert not any(too_costly(a) for a in ("13", "2^{10}", "3^2 + 4^2", "\\frac{1}{2}", "x = 13", "5!"))
     out = subprocess.run([sys.executable, "-c", TOWER_SCRIPT, *POWER_TOWERS], capture_output=True, text=True,

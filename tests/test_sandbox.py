@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from brorl_lab import sandbox
-from brorl_lab.sandbox import SandboxResult, UnitTest, run_untrusted
+from brorl_lab.rollout import sandbox
+from brorl_lab.rollout.sandbox import SandboxResult, UnitTest, run_untrusted
 
 REPO = Path(sandbox.__file__).resolve().parents[1]
 TESTS = [UnitTest("f(2)", 4), UnitTest("f(0)", 0), UnitTest("f(-3)", -6), UnitTest("f(10)", 20)]
@@ -320,7 +320,7 @@ def test_isolation_modes_reported():
 
 NON_ROOT_SCRIPT = """
 import json, os, socket, sys
-from brorl_lab.sandbox import UnitTest, run_untrusted
+from brorl_lab.rollout.sandbox import UnitTest, run_untrusted
 port, marker = int(sys.argv[1]), sys.argv[2]
 tests = [UnitTest("f(2)", 4)]
 out = {"uid": os.geteuid()}

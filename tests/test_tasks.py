@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from brorl_lab import make_data, tasks
-from brorl_lab.tasks import TASKS, eval_set, sample_items
-from brorl_lab.tasks import templates as T
-from brorl_lab.tasks.gym import EVAL_MODULUS, split_of
+from brorl_lab.rollout import make_data, tasks
+from brorl_lab.rollout.tasks import TASKS, eval_set, sample_items
+from brorl_lab.rollout.tasks import templates as T
+from brorl_lab.rollout.tasks.gym import EVAL_MODULUS, split_of
 
 FAMILIES = list(make_data.DEFAULT_EVAL_FAMILIES)
 
@@ -92,8 +92,8 @@ def test_eval_set_errors_name_the_task_and_the_fix(tmp_path, monkeypatch):
         eval_set("gcdd")
     with pytest.raises(ValueError, match=r"^limit: got -1"):
         eval_set("gcd", limit=-1)
-    monkeypatch.setattr(tasks, "EVAL_DIR", tmp_path)
-    with pytest.raises(ValueError, match=r"eval set for task 'gcd'.*make_data --families gcd"):
+    monkeypatch.setattr(tasks.sets, "EVAL_DIR", tmp_path)
+    with pytest.raises(ValueError, match=r"eval set for task 'gcd'.*make-data --families gcd"):
         eval_set("gcd")
 
 
@@ -110,7 +110,7 @@ def test_plain_and_chat_templates_are_the_documented_strings():
 
 
 def test_chat_template_uses_the_tokenizers_own_chat_template():
-    from brorl_lab.models import load_tokenizer
+    from brorl_lab.core.models import load_tokenizer
 
     tok = load_tokenizer("default")
     tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from brorl_lab import plots, theory
+from brorl_lab.lab import plots
+
+from brorl_lab import theory
 from brorl_lab.theory import TERMS, TERMS_AND_TOTAL
 
 torch.set_num_threads(1)
@@ -300,13 +302,13 @@ def test_figures_build_from_theory_tables():
 
 @pytest.fixture(scope="module")
 def explorer():
-    from brorl_lab.widgets import mass_balance_explorer
+    from brorl_lab.lab.widgets import mass_balance_explorer
 
     return mass_balance_explorer(vocab=8_000, n_correct=600, trials=60, n=16, n_values=[2**k for k in range(11)])
 
 
 def test_explorer_redraw_changes_the_figures(explorer):
-    from brorl_lab.widgets import EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
+    from brorl_lab.lab.widgets import EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
 
     assert explorer.n_slider.description == EXPLORER_N_DESCRIPTION == "N"
     assert explorer.terms_fig.layout.title.text == EXPLORER_TITLE
@@ -338,7 +340,7 @@ def test_explorer_controls_change_problem_and_rewards(explorer):
 
 
 def test_explorer_with_user_logits():
-    from brorl_lab.widgets import mass_balance_explorer
+    from brorl_lab.lab.widgets import mass_balance_explorer
 
     z, _, correct = random_problem(9, vocab=500)
     ex = mass_balance_explorer(logits=z, correct=correct, trials=40, n=4, n_values=[1, 4, 16])

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from brorl_lab import steps as S
-from brorl_lab.batch import RolloutBatch
-from brorl_lab.config import Config
-from brorl_lab.trainer import Trainer
+from brorl_lab.rl import steps as S
+from brorl_lab.core.batch import RolloutBatch
+from brorl_lab.core.config import Config
+from brorl_lab.rl.trainer import Trainer
 
 # Columns that measure time differ between two runs of the same computation; everything else must match exactly.
 TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s", "lr_")
@@ -112,10 +112,10 @@ def test_metrics_row_has_the_documented_columns(tmp_path):
 MEMORY_PROBE = textwrap.dedent("""
     import json, resource, sys, torch
     torch.set_num_threads(1)
-    from brorl_lab.batch import RolloutBatch
-    from brorl_lab.config import Config
-    from brorl_lab.models import load_policy
-    from brorl_lab import steps as S
+    from brorl_lab.core.batch import RolloutBatch
+    from brorl_lab.core.config import Config
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rl import steps as S
     n, prompts, T, budget = int(sys.argv[1]), int(sys.argv[2]), 16, 2048
     policy, tok = load_policy("default")
     cfg = Config(rollouts_per_prompt=n, prompts_per_step=prompts, max_new_tokens=T, kl_beta=0.0,

@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-from brorl_lab.engines import SamplingParams, make_engine
-from brorl_lab.logprobs import compute_logprobs
+from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rl.logprobs import compute_logprobs
 from helpers_models import bias_token, tiny_qwen2, tiny_tokenizer
 
 pytestmark = pytest.mark.vllm

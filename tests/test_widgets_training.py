@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from brorl_lab import tracking
-from brorl_lab.trainer import Trainer
-from brorl_lab.widgets import DASHBOARD_STOP_LABEL, TrainingDashboard, TrainingJob, run_browser
+from brorl_lab.lab import tracking
+from brorl_lab.rl.trainer import Trainer
+from brorl_lab.lab.widgets import DASHBOARD_STOP_LABEL, TrainingDashboard, TrainingJob, run_browser
 
 from helpers_runs import make_tiny_runs, tiny_config
 

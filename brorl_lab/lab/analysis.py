@@ -1,0 +1,345 @@
+"""Comparing training runs: arms, iso-samples / iso-time curves and pass@k, as pure functions of DataFrames.
+
+Inputs are the long metrics table of :func:`brorl_lab.lab.tracking.load_runs` (one row per run and step, a ``run``
+column, config fields as ``cfg.<field>`` columns). Outputs are DataFrames that :mod:`brorl_lab.lab.plots` turns into
+figures (notebook 04, the run browser)::
+
+    df     = load_runs("runs/sweeps/n")
+    labels = arm_labels(df)                                     # run -> "rollouts_per_prompt=512"
+    curves = curves_on_grid(df, "eval/mean/pass@1", "cum_samples", labels=labels)
+    table  = pass_at_k_table(df, labels=labels)                 # initial and final pass@k per run and k
+
+An *arm* is one setting of the knobs a sweep varied; its seeds are pooled. Curves of different runs are compared
+on a common grid of the x axis (samples generated, training time), interpolated linearly between each run's
+evaluations and never extrapolated: the grid spans only the range every compared run covers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+# Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
+ARMS = ("prorl", "brorl")  # the flagship's two arms (lab.arms), in display order
+ARM_NAMES = {"prorl": "ProRL", "brorl": "BroRL"}
+PASS1 = "pass@1"
+MEAN = "mean"
+ARM_IGNORE = ("run_name", "run_dir", "seed", "torch_threads", "checkpoint_every", "device", "ray_address")
+PASS_AT_K = re.compile(r"^eval/(?P<family>[^/]+)/pass@(?P<k>\d+)$")
+
+
+def arm_labels(df: pd.DataFrame, *, fields: Optional[Sequence[str]] = None,
+               ignore: tuple = ARM_IGNORE) -> pd.Series:
+    """run -> arm label built from the config fields in ``fields``, or by default from the ``cfg.*`` columns whose
+    value differs between runs (``ignore`` left out), e.g. ``"kl_beta=0.0, rollouts_per_prompt=512"``. Runs that
+    differ only in ignored fields (seeds) share a label; when nothing differs every run is ``"all runs"``; without
+    config columns the label is the run name."""
+    if df.empty or "run" not in df:
+        return pd.Series(dtype=object, name="arm")
+    per_run = df.groupby("run", sort=True).first()
+    if fields is not None:
+        missing = [f for f in fields if f"cfg.{f}" not in per_run]
+        if missing or not fields:
+            raise ValueError(f"fields: {missing or list(fields)} are not config fields of these runs; allowed: "
+                             f"{sorted(c[4:] for c in per_run.columns if c.startswith('cfg.'))}")
+    cols = [c for c in per_run.columns if c.startswith("cfg.") and c[4:] not in ignore] if fields is None \
+        else [f"cfg.{f}" for f in fields]
+    if not cols:
+        return pd.Series(per_run.index, index=per_run.index, name="arm")
+    varying = cols if fields is not None else [c for c in cols if per_run[c].astype(str).nunique(dropna=False) > 1]
+    if not varying:
+        return pd.Series("all runs", index=per_run.index, name="arm")
+    labels = per_run[varying].astype(str).apply(
+        lambda r: ", ".join(f"{c[4:]}={v}" for c, v in r.items()), axis=1)
+    return labels.rename("arm")
+
+
+def _labels(df: pd.DataFrame, labels: Optional[Mapping[str, str] | pd.Series]) -> pd.Series:
+    return arm_labels(df) if labels is None else pd.Series(dict(labels) if isinstance(labels, Mapping) else labels)
+
+
+def curve_points(df: pd.DataFrame, metric: str, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
+    """The finite (x, metric) points of one run's rows, sorted by x (eval metrics exist only on eval steps)."""
+    if df.empty or metric not in df or x not in df:
+        return np.array([]), np.array([])
+    xs = pd.to_numeric(df[x], errors="coerce").to_numpy(dtype=float)
+    ys = pd.to_numeric(df[metric], errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(xs) & np.isfinite(ys)
+    order = np.argsort(xs[ok], kind="stable")
+    return xs[ok][order], ys[ok][order]
+
+
+def curves_on_grid(df: pd.DataFrame, metric: str, x: str, *, points: int = 41,
+                   labels: Optional[Mapping[str, str] | pd.Series] = None) -> pd.DataFrame:
+    """Each run's ``metric`` interpolated onto one grid of ``x`` (``points`` values from the largest first x to the
+    smallest last x over runs: the range all of them cover). Runs with fewer than two points of the metric are left
+    out. Columns: run, arm, x, value; an empty frame when no two-point run exists or the ranges do not overlap."""
+    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
+        raise ValueError(f"points: got {points!r}; allowed: an integer >= 2")
+    cols = ["run", "arm", "x", "value"]
+    if df.empty or "run" not in df:
+        return pd.DataFrame(columns=cols)
+    lab = _labels(df, labels)
+    runs = {run: curve_points(g, metric, x) for run, g in df.groupby("run", sort=True)}
+    runs = {r: xy for r, xy in runs.items() if len(xy[0]) >= 2}
+    if not runs:
+        return pd.DataFrame(columns=cols)
+    lo = max(xy[0][0] for xy in runs.values())
+    hi = min(xy[0][-1] for xy in runs.values())
+    if not hi > lo:
+        return pd.DataFrame(columns=cols)
+    grid = np.linspace(lo, hi, points)
+    frames = [pd.DataFrame({"run": run, "arm": lab.get(run, run), "x": grid, "value": np.interp(grid, xs, ys)})
+              for run, (xs, ys) in runs.items()]
+    return pd.concat(frames, ignore_index=True)
+
+
+def arm_curves(curves: pd.DataFrame) -> pd.DataFrame:
+    """Pool the seeds of each arm on the grid: columns arm, x, mean, min, max, runs."""
+    if curves.empty:
+        return pd.DataFrame(columns=["arm", "x", "mean", "min", "max", "runs"])
+    g = curves.groupby(["arm", "x"], sort=True)["value"]
+    return g.agg(["mean", "min", "max", "count"]).rename(columns={"count": "runs"}).reset_index()
+
+
+def at_budget(curves: pd.DataFrame) -> pd.DataFrame:
+    """Each arm at the end of the common grid (the largest x every run reached): arm, x, mean, min, max, runs,
+    sorted best first."""
+    pooled = arm_curves(curves)
+    if pooled.empty:
+        return pooled
+    last = pooled[pooled["x"] == pooled["x"].max()]
+    return last.sort_values("mean", ascending=False).reset_index(drop=True)
+
+
+def pass_at_k_columns(df: pd.DataFrame, family: str = "mean") -> dict[int, str]:
+    """{k: column} of the ``eval/<family>/pass@k`` columns present in ``df``, sorted by k."""
+    found = {int(m["k"]): c for c in df.columns if (m := PASS_AT_K.match(c)) and m["family"] == family}
+    return dict(sorted(found.items()))
+
+
+def eval_families(df: pd.DataFrame) -> list[str]:
+    """Families with pass@k columns, "mean" first when present."""
+    fams = sorted({m["family"] for c in df.columns if (m := PASS_AT_K.match(c))})
+    return sorted(fams, key=lambda f: f != "mean")
+
+
+def pass_at_k_table(df: pd.DataFrame, *, family: str = "mean",
+                    labels: Optional[Mapping[str, str] | pd.Series] = None) -> pd.DataFrame:
+    """Per run and k: pass@k at the run's first evaluation (``initial``) and its last (``final``), their ``gain``,
+    and the steps they were measured at. A run with a single evaluation has initial == final. Columns: run, arm,
+    k, initial, final, gain, initial_step, final_step."""
+    cols = ["run", "arm", "k", "initial", "final", "gain", "initial_step", "final_step"]
+    ks = pass_at_k_columns(df, family)
+    if df.empty or not ks or "run" not in df:
+        return pd.DataFrame(columns=cols)
+    lab = _labels(df, labels)
+    rows = []
+    for run, g in df.groupby("run", sort=True):
+        g = g.sort_values("step") if "step" in g else g
+        evals = g.dropna(subset=list(ks.values()), how="all")
+        if evals.empty:
+            continue
+        first, last = evals.iloc[0], evals.iloc[-1]
+        for k, col in ks.items():
+            rows.append({"run": run, "arm": lab.get(run, run), "k": k, "initial": first[col], "final": last[col],
+                         "gain": last[col] - first[col], "initial_step": first.get("step"),
+                         "final_step": last.get("step")})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def arm_pass_at_k(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`pass_at_k_table` pooled over each arm's runs: arm, k, initial, final, gain (means), runs."""
+    if table.empty:
+        return pd.DataFrame(columns=["arm", "k", "initial", "final", "gain", "runs"])
+    g = table.groupby(["arm", "k"], sort=True)
+    out = g[["initial", "final", "gain"]].mean()
+    out["runs"] = g.size()
+    return out.reset_index()
+
+
+def boundary_summary(pooled: pd.DataFrame) -> pd.DataFrame:
+    """Per arm, from :func:`arm_pass_at_k`: the gain at the smallest and the largest k, and a reading of the two:
+    "widens" (the large-k gain is positive: problems never solved before now are), "sharpens only" (pass@1 rose,
+    large-k did not), "no gain" otherwise. Small runs are noisy: read it with the run counts and curves."""
+    cols = ["arm", "k_small", "gain_small", "k_large", "gain_large", "runs", "reading"]
+    if pooled.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for arm, g in pooled.groupby("arm", sort=True):
+        g = g.sort_values("k")
+        lo, hi = g.iloc[0], g.iloc[-1]
+        if hi["gain"] > 0 and len(g) > 1:
+            reading = "widens"
+        elif lo["gain"] > 0:
+            reading = "sharpens only"
+        else:
+            reading = "no gain"
+        rows.append({"arm": arm, "k_small": int(lo["k"]), "gain_small": lo["gain"], "k_large": int(hi["k"]),
+                     "gain_large": hi["gain"], "runs": int(g["runs"].max()), "reading": reading})
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ---- BroRL vs ProRL arms: comparisons at equal budgets and the verdict ----------------------------------------------------------------------------------------------------------
+X_AXES = {"cum_samples": "generated samples", "cum_wall_s": "training wall time (s)"}
+
+
+def families_of(df: pd.DataFrame) -> list[str]:
+    """Families with a held-out pass@1 column (``eval/<family>/pass@1``), the mean over families last."""
+    fams = [c.split("/")[1] for c in df.columns if c.startswith("eval/") and c.endswith(f"/{PASS1}")]
+    return [f for f in fams if f != MEAN] + ([MEAN] if MEAN in fams else [])
+
+
+def _check_frame(df: pd.DataFrame, need: Sequence[str] = ("arm", "seed", "step", "cum_samples", "cum_wall_s")
+                 ) -> pd.DataFrame:
+    """Validate a results table and return it with a ``run`` column (``<arm>_s<seed>``) if it had none."""
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"df: got {type(df).__name__}; allowed: the DataFrame lab.arms.run_rollout_scaling returns")
+    missing = [c for c in need if c not in df.columns]
+    if missing or not families_of(df):
+        raise ValueError(f"df: missing columns {missing or ['eval/<family>/pass@1']}; allowed: the DataFrame "
+                         "run_rollout_scaling returns (columns arm, seed, step, cum_samples, cum_wall_s, eval/...)")
+    arms = [a for a in ARMS if a in set(df["arm"])]
+    if len(arms) < 2:
+        raise ValueError(f"df: arms {sorted(set(df['arm']))}; allowed: rows of both arms {', '.join(ARMS)}")
+    if "run" not in df.columns:
+        df = df.assign(run=df["arm"].astype(str) + "_s" + df["seed"].astype(str))
+    return df
+
+
+def arm_display_names(df: pd.DataFrame) -> dict[str, str]:
+    """{arm: display name with its N}, e.g. {"prorl": "ProRL (N=16)", "brorl": "BroRL (N=512)"}."""
+    return {a: _arm_label(df, a) for a in dict.fromkeys(df["arm"])}
+
+
+def _arm_label(df: pd.DataFrame, arm: str) -> str:
+    n = df.loc[df["arm"] == arm, "rollouts_per_prompt"].dropna() if "rollouts_per_prompt" in df else pd.Series([])
+    return f"{ARM_NAMES.get(arm, arm)} (N={int(n.iloc[0])})" if len(n) else ARM_NAMES.get(arm, arm)
+
+
+def compare_arms(df: pd.DataFrame, x: str = "cum_samples") -> pd.DataFrame:
+    """Held-out pass@1 of both arms at the same budget of ``x`` (``'cum_samples'`` or ``'cum_wall_s'``): the
+    largest value every run (arm x seed) reached, each run's eval curve interpolated there
+    (:func:`brorl_lab.lab.analysis.curves_on_grid`, never extrapolated). One row per family and the mean: budget,
+    each arm's mean over seeds, gap = BroRL - ProRL, and with paired seeds the spread (std) of the per-seed gaps,
+    its standard error and, with >= 3 seeds, whether |gap| > 2 s.e."""
+    df = _check_frame(df)
+    if x not in X_AXES:
+        raise ValueError(f"x: got {x!r}; allowed: {', '.join(X_AXES)}")
+    df = df[df["arm"].isin(ARMS)]
+    seed_of = df.groupby("run")["seed"].first()
+    rows = []
+    for fam in families_of(df):
+        grid = curves_on_grid(df, f"eval/{fam}/{PASS1}", x, points=2, labels=df.groupby("run")["arm"].first())
+        if grid.empty:
+            raise ValueError(f"df: the runs' eval/{fam}/{PASS1} curves do not cover a common range of {x}; "
+                             "allowed: runs with at least two evaluations each")
+        last = grid[grid["x"] == grid["x"].max()].assign(seed=lambda g: g["run"].map(seed_of))
+        per = {a: last[last["arm"] == a].set_index("seed")["value"] for a in ARMS}
+        common = sorted(set(per["prorl"].index) & set(per["brorl"].index))
+        gaps = per["brorl"].loc[common] - per["prorl"].loc[common]
+        n = len(common)
+        spread = float(gaps.std(ddof=1)) if n >= 2 else float("nan")
+        se = spread / math.sqrt(n) if n >= 2 else float("nan")
+        gap = float(per["brorl"].mean() - per["prorl"].mean())
+        rows.append({"family": fam, "x": x, "budget": float(grid["x"].max()), "prorl": float(per["prorl"].mean()),
+                     "brorl": float(per["brorl"].mean()), "gap": gap, "seeds": n, "gap_spread": spread,
+                     "gap_se": se, "exceeds_noise": bool(abs(gap) > 2 * se) if n >= 3 else None})
+    return pd.DataFrame(rows)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per arm (means over seeds, ``±`` std columns with >= 2 seeds): N and prompts per step, steps, final
+    held-out pass@1 per family and their mean, generated and trained samples, training wall time, mean
+    dynamic-sampling pass rate (kept / generated groups), generation samples/s and end-to-end samples/s."""
+    df = _check_frame(df)
+    fams = families_of(df)
+    per_run = []
+    for (arm, seed), g in df.groupby(["arm", "seed"], sort=False):
+        g = g.sort_values("step")
+        ev = g[g[f"eval/{fams[0]}/{PASS1}"].notna()]
+        steps = g[g["step"] > 0]
+        gen_s = (steps["samples"] / steps["samples_per_s"]).sum() if {"samples", "samples_per_s"} <= set(g) else np.nan
+        last = g.iloc[-1]
+        row = {"arm": arm, "seed": seed,
+               "N": g["rollouts_per_prompt"].iloc[0] if "rollouts_per_prompt" in g else np.nan,
+               "prompts_per_step": g["prompts_per_step"].iloc[0] if "prompts_per_step" in g else np.nan,
+               "steps": int(g["step"].max()),
+               **{f"final {PASS1} {f}": float(ev[f"eval/{f}/{PASS1}"].iloc[-1]) for f in fams},
+               "samples": float(last["cum_samples"]),
+               "trained_samples": float(last["cum_trained_samples"]) if "cum_trained_samples" in g else np.nan,
+               "wall_s": float(last["cum_wall_s"]),
+               "ds_pass_rate": float(steps["ds_pass_rate"].mean()) if "ds_pass_rate" in g else np.nan,
+               "gen_samples_per_s": float(steps["samples"].sum() / gen_s) if gen_s and gen_s > 0 else np.nan,
+               "samples_per_s": float(last["cum_samples"] / last["cum_wall_s"]) if last["cum_wall_s"] > 0 else np.nan}
+        per_run.append(row)
+    runs = pd.DataFrame(per_run)
+    numeric = [c for c in runs.columns if c not in ("arm", "seed")]
+    order = [a for a in ARMS if a in set(runs["arm"])] + sorted(set(runs["arm"]) - set(ARMS))
+    out = runs.groupby("arm")[numeric].mean().reindex(order)
+    out.insert(0, "seeds", runs.groupby("arm")["seed"].nunique().reindex(order))
+    if out["seeds"].max() >= 2:
+        for f in fams:
+            out[f"± {PASS1} {f}"] = runs.groupby("arm")[f"final {PASS1} {f}"].std(ddof=1).reindex(order)
+    out.index = [_arm_label(df, a) for a in order]
+    out.index.name = "arm"
+    return out
+
+
+def verdict(df: pd.DataFrame, *, tie_points: float = 0.5) -> str:
+    """A plain-words verdict computed from ``df`` (:func:`compare_arms` at equal generated samples and at equal
+    training wall time): where BroRL is ahead, behind or level, by how many points (1 point = 0.01 pass@1; gaps
+    within ``tie_points`` are level), and with >= 3 paired seeds which gaps exceed twice their standard error over
+    seeds. Whatever the data say, the text says."""
+    if isinstance(tie_points, bool) or not (isinstance(tie_points, (int, float)) and math.isfinite(tie_points)
+                                            and tie_points >= 0):
+        raise ValueError(f"tie_points: got {tie_points!r}; allowed: a finite float >= 0")
+    df = _check_frame(df)
+    bro, pro = _arm_label(df, "brorl"), _arm_label(df, "prorl")
+    seeds = int(df[df["arm"].isin(ARMS)].groupby("arm")["seed"].nunique().min())
+    heads, body = [], []
+    for x, what, unit in (("cum_samples", "equal generated samples", "samples per arm"),
+                          ("cum_wall_s", "equal training wall time", "s of training per arm")):
+        cmp_ = compare_arms(df, x)
+        budget = cmp_["budget"].iloc[0]
+        fams = cmp_[cmp_["family"] != MEAN]
+        overall = cmp_[cmp_["family"] == MEAN].iloc[0] if (cmp_["family"] == MEAN).any() else None
+        gap = overall["gap"] if overall is not None else fams["gap"].mean()
+        heads.append(f"{_side_words(gap, tie_points)} at {what}")
+        groups = {}
+        for r in fams.itertuples():
+            groups.setdefault(_side(r.gap, tie_points), []).append(
+                f"{r.family} ({100 * r.gap:+.1f}: {r.brorl:.3f} vs {r.prorl:.3f})")
+        line = (f"At {what} ({budget:,.{0 if x == 'cum_samples' else 1}f} {unit}), BroRL vs ProRL pass@1: "
+                + "; ".join(f"{side} on {', '.join(v)}" for side, v in groups.items()))
+        if overall is not None:
+            line += (f"; mean over families {_side_words(overall['gap'], tie_points)} "
+                     f"({overall['brorl']:.3f} vs {overall['prorl']:.3f})")
+        if seeds >= 3:
+            sig = [f"{r.family} (gap {100 * r.gap:+.1f}, s.e. {100 * r.gap_se:.1f})"
+                   for r in cmp_.itertuples() if r.exceeds_noise]
+            line += (f". Gaps larger than twice their standard error over {seeds} seeds: "
+                     + (", ".join(sig) if sig else "none; every gap is within seed noise"))
+        body.append(line + ".")
+    head = (f"Verdict ({bro} vs {pro}, held-out pass@1, {seeds} seed{'s' * (seeds != 1)}): "
+            + "on the mean over families BroRL is " + " and ".join(heads) + ".")
+    if seeds < 3:
+        body.append(f"With {seeds} seed{'s' * (seeds != 1)} these gaps cannot be told apart from seed noise; run "
+                    ">= 3 seeds before trusting a difference of a few points.")
+    return "\n".join([head, *body])
+
+
+def _side(gap: float, tie_points: float) -> str:
+    pts = 100 * gap
+    return "level" if abs(pts) <= tie_points else "ahead" if pts > 0 else "behind"
+
+
+def _side_words(gap: float, tie_points: float) -> str:
+    side = _side(gap, tie_points)
+    if side == "level":
+        return f"level with ProRL ({100 * gap:+.1f} points, within ±{tie_points:g})"
+    return f"{side} by {abs(100 * gap):.1f} points"

@@ -1,0 +1,205 @@
+"""The two arms of BroRL's experiment (Sec. 5) branched from one checkpoint: the plan (``arm_configs``,
+``arms_table``), running them for several seeds, resumably (``run_rollout_scaling``), and writing the results.
+
+Budget units: a *sample* is one generated response (prompt x rollout), counted over every dynamic-sampling round
+(the metrics' ``cum_samples``); *trained samples* are those that survive the filter (kept groups x N). Wall time is
+the Trainer's ``cum_wall_s``: training time with evaluation excluded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from fractions import Fraction
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pandas as pd
+
+from brorl_lab.core.config import Config
+from brorl_lab.core.paths import REPO_ROOT
+from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
+from brorl_lab.lab.analysis import ARM_NAMES
+from brorl_lab.lab.plateau import IGNORED_FIELDS, check_same_config, open_trainer
+
+DEFAULT_ROOT = REPO_ROOT / "runs" / "rollout_scaling"
+
+
+# ---- the two arms ------------------------------------------------------------------------------------------------------
+def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 16,
+                prompts_large: Optional[int] = None, samples_ratio: float = 8,
+                lr_scaling: str = "sqrt") -> dict[str, Config]:
+    """The two arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}``.
+
+    ProRL arm: N = ``n_small`` with ``prompts_small`` prompts per step (BroRL: 16 x 512). BroRL arm: N = ``n_large``
+    with ``prompts_large`` prompts per step, by default ``samples_ratio`` times the ProRL arm's samples per step
+    (BroRL: 512 x 128, 8x). Both keep ``base.optimizer_steps_per_step`` and use ``lr_scaling="sqrt"`` with
+    ``lr_reference_samples`` = the ProRL arm's samples per step, so the ProRL arm trains at ``base.lr`` and the BroRL
+    arm at ``base.lr * sqrt(ratio)``. ``lr_scaling="none"`` gives both arms ``base.lr`` (an ablation of the rule).
+
+    Budget: ``base.steps``, ``base.eval_every`` and ``base.checkpoint_every`` count BroRL-arm steps; the ProRL arm
+    gets ``ratio`` times as many (rounded), so both arms train on the same nominal number of samples and are
+    evaluated at the same nominal sample counts.
+    """
+    if not isinstance(base, Config):
+        raise ValueError(f"base: got {type(base).__name__}; allowed: a brorl_lab.Config")
+    for name, v in (("n_small", n_small), ("n_large", n_large), ("prompts_small", prompts_small)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: got {v!r}; allowed: an integer >= 1")
+    if n_large <= n_small:
+        raise ValueError(f"n_large: got {n_large} with n_small={n_small}; allowed: an integer > n_small")
+    small = n_small * prompts_small
+    if prompts_large is None:
+        if isinstance(samples_ratio, bool) or not isinstance(samples_ratio, (int, float)) or not samples_ratio > 0:
+            raise ValueError(f"samples_ratio: got {samples_ratio!r}; allowed: a number > 0")
+        exact = Fraction(samples_ratio).limit_denominator(1000) * small / n_large
+        if exact.denominator != 1 or exact < 1:
+            raise ValueError(f"prompts_large: samples_ratio={samples_ratio} gives {float(exact):g} prompts per step "
+                             f"for N={n_large} (ProRL arm: {prompts_small} x {n_small}); allowed: pass prompts_large "
+                             "explicitly or a ratio that makes it a whole number >= 1")
+        prompts_large = int(exact)
+    elif isinstance(prompts_large, bool) or not isinstance(prompts_large, int) or prompts_large < 1:
+        raise ValueError(f"prompts_large: got {prompts_large!r}; allowed: None or an integer >= 1")
+    ratio = n_large * prompts_large / small
+
+    def scaled(k: int) -> int:
+        return max(1, round(k * ratio)) if k else 0
+
+    if lr_scaling not in ("sqrt", "none"):
+        raise ValueError(f"lr_scaling: got {lr_scaling!r}; allowed: 'sqrt' (BroRL's rule) or 'none'")
+    common = dict(lr_scaling=lr_scaling, lr_reference_samples=small)
+    return {
+        "prorl": base.replace(**common, rollouts_per_prompt=n_small, prompts_per_step=prompts_small,
+                              steps=scaled(base.steps), eval_every=scaled(base.eval_every),
+                              checkpoint_every=scaled(base.checkpoint_every), run_name="prorl"),
+        "brorl": base.replace(**common, rollouts_per_prompt=n_large, prompts_per_step=prompts_large,
+                              run_name="brorl"),
+    }
+
+
+PAPER_ARMS = {"prorl": dict(rollouts_per_prompt=16, prompts_per_step=512), "brorl": dict(rollouts_per_prompt=512,
+                                                                                    prompts_per_step=128)}
+
+
+def arms_table(arms: dict[str, Config]) -> pd.DataFrame:
+    """The arms side by side with BroRL's own values (Sec. 5): N, prompts and samples per step, optimizer updates
+    per step, effective lr, steps and the nominal samples each arm will train on."""
+    rows = {}
+    for arm, c in arms.items():
+        paper = PAPER_ARMS.get(arm, {})
+        rows[ARM_NAMES.get(arm, arm)] = {
+            "N (rollouts_per_prompt)": c.rollouts_per_prompt, "prompts_per_step": c.prompts_per_step,
+            "samples_per_step": c.samples_per_step, "optimizer_steps_per_step": c.optimizer_steps_per_step,
+            "lr (after sqrt scaling)": f"{c.effective_lr:.3g}", "steps": c.steps, "eval_every": c.eval_every,
+            "nominal trained samples": c.samples_per_step * c.steps,
+            "paper: N x prompts": f"{paper['rollouts_per_prompt']} x {paper['prompts_per_step']}" if paper else ""}
+    return pd.DataFrame(rows)
+
+
+def experiment_root(base: Config, run_dir: str | Path | None = None, **arm_options) -> Path:
+    """Where the arms' runs live: ``run_dir/arms`` when a run directory is given, else a directory under
+    ``runs/rollout_scaling`` named by the settings (so different settings never share, and clash in, one root)."""
+    if run_dir:
+        return Path(run_dir) / "arms"
+    settings = {k: v for k, v in base.to_dict().items() if k not in IGNORED_FIELDS}
+    digest = hashlib.sha1(json.dumps([settings, arm_options], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return DEFAULT_ROOT / f"steps{base.steps}_{digest}"
+
+
+def run_arm(cfg: Config, *, progress: bool = True) -> tuple[pd.DataFrame, bool]:
+    """Run one arm to ``cfg.steps``: a finished run in ``cfg.run_dir/cfg.run_name`` is read back, not re-run; a
+    partial one resumes from its checkpoint. Returns ``(metrics, finished)``."""
+    path = Path(cfg.run_dir) / cfg.run_name
+    if (path / "config.yaml").is_file():
+        check_same_config(path, cfg)
+        status = RunDir(path).read_status()
+        if status.get("status") == "finished" and status.get("step") == cfg.steps:
+            return RunDir(path).read_metrics(), True
+    with open_trainer(cfg, progress=progress) as trainer:
+        trainer.run()
+        done = trainer.step_idx >= cfg.steps
+    return RunDir(path).read_metrics(), done  # read back, so a fresh and a finished arm give identical frames
+
+
+def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str | Path = DEFAULT_ROOT,
+                        progress: bool = True, **arm_options) -> pd.DataFrame:
+    """Run both arms of :func:`arm_configs` (``arm_options``: n_small, n_large, prompts_small, ...) for each seed from
+    ``base.model``, in run directories ``root/<arm>_s<seed>``; returns one long DataFrame of every metrics row with
+    columns ``arm``, ``seed``, ``rollouts_per_prompt``, ``prompts_per_step`` and ``cum_trained_samples`` added.
+
+    Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
+    run with different settings is an error rather than a silent mix. Ctrl-C stops after the current step (the
+    partial results are returned with a warning; call again to continue).
+    """
+    from tqdm.auto import tqdm
+
+    seeds = list(seeds) if not isinstance(seeds, (str, bytes)) else seeds
+    if (not isinstance(seeds, list) or not seeds
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds)):
+        raise ValueError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
+    if not isinstance(root, (str, Path)) or not str(root).strip():
+        raise ValueError(f"root: got {root!r}; allowed: a directory path")
+    arms = arm_configs(base, **arm_options)
+    plan = [(arm, seed, cfg.replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}"))
+            for seed in seeds for arm, cfg in arms.items()]
+    frames = []
+    bar = tqdm(plan, desc="arms", disable=not progress)
+    for arm, seed, cfg in bar:
+        bar.set_postfix_str(f"{arm} seed {seed}")
+        df, finished = run_arm(cfg, progress=progress)
+        frames.append(_label(df, arm, seed, cfg))
+        if not finished:
+            warnings.warn(f"run_rollout_scaling interrupted in {arm} seed {seed} at step {int(df['step'].max())} of "
+                          f"{cfg.steps}; call again with the same arguments to resume", stacklevel=2)
+            break
+    bar.close()
+    return pd.concat(frames, ignore_index=True)
+
+
+def _label(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFrame:
+    df = df.copy()
+    df.insert(0, "seed", seed)
+    df.insert(0, "arm", arm)
+    df.insert(0, "run", cfg.run_name)
+    df["rollouts_per_prompt"] = cfg.rollouts_per_prompt
+    df["prompts_per_step"] = cfg.prompts_per_step
+    kept = df["kept_groups"].fillna(0) if "kept_groups" in df else pd.Series(0.0, index=df.index)
+    skipped = df["skipped"].eq(True) if "skipped" in df else pd.Series(False, index=df.index)
+    df["cum_trained_samples"] = (kept * cfg.rollouts_per_prompt).where(~skipped, 0).cumsum()
+    return df
+
+
+def save_outputs(run_dir: str | Path, df: pd.DataFrame, figures: dict, *, summary: Optional[pd.DataFrame] = None,
+                 verdict_text: Optional[str] = None, export_png: bool = True) -> dict:
+    """Write the experiment's results into ``run_dir``: metrics.parquet (the long table), summary.csv, verdict.txt,
+    and each figure of ``figures`` ({name: go.Figure}) as <name>.png with kaleido, all in one batch. PNG export
+    needs Chromium; when it fails the reason is returned under "png_note" and nothing else is affected."""
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"metrics": atomic_write(out / "metrics.parquet", lambda f: df.to_parquet(f, index=False))}
+    if summary is not None:
+        written["summary"] = atomic_write_text(out / "summary.csv", summary.to_csv())
+    if verdict_text is not None:
+        written["verdict"] = atomic_write_text(out / "verdict.txt", verdict_text + "\n")
+    written["png"], written["png_note"] = [], None
+    if export_png and figures:
+        import plotly.io as pio
+
+        todo = {out / f"{name}.png": fig for name, fig in figures.items()}
+        for path in todo:  # a PNG left by an earlier run must not pass for this run's
+            path.unlink(missing_ok=True)
+        try:
+            for _ in range(2):  # under heavy load kaleido has been seen to drop a figure of a batch: retry those
+                pio.write_images(list(todo.values()), list(todo), width=1100)
+                todo = {p: f for p, f in todo.items() if not p.is_file()}
+                if not todo:
+                    break
+            if todo:
+                written["png_note"] = f"PNG export did not write {', '.join(p.name for p in todo)}"
+        except Exception as e:  # noqa: BLE001 - no Chromium, kaleido missing, a browser crash: figures stay inline
+            written["png_note"] = f"PNG export skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
+        written["png"] = [out / f"{name}.png" for name in figures if (out / f"{name}.png").is_file()]
+    elif figures:
+        written["png_note"] = "PNG export off (export_png=False)"
+    return written

@@ -1,0 +1,242 @@
+"""Parameterised notebook runs with papermill: one run, a grid of runs, and the iso-compute planner.
+
+    run_notebook("notebooks/01_mass_balance_theory.ipynb", "runs/theory", {"steps": 50})
+    run_sweep("notebooks/02_rollout_scaling.ipynb", {"seed": [0, 1, 2], "big_n": [64, 512]}, out="runs/sweeps/n")
+    iso_compute_plan(samples_per_step=512, n_values=[4, 8, 16, 64, 256, 512])
+
+Each run gets its own directory (executed notebook, HTML export, whatever the notebook writes into its
+``run_dir`` parameter: metrics.parquet, figures) and a ``status.json``. Re-running a sweep skips runs whose status
+is "finished"; a failed run records its error and the sweep goes on. ``index.parquet`` lists every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import pandas as pd
+
+from brorl_lab.lab.tracking import RunDir, atomic_write
+
+KERNEL = "python3"
+
+
+def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict]:
+    """Cartesian product of a {name: [values]} grid, in a stable order."""
+    if not isinstance(grid, Mapping) or not grid:
+        raise ValueError("grid: allowed: a non-empty mapping of parameter name -> list of values")
+    for k, v in grid.items():
+        if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) == 0:
+            raise ValueError(f"grid[{k!r}]: got {v!r}; allowed: a non-empty list of values")
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def run_id(params: Mapping[str, Any]) -> str:
+    """Readable, stable directory name for a parameter set."""
+    slug = "_".join(f"{k}={_short(v)}" for k, v in sorted(params.items()))[:80] or "default"
+    digest = hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{_safe(slug)}-{digest}"
+
+
+def _short(v: Any) -> str:
+    return "-".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def _safe(s: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "=-_.," else "-" for ch in s)
+
+
+def notebook_parameters(notebook: str | os.PathLike) -> dict:
+    """The names and default values declared in a notebook's ``parameters`` cell."""
+    import papermill as pm
+
+    if not Path(notebook).is_file():
+        raise ValueError(f"notebook: {notebook} does not exist; allowed: a path to an .ipynb file")
+    try:
+        declared = pm.inspect_notebook(str(notebook))
+    except Exception as e:  # noqa: BLE001 - not JSON, not nbformat, unreadable: one error naming the notebook
+        raise ValueError(f"notebook: {notebook} could not be read as a notebook ({type(e).__name__}: "
+                         f"{str(e).strip()[:200]}); allowed: a path to an .ipynb file") from e
+    return {name: info["default"] for name, info in declared.items()}
+
+
+def check_parameters(notebook: str | os.PathLike, params: Mapping[str, Any]) -> None:
+    """Reject parameters the notebook does not declare (papermill would silently inject them) and values papermill
+    cannot write into a cell (anything but None, bool, int, float, str and lists / str-keyed dicts of them)."""
+    import difflib
+
+    if not isinstance(params, Mapping):
+        raise ValueError(f"parameters: got {type(params).__name__}; allowed: a mapping of parameter name -> value")
+    known = notebook_parameters(notebook)
+    for k, v in params.items():
+        if k not in known:
+            near = difflib.get_close_matches(str(k), list(known), n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise ValueError(f"parameter {k!r}{hint} is not in the parameters cell of {Path(notebook).name}; "
+                             f"allowed: {', '.join(known)}")
+        _check_value(k, v, v)
+
+
+def _check_value(name: str, value: Any, part: Any) -> None:
+    if isinstance(part, str):
+        try:
+            part.encode("utf-8")
+            return
+        except UnicodeEncodeError:
+            pass
+    elif part is None or isinstance(part, (bool, int, float)):
+        return
+    elif isinstance(part, (list, tuple)):
+        for x in part:
+            _check_value(name, value, x)
+        return
+    elif isinstance(part, dict) and all(isinstance(key, str) for key in part):
+        for x in part.values():
+            _check_value(name, value, x)
+        return
+    raise ValueError(f"parameter {name!r}: got {value!r} (contains {type(part).__name__} {part!r}); allowed: None, "
+                     "bool, int, float, UTF-8 str, or lists and str-keyed dicts of these")
+
+
+def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parameters: Optional[dict] = None, *,
+                 html: bool = True, progress: bool = False, timeout_s: Optional[float] = None) -> dict:
+    """Execute ``notebook`` with papermill into ``out_dir`` (passed to the notebook as ``run_dir`` when it declares
+    one). Returns a status dict; never raises for a failing notebook (the error is recorded in status.json)."""
+    import papermill as pm
+
+    notebook = Path(notebook)
+    if not notebook.exists():
+        raise ValueError(f"notebook: {notebook} does not exist")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not timeout_s > 0):
+        raise ValueError(f"timeout_s: got {timeout_s!r}; allowed: None or a number of seconds > 0")
+    check_parameters(notebook, {} if parameters is None else parameters)
+    params = dict(parameters or {})
+    if "run_dir" in notebook_parameters(notebook):
+        params.setdefault("run_dir", str(Path(out_dir).resolve()))
+    run = RunDir(out_dir)
+    out_nb = run.path / notebook.name
+    atomic_write(run.path / "parameters.json", lambda f: f.write(json.dumps(params, indent=2, default=str)), "w")
+    run.write_status("running", notebook=str(notebook), parameters=params)
+    t0 = time.time()
+    status: dict = {"notebook": str(notebook), "run_dir": str(run.path), "parameters": params}
+    try:
+        pm.execute_notebook(str(notebook), str(out_nb), parameters=params, kernel_name=KERNEL,
+                            progress_bar=progress, cwd=str(notebook.parent.resolve()),
+                            execution_timeout=timeout_s)
+        status["status"] = "finished"
+    except BaseException as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
+        if isinstance(e, KeyboardInterrupt):
+            run.write_status("interrupted", **status)
+            raise
+        status.update(status="failed", error=f"{type(e).__name__}: {_first_line(e)}",
+                      traceback=traceback.format_exc(limit=3))
+    status["wall_s"] = time.time() - t0
+    if html and out_nb.exists():
+        status["html"] = _export_html(out_nb)
+    run.write_status(**status)
+    return status
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[-1] if text else repr(e)
+
+
+def _export_html(nb_path: Path) -> Optional[str]:
+    try:
+        import nbformat
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(nb_path, as_version=4))
+        out = nb_path.with_suffix(".html")
+        atomic_write(out, lambda f: f.write(body), "w")
+        return str(out)
+    except Exception as e:  # noqa: BLE001 - the executed notebook is what matters; HTML is a convenience
+        return f"html export failed: {e}"
+
+
+def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | Iterable[dict], *,
+              out: str | os.PathLike, parallel: int = 1, base: Optional[dict] = None,
+              skip_finished: bool = True, progress: bool = True) -> pd.DataFrame:
+    """Run ``notebook`` once per parameter set (a grid mapping or a list of dicts), ``parallel`` at a time.
+
+    Each concurrent run gets ``torch_threads = cores // parallel`` (when the notebook declares it) so runs side
+    by side do not thrash. Returns (and writes) the index: one row per run with its status.
+    """
+    from tqdm.auto import tqdm
+
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel: got {parallel!r}; allowed: an integer >= 1")
+    if isinstance(grid, Mapping):
+        sets = expand_grid(grid)
+    elif isinstance(grid, Iterable) and not isinstance(grid, (str, bytes)):
+        sets = list(grid)
+        for p in sets:
+            if not isinstance(p, Mapping):
+                raise ValueError(f"grid: got an element {p!r}; allowed: a mapping name -> [values] or a list of "
+                                 "parameter dicts")
+        sets = [dict(p) for p in sets]
+    else:
+        raise ValueError(f"grid: got {type(grid).__name__}; allowed: a mapping name -> [values] or a list of dicts")
+    if not sets:
+        raise ValueError("grid: no parameter sets to run")
+    if base is not None and not isinstance(base, Mapping):
+        raise ValueError(f"base: got {type(base).__name__}; allowed: None or a mapping of fixed parameters")
+    declared = notebook_parameters(notebook)
+    base = dict(base or {})
+    if "torch_threads" in declared and "torch_threads" not in base:
+        base["torch_threads"] = max(1, (os.cpu_count() or 1) // parallel)
+    runs = [{**base, **p} for p in sets]
+    for p in runs:  # validate everything before starting anything
+        check_parameters(notebook, p)
+    out = Path(out)
+    jobs = []
+    for p in runs:
+        d = out / run_id({k: v for k, v in p.items() if k != "torch_threads"})
+        if skip_finished and RunDir(d).read_status().get("status") == "finished":
+            continue
+        jobs.append((p, d))
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = [pool.submit(run_notebook, notebook, d, p) for p, d in jobs]
+        for _ in tqdm(as_completed(futures), total=len(futures), desc=f"sweep {out.name}", disable=not progress):
+            pass
+    return write_index(out, runs)
+
+
+def write_index(out: Path, runs: Sequence[dict]) -> pd.DataFrame:
+    rows = []
+    for p in runs:
+        d = out / run_id({k: v for k, v in p.items() if k != "torch_threads"})
+        st = RunDir(d).read_status()
+        rows.append({"run": d.name, "status": st.get("status"), "error": st.get("error"), "wall_s": st.get("wall_s"),
+                     **{f"param.{k}": (str(v) if isinstance(v, (list, dict)) else v) for k, v in p.items()}})
+    df = pd.DataFrame(rows)
+    atomic_write(out / "index.parquet", lambda f: df.to_parquet(f, index=False))
+    return df
+
+
+def iso_compute_plan(samples_per_step: int, n_values: Sequence[int]) -> pd.DataFrame:
+    """(N, prompts_per_step) pairs with the same samples per step, as the follow-up literature compares them.
+
+    Pairs where N does not divide the budget are dropped (and listed with a reason), never rounded silently.
+    """
+    if isinstance(samples_per_step, bool) or not isinstance(samples_per_step, int) or samples_per_step < 1:
+        raise ValueError(f"samples_per_step: got {samples_per_step!r}; allowed: an integer >= 1")
+    rows = []
+    for n in n_values:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n_values: got {n!r}; allowed: integers >= 1")
+        ok = samples_per_step % n == 0
+        rows.append({"rollouts_per_prompt": n, "prompts_per_step": samples_per_step // n if ok else None,
+                     "samples_per_step": samples_per_step if ok else None,
+                     "note": "" if ok else f"N={n} does not divide {samples_per_step}"})
+    return pd.DataFrame(rows)

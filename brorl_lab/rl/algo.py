@@ -1,0 +1,509 @@
+"""Advantage estimators, loss aggregation, policy losses, KL estimators, entropy and pass@k as pure functions.
+
+Pure torch (and numpy for pass@k): nothing here knows of engines, tasks or widgets. Every function takes explicit
+tensors and returns values; bad input raises one ``ValueError`` naming the argument, its value and what is allowed.
+Names are string-keyed (:class:`brorl_lab.core.registry.Registry`) so a sweep varies strings, not code, and
+:mod:`brorl_lab.core.config` validates ``advantage``, ``policy_loss``, ``loss_agg`` and ``kl_estimator`` against them.
+
+Shapes: ``P`` prompts (groups), ``N`` rollouts per prompt, ``b`` sequences in a (micro-)batch, ``T`` response
+tokens, ``V`` vocabulary. Layout is prompt-major (sample ``b = p * N + s``), as in
+:class:`brorl_lab.core.batch.RolloutBatch`.
+
+One update, cell by cell (what the trainer does for each micro-batch of a mini-batch)::
+
+    adv = compute_advantages(cfg.advantage, batch.rewards, batch.n, std_norm=cfg.adv_std_norm)   # [P*N]
+    norms = loss_normalisers([mb.mask for mb in micro_batches], max_response_len=cfg.max_new_tokens)
+    for mb in micro_batches:                      # mb.logp [b, T] with grad, mb.old_logp / mb.ref_logp detached
+        loss, m = POLICY_LOSSES[cfg.policy_loss](mb.logp, mb.old_logp, adv[mb.rows], mb.mask,
+                                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                                                 loss_agg=cfg.loss_agg, **norms)
+        if cfg.kl_beta:                           # L = L_pg + beta * KL(pi || pi_ref)
+            loss = loss + cfg.kl_beta * aggregate(kl_penalty(mb.logp, mb.ref_logp, cfg.kl_estimator), mb.mask,
+                                                  cfg.loss_agg, **norms)
+        if cfg.entropy_coef:                      # L = L - c * H (an entropy bonus)
+            loss = loss - cfg.entropy_coef * aggregate(entropy_from_logits(mb.logits), mb.mask, cfg.loss_agg, **norms)
+        loss.backward()                           # gradients add up to the mini-batch's: no rescaling needed
+        parts.append(m)
+    metrics = merge_metrics(parts)                # sums add up, means are recomputed from the sums
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from brorl_lab.core.registry import Registry
+
+ADVANTAGES = Registry("advantage")
+POLICY_LOSSES = Registry("policy_loss")
+KL_ESTIMATORS = Registry("kl_estimator")
+LOSS_AGGREGATIONS = Registry("loss_agg")
+
+#: ProRL v2 clamps the log-ratio of its k2 estimator to [-10, 10].
+K2_LOG_RATIO_CLAMP = 10.0
+#: A safety net for k3's exp (verl's low_var_kl clamps at 20); inactive for any sane pair of policies.
+K3_LOG_RATIO_CLAMP = 20.0
+#: Default epsilon of the std normalisations (verl's and TRL's value).
+ADV_EPS = 1e-6
+
+
+# ---- validation helpers -----------------------------------------------------------------------------------------
+def _bad(func: str, arg: str, got: str, allowed: str) -> ValueError:
+    return ValueError(f"{func}: argument '{arg}' got {got}; allowed: {allowed}")
+
+
+def _check_tensor(func: str, arg: str, x, *, dims: str, shape: Optional[tuple] = None, kind: str = "float",
+                  finite: bool = False) -> None:
+    """``x`` must be a tensor with ``len(dims)`` dimensions (and ``shape`` if given) of the given kind."""
+    ndim = dims.count(",") + 1
+    if not isinstance(x, torch.Tensor):
+        raise _bad(func, arg, f"a {type(x).__name__}", f"a torch.Tensor of shape {dims}")
+    if x.ndim != ndim or (shape is not None and tuple(x.shape) != tuple(shape)):
+        want = f"{dims} = {tuple(shape)}" if shape is not None else dims
+        raise _bad(func, arg, f"shape {tuple(x.shape)}", f"a tensor of shape {want}")
+    if kind == "bool" and x.dtype != torch.bool:
+        raise _bad(func, arg, f"dtype {x.dtype}", "a torch.bool tensor (True on real response tokens)")
+    if kind == "float" and not x.is_floating_point():
+        raise _bad(func, arg, f"dtype {x.dtype}", "a floating-point tensor")
+    if finite and not bool(torch.isfinite(x).all()):
+        raise _bad(func, arg, f"non-finite values (e.g. {x[~torch.isfinite(x)][0].item()})", "finite values only")
+
+
+def _check_number(func: str, arg: str, x, ok: Callable[[float], bool], allowed: str) -> float:
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not ok(x):
+        raise _bad(func, arg, repr(x), allowed)
+    return float(x)
+
+
+def _check_int(func: str, arg: str, x, lo: int, allowed: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
+        raise _bad(func, arg, repr(x), allowed)
+    return int(x)
+
+
+# ---- advantage estimators: rewards [P, N] -> advantages [P, N] ----------------------------------------------------
+def _advantage(name: str, needs_group: bool = True):
+    """Register an estimator ``fn(rewards [P, N], *, std_norm, eps) -> [P, N]`` behind input checks.
+
+    All estimators share the signature, so a caller passes the same options to any of them; each ignores what it
+    does not use (only ``grpo`` reads ``std_norm``). ``needs_group`` (read by config) says N >= 2 is required.
+    """
+
+    def register(fn):
+        @functools.wraps(fn)
+        def checked(rewards: torch.Tensor, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+            _check_tensor(name, "rewards", rewards, dims="[P, N]", finite=True)
+            if rewards.numel() == 0:
+                raise _bad(name, "rewards", f"shape {tuple(rewards.shape)}", "at least one group")
+            if needs_group and rewards.shape[1] < 2:
+                raise _bad(name, "rewards", f"shape {tuple(rewards.shape)} (N = {rewards.shape[1]})",
+                           f"groups of N >= 2 rollouts: '{name}' compares samples within a group")
+            if not isinstance(std_norm, bool):
+                raise _bad(name, "std_norm", repr(std_norm), "True or False")
+            eps = _check_number(name, "eps", eps, lambda e: e > 0, "a finite float > 0")
+            return fn(rewards.detach(), std_norm=std_norm, eps=eps)
+
+        checked.needs_group = needs_group
+        ADVANTAGES.register(name, checked)
+        return checked
+
+    return register
+
+
+def _group_centered(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """r - mean_g(r) and which groups are uniform; uniform groups are exactly 0 (a float mean may miss by an ulp)."""
+    mean = rewards.mean(dim=1, keepdim=True)  # [P, 1]
+    uniform = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)  # [P, 1]
+    return torch.where(uniform, 0.0, rewards - mean), uniform  # [P, N], [P, 1]
+
+
+@_advantage("grpo")
+def grpo(rewards: torch.Tensor, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+    """GRPO (DeepSeekMath; ProRL v1): the group-normalised reward.
+
+        A_{p,s} = (r_{p,s} - mean_s r_{p,.}) / (std_s r_{p,.} + eps)     if std_norm
+        A_{p,s} =  r_{p,s} - mean_s r_{p,.}                              otherwise (= dr_grpo)
+
+    The std is the *unbiased* (Bessel-corrected, divide by N-1) sample std, as verl (which trained ProRL and BroRL)
+    and TRL compute it with ``torch.std``; it is defined because groups have N >= 2. A uniform group (all rewards
+    equal) has advantage exactly 0, never NaN.
+    """
+    centered, _ = _group_centered(rewards)  # [P, N]
+    if not std_norm:
+        return centered
+    std = rewards.std(dim=1, correction=1, keepdim=True)  # [P, 1]
+    return centered / (std + eps)  # [P, N]
+
+
+@_advantage("dr_grpo")
+def dr_grpo(rewards: torch.Tensor, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+    """Dr.GRPO (Liu et al. 2025): A = r - mean_g(r), with no std division whatever ``std_norm`` says.
+
+    Dividing by the group std up-weights groups that are nearly uniform (too easy or too hard); Dr.GRPO drops it,
+    and pairs this estimator with ``loss_agg='seq_mean_token_sum_norm'`` (no per-sequence length normalisation).
+    """
+    return _group_centered(rewards)[0]  # [P, N]
+
+
+@_advantage("rloo")
+def rloo(rewards: torch.Tensor, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): the leave-one-out baseline, an unbiased baseline independent of the sample.
+
+        A_i = r_i - (1/(N-1)) sum_{j != i} r_j = N/(N-1) * (r_i - mean_g(r))
+
+    The code uses the right-hand form (one mean per group). ``std_norm`` and ``eps`` are ignored.
+    """
+    n = rewards.shape[1]
+    return _group_centered(rewards)[0] * (n / (n - 1))  # [P, N]
+
+
+@_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(rewards: torch.Tensor, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025; ProRL v2, BroRL): group mean baseline, then whole-batch whitening.
+
+        c_{p,s} = r_{p,s} - mean_s r_{p,.}                       # [P, N] group baseline
+        A_{p,s} = (c_{p,s} - mean(c)) / (std(c) + eps)           # mean and std over all P*N samples
+
+    so the batch, not each group, sets the scale: a nearly uniform group keeps small advantages instead of being
+    blown up by its own tiny std. The std is the unbiased one over the P*N sequences (one value per sequence; verl
+    whitens the same values over *tokens*, which weighs long responses more). Pass the rewards of the whole step
+    (after dynamic sampling), not of one mini-batch. Uniform groups get exactly 0. ``std_norm`` is ignored.
+    """
+    centered, uniform = _group_centered(rewards)  # [P, N], [P, 1]
+    if centered.numel() < 2:
+        return centered
+    whitened = (centered - centered.mean()) / (centered.std(correction=1) + eps)  # [P, N]
+    return torch.where(uniform, 0.0, whitened)
+
+
+def compute_advantages(name: str, rewards, n: int, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+    """Per-sample advantages [P*N] from per-sample rewards [P*N] (prompt-major) with the estimator ``name``.
+
+        A = ADVANTAGES[name](rewards.view(P, N)).view(P*N)
+
+    ``name`` is one of :data:`ADVANTAGES` ('grpo', 'dr_grpo', 'rloo', 'reinforce_pp_baseline'); ``std_norm`` is
+    config's ``adv_std_norm`` (read by 'grpo' only). Rewards may be any real dtype (bool and int become float32);
+    they must be finite, non-empty and a whole number of groups of ``n``. The result is detached.
+    """
+    fn = ADVANTAGES.get(name)
+    n = _check_int("compute_advantages", "n", n, 1, "an integer >= 1 (rollouts per prompt)")
+    if fn.needs_group and n < 2:
+        raise _bad("compute_advantages", "n", repr(n), f"an integer >= 2 for the group estimator '{name}'")
+    if not isinstance(rewards, torch.Tensor):
+        rewards = torch.as_tensor(rewards)
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.float32)
+    _check_tensor("compute_advantages", "rewards", rewards, dims="[P*N]", finite=True)
+    if rewards.numel() == 0 or rewards.numel() % n:
+        raise _bad("compute_advantages", "rewards", f"length {rewards.numel()}",
+                   f"a positive multiple of n={n} (P prompts x N rollouts, prompt-major)")
+    return fn(rewards.view(-1, n), std_norm=std_norm, eps=eps).reshape(-1)  # [P, N] -> [P*N]
+
+
+# ---- loss aggregation: values [b, T] -> scalar ---------------------------------------------------------------------
+def loss_normalisers(masks: Sequence[torch.Tensor], *, max_response_len: Optional[int] = None) -> dict:
+    """The global normalisers of a mini-batch split into micro-batches (their masks [b_i, T_i], any T_i).
+
+        num_tokens = sum_i |mask_i|                      (response tokens)
+        num_seqs   = number of rows with >= 1 token      (sequences)
+        max_response_len = the given constant, else max_i T_i
+
+    Pass them to :func:`aggregate` (and the policy losses) for every micro-batch, and the micro-batch results sum
+    to the mini-batch aggregate. For Dr.GRPO pass ``max_response_len=cfg.max_new_tokens`` so the divisor is one
+    constant through training (its paper's intent), not the longest response of the moment. Each count is at
+    least 1, so an all-padding batch aggregates to 0, not NaN.
+    """
+    if isinstance(masks, torch.Tensor):
+        masks = [masks]
+    for i, m in enumerate(masks):
+        _check_tensor("loss_normalisers", f"masks[{i}]", m, dims="[b, T]", kind="bool")
+    if max_response_len is None:
+        max_response_len = max([m.shape[1] for m in masks], default=1)
+    max_response_len = _check_int("loss_normalisers", "max_response_len", max_response_len, 1, "an integer >= 1")
+    return {"num_tokens": max(1, sum(int(m.sum()) for m in masks)),
+            "num_seqs": max(1, sum(int(m.any(dim=1).sum()) for m in masks)),
+            "max_response_len": max_response_len}
+
+
+@LOSS_AGGREGATIONS.register("token_mean")
+def _token_mean(masked: torch.Tensor, lengths: torch.Tensor, norms: dict) -> torch.Tensor:
+    return masked.sum() / norms["num_tokens"]  # sum_{s,t} m v / num_tokens
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_mean")
+def _seq_mean_token_mean(masked: torch.Tensor, lengths: torch.Tensor, norms: dict) -> torch.Tensor:
+    per_seq = masked.sum(dim=1) / lengths.clamp(min=1)  # [b] mean over each sequence's own tokens
+    return per_seq.sum() / norms["num_seqs"]
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_sum_norm")
+def _seq_mean_token_sum_norm(masked: torch.Tensor, lengths: torch.Tensor, norms: dict) -> torch.Tensor:
+    return masked.sum() / (norms["max_response_len"] * norms["num_seqs"])
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens=None, num_seqs=None,
+              max_response_len=None) -> torch.Tensor:
+    """Reduce per-token values [b, T] (masked) to a scalar, micro-batch friendly.
+
+        token_mean:              sum_{s,t} m_st v_st / num_tokens                          (DAPO, verl default)
+        seq_mean_token_mean:     sum_s (sum_t m_st v_st / |m_s|) / num_seqs                (original GRPO)
+        seq_mean_token_sum_norm: sum_{s,t} m_st v_st / (max_response_len * num_seqs)       (Dr.GRPO)
+
+    ``token_mean`` weighs every token equally (a long response counts more); ``seq_mean_token_mean`` weighs every
+    sequence equally (a token of a short response counts more); ``seq_mean_token_sum_norm`` is ``token_mean``'s
+    per-token weighting with a constant divisor. The normalisers default to this batch's own counts (see
+    :func:`loss_normalisers`); pass the whole mini-batch's to make the micro-batch results sum to the mini-batch
+    aggregate. Masked-out positions never contribute, even if they hold inf or NaN.
+    """
+    fn = LOSS_AGGREGATIONS.get(mode)
+    _check_tensor("aggregate", "values", values, dims="[b, T]")
+    _check_tensor("aggregate", "mask", mask, dims="[b, T]", shape=tuple(values.shape), kind="bool")
+    norms = loss_normalisers([mask])
+    for arg, given in (("num_tokens", num_tokens), ("num_seqs", num_seqs), ("max_response_len", max_response_len)):
+        if given is not None:
+            norms[arg] = _check_number("aggregate", arg, given, lambda v: v > 0, "None or a finite number > 0")
+    masked = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))  # [b, T]
+    return fn(masked, mask.sum(dim=1), norms)
+
+
+# ---- policy losses: (logp, old_logp, advantages, mask) -> (loss, metrics) ---------------------------------------
+#: Derived means in a metrics dict: ``mean key -> the sum key`` it divides by ``tokens``. Every other key is a sum.
+METRIC_MEANS = {"clipfrac_low": "clip_low_tokens", "clipfrac_high": "clip_high_tokens", "ratio_mean": "ratio_sum",
+                "approx_kl": "approx_kl_sum", "tis_weight_mean": "tis_weight_sum"}
+
+
+def _with_means(sums: dict) -> dict:
+    out = dict(sums)
+    tokens = sums.get("tokens", 0.0)
+    for mean_key, sum_key in METRIC_MEANS.items():
+        if sum_key in sums:
+            out[mean_key] = sums[sum_key] / tokens if tokens else 0.0
+    return out
+
+
+def merge_metrics(parts: Sequence[dict]) -> dict:
+    """Combine the metrics of micro-batches: every sum (and count) adds up, the means are recomputed from them.
+
+        clipfrac_low = sum_i clip_low_tokens_i / sum_i tokens_i      (and likewise for every key in METRIC_MEANS)
+
+    ``loss`` adds up to the mini-batch loss when the micro-batches were given the global normalisers.
+    """
+    total: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if key not in METRIC_MEANS:
+                total[key] = total.get(key, 0.0) + float(value)
+    return _with_means(total)
+
+
+def _loss_metrics(loss: torch.Tensor, mask: torch.Tensor, log_ratio: Optional[torch.Tensor],
+                  tis_weights: Optional[torch.Tensor], clip_low: Optional[torch.Tensor] = None,
+                  clip_high: Optional[torch.Tensor] = None) -> dict:
+    """Sums and counts over the real tokens of one micro-batch, plus the means they give (see merge_metrics)."""
+    with torch.no_grad():
+        count = lambda x: float(x.sum()) if x is not None else 0.0  # noqa: E731
+        wide = lambda x: x.to(torch.promote_types(x.dtype, torch.float32))[mask]  # noqa: E731  [tokens], >= fp32
+        sums = {"loss": loss.detach().item(), "tokens": count(mask), "clip_low_tokens": count(clip_low),
+                "clip_high_tokens": count(clip_high)}
+        if log_ratio is not None:
+            log_r = wide(log_ratio)  # [tokens] log pi_theta - log pi_old
+            sums["ratio_sum"] = float(log_r.exp().sum())
+            # k3 estimate of KL(pi_old || pi_theta) from tokens sampled by pi_old: (r - 1) - log r >= 0
+            sums["approx_kl_sum"] = float((torch.expm1(log_r) - log_r).sum())
+        if tis_weights is not None:
+            sums["tis_weight_sum"] = float(wide(tis_weights).sum())
+        return _with_means(sums)
+
+
+def _check_loss_inputs(func: str, logp, old_logp, advantages, mask, tis_weights, loss_agg, *,
+                       old_logp_required: bool) -> None:
+    _check_tensor(func, "logp", logp, dims="[b, T]")
+    shape = tuple(logp.shape)
+    if old_logp is not None or old_logp_required:
+        _check_tensor(func, "old_logp", old_logp, dims="[b, T]", shape=shape)
+    _check_tensor(func, "advantages", advantages, dims="[b]", shape=shape[:1], finite=True)
+    _check_tensor(func, "mask", mask, dims="[b, T]", shape=shape, kind="bool")
+    if tis_weights is not None:
+        _check_tensor(func, "tis_weights", tis_weights, dims="[b, T]", shape=shape)
+    if loss_agg not in LOSS_AGGREGATIONS:
+        LOSS_AGGREGATIONS.get(loss_agg)  # raises: unknown loss_agg ..., did you mean ..., allowed ...
+
+
+def _weighted(per_token: torch.Tensor, tis_weights: Optional[torch.Tensor]) -> torch.Tensor:
+    return per_token if tis_weights is None else per_token * tis_weights.detach()  # [b, T]
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+             eps_low: float, eps_high: float, loss_agg: str, tis_weights: Optional[torch.Tensor] = None,
+             num_tokens=None, num_seqs=None, max_response_len=None) -> tuple[torch.Tensor, dict]:
+    """PPO-clip with the decoupled range of DAPO's clip-higher (ProRL: eps_low 0.2, eps_high 0.4 / 0.28).
+
+        r_t = exp(log pi_theta(a_t) - log pi_old(a_t))                           # [b, T]
+        l_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)  (* w_t)       # [b, T], w = tis_weights
+        L   = aggregate(l, mask, loss_agg, normalisers)
+
+    A token's gradient is cut when its ratio left the trust region in the direction the advantage pushes:
+    A < 0 and r < 1 - eps_low (counted in ``clip_low_tokens``) or A > 0 and r > 1 + eps_high (``clip_high_tokens``).
+    On-policy (logp == old_logp) r = 1, nothing is clipped and the gradient equals :func:`pg`'s.
+    ``old_logp``, ``advantages`` and ``tis_weights`` are treated as constants (detached).
+
+    Metrics (floats, micro-batch friendly; see :func:`merge_metrics`): ``loss``, ``tokens``, ``clip_low_tokens``,
+    ``clip_high_tokens``, ``ratio_sum``, ``approx_kl_sum`` (the k3 estimator (r - 1) - log r of KL(pi_old || pi_theta),
+    unbiased and >= 0 on tokens drawn from pi_old), ``tis_weight_sum`` when weights are given, and the means
+    ``clipfrac_low``, ``clipfrac_high``, ``ratio_mean``, ``approx_kl`` (, ``tis_weight_mean``) over this batch's tokens.
+    """
+    _check_loss_inputs("ppo_clip", logp, old_logp, advantages, mask, tis_weights, loss_agg, old_logp_required=True)
+    eps_low = _check_number("ppo_clip", "eps_low", eps_low, lambda e: 0 <= e < 1, "a float in [0, 1)")
+    eps_high = _check_number("ppo_clip", "eps_high", eps_high, lambda e: e >= 0, "a finite float >= 0")
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    log_ratio = torch.where(mask, logp - old_logp.detach(), zero)  # [b, T], 0 on padding so exp stays finite
+    ratio = log_ratio.exp()  # [b, T]
+    adv = advantages.detach().to(logp.dtype)[:, None]  # [b, 1]
+    unclipped = -adv * ratio  # [b, T]
+    clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)  # [b, T]
+    per_token = _weighted(torch.maximum(unclipped, clipped), tis_weights)  # [b, T]  -min(rA, clip(r)A)
+    loss = aggregate(per_token, mask, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
+                     max_response_len=max_response_len)
+    with torch.no_grad():
+        clip_low = mask & (adv < 0) & (ratio < 1 - eps_low)  # [b, T]
+        clip_high = mask & (adv > 0) & (ratio > 1 + eps_high)  # [b, T]
+    return loss, _loss_metrics(loss, mask, log_ratio, tis_weights, clip_low, clip_high)
+
+
+@POLICY_LOSSES.register("pg")
+def pg(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor, *,
+       loss_agg: str, eps_low: Optional[float] = None, eps_high: Optional[float] = None,
+       tis_weights: Optional[torch.Tensor] = None, num_tokens=None, num_seqs=None,
+       max_response_len=None) -> tuple[torch.Tensor, dict]:
+    """Plain policy gradient (REINFORCE with the given advantages); ratio-free, no clipping.
+
+        l_t = -A log pi_theta(a_t)  (* w_t)          # [b, T]
+        L   = aggregate(l, mask, loss_agg, normalisers)
+
+    Its gradient -A grad log pi is PPO-clip's at r = 1, so it is exact on-policy (one optimizer step per rollout
+    batch) and biased once the policy has moved. ``eps_low``/``eps_high`` are accepted and ignored so any
+    registered loss takes the same arguments. ``old_logp`` (may be None) is only used for the metrics (the same
+    keys as :func:`ppo_clip`, clip counts always 0), which then show how far off-policy the update ran.
+    """
+    _check_loss_inputs("pg", logp, old_logp, advantages, mask, tis_weights, loss_agg, old_logp_required=False)
+    adv = advantages.detach().to(logp.dtype)[:, None]  # [b, 1]
+    per_token = _weighted(-adv * logp, tis_weights)  # [b, T]
+    loss = aggregate(per_token, mask, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
+                     max_response_len=max_response_len)
+    log_ratio = None if old_logp is None else (logp - old_logp).detach()  # [b, T]
+    return loss, _loss_metrics(loss, mask, log_ratio, tis_weights)
+
+
+def truncated_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights [b, T] correcting for the engine's sampler differing from the trainer.
+
+        w_t = min(exp(log pi_trainer(a_t) - log pi_engine(a_t)), cap)      (detached)
+
+    The rollout engine (vllm, a KV-cache sampler, other kernels or precision) samples from pi_engine, but the loss
+    assumes pi_old = pi_trainer; w_t reweights each token, truncated at ``cap`` (config ``tis_cap``; ProRL v2) to
+    bound the variance. Pass the result as ``tis_weights`` to a policy loss. Values on padding do not matter.
+    """
+    _check_tensor("truncated_is_weights", "trainer_logp", trainer_logp, dims="[b, T]")
+    _check_tensor("truncated_is_weights", "engine_logp", engine_logp, dims="[b, T]", shape=tuple(trainer_logp.shape))
+    cap = _check_number("truncated_is_weights", "cap", cap, lambda c: c > 0, "a finite float > 0 (config tis_cap)")
+    with torch.no_grad():
+        return torch.clamp(torch.exp(trainer_logp - engine_logp), max=cap)  # [b, T]
+
+
+# ---- KL to the reference: log pi(a_t), log pi_ref(a_t) [b, T] -> per-token estimate [b, T] ----------------------
+@KL_ESTIMATORS.register("k1")
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = log pi - log pi_ref: unbiased for KL(pi || pi_ref) on tokens drawn from pi, but high variance and
+    negative on some tokens."""
+    return logp - ref_logp  # [b, T]
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = 0.5 (clamp(log pi - log pi_ref, -10, 10))^2 (ProRL v2): >= 0, low variance, biased (second order in
+    the log-ratio); its gradient is the gradient of KL(pi || pi_ref) under on-policy sampling."""
+    d = (logp - ref_logp).clamp(-K2_LOG_RATIO_CLAMP, K2_LOG_RATIO_CLAMP)  # [b, T]
+    return 0.5 * d * d
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1 (Schulman 2020; verl's default 'low_var_kl').
+
+    With rho = pi_ref / pi: k3 = (rho - 1) - log rho >= 0, and E_pi[rho - 1] = 0, so E_pi[k3] = E_pi[-log rho] =
+    KL(pi || pi_ref): unbiased, non-negative and low variance. The log-ratio is clamped to +-20 against overflow.
+    Computed as expm1(d) - d: exp(d) - d - 1 cancels catastrophically for small d (the usual regime near the
+    reference: in float32 it is pure rounding noise below |d| ~ 1e-4, and can come out negative).
+    """
+    d = (ref_logp - logp).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)  # [b, T]
+    return torch.expm1(d) - d
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate [b, T] of KL(pi_theta || pi_ref) on tokens sampled from pi_theta, by name.
+
+    ``estimator`` is one of :data:`KL_ESTIMATORS` ('k1', 'k2', 'k3'); ``ref_logp`` is detached. Aggregate it with
+    :func:`aggregate` and add ``kl_beta`` times it to the policy loss (padding positions are then ignored).
+    """
+    fn = KL_ESTIMATORS.get(estimator)
+    _check_tensor("kl_penalty", "logp", logp, dims="[b, T]")
+    _check_tensor("kl_penalty", "ref_logp", ref_logp, dims="[b, T]", shape=tuple(logp.shape))
+    return fn(logp, ref_logp.detach())
+
+
+# ---- entropy ---------------------------------------------------------------------------------------------------------
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy [b, T] of softmax(logits [b, T, V]) over the vocabulary.
+
+        H = -sum_v p_v log p_v,   log p = log_softmax(z) = z - logsumexp(z)
+
+    ``log_softmax`` never overflows; logits of -inf (masked tokens) are replaced by the dtype's most negative finite
+    value first, so their p log p is 0 * finite = 0 and the gradient stays finite. Computed in the logits' dtype:
+    upcast bf16 logits to float32 if precision matters more than memory.
+    """
+    _check_tensor("entropy_from_logits", "logits", logits, dims="[b, T, V]")
+    z = logits.masked_fill(torch.isneginf(logits), torch.finfo(logits.dtype).min)  # [b, T, V]
+    logp = torch.log_softmax(z, dim=-1)  # [b, T, V]
+    return -(logp.exp() * logp).sum(dim=-1)  # [b, T]
+
+
+# ---- pass@k ----------------------------------------------------------------------------------------------------------
+def pass_at_k_array(n, c, k) -> np.ndarray:
+    """Unbiased pass@k over arrays of (n samples, c correct) per prompt (numpy broadcasting; k scalar or array).
+
+        pass@k = 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)          (Chen et al. 2021)
+
+    The product form never forms a binomial coefficient (C(256, 128) overflows float64's exactness); when
+    n - c < k every k-subset holds a correct sample and pass@k = 1. Returns float64 of the broadcast shape.
+    """
+    n, c, k = (np.asarray(x) for x in (n, c, k))
+    for arg, x in (("n", n), ("c", c), ("k", k)):
+        if x.dtype.kind not in "iu":
+            raise _bad("pass_at_k", arg, f"dtype {x.dtype}", "integers")
+    n, c, k = np.broadcast_arrays(n, c, k)
+    for arg, x, bad, allowed in (("c", c, (c < 0) | (c > n), "integers with 0 <= c <= n (correct among n samples)"),
+                                 ("k", k, (k < 1) | (k > n), "integers with 1 <= k <= n")):
+        if np.any(bad):
+            pairs = ", ".join(f"{arg}={int(v)} (n={int(m)})" for v, m in list(zip(x[bad], n[bad]))[:3])
+            raise _bad("pass_at_k", arg, pairs, allowed)
+    if n.size == 0:
+        return np.zeros(n.shape, dtype=np.float64)
+    j = np.arange(int(c.max()))  # [J] the i = n - j for j < c run over n-c+1 .. n
+    valid = j < c[..., None]  # [..., J]
+    i = np.where(valid, n[..., None] - j, 1).astype(np.float64)  # [..., J]
+    factors = np.where(valid, 1.0 - k[..., None] / i, 1.0)  # [..., J]
+    return np.where(n - c < k, 1.0, 1.0 - factors.prod(axis=-1))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one prompt: n samples, c of them correct (see :func:`pass_at_k_array` for the math)."""
+    for arg, x in (("n", n), ("c", c), ("k", k)):
+        _check_int("pass_at_k", arg, x, 0, "a non-negative integer")
+    return float(pass_at_k_array(n, c, k))

@@ -1,0 +1,215 @@
+"""The stages of one RL step as cell-friendly functions. The `Trainer` calls exactly these, in this order:
+
+    items  = sample_prompts(["chain_sum"], count=8, seed=0)          # tasks -> list[TaskItem]
+    batch  = rollout(engine, items, n=16)                            # engine -> RolloutBatch (tokens, logprobs)
+    batch  = score(batch)                                            # verifiers -> rewards, correct
+    batch, stats = filter_groups(batch)                              # dynamic sampling (DAPO)
+    adv    = advantages(batch, "grpo")                               # [P*N] one scalar per sample
+    report = update(policy, optimizer, batch, adv, reference=ref, cfg=cfg)   # micro-batched PPO-clip + KL
+    sync(engine, policy)                                             # engine samples from the new weights
+
+Each returns a plain value a notebook can display (RolloutBatch renders as an HTML table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from brorl_lab.rl import algo
+from brorl_lab.core.batch import RolloutBatch
+from brorl_lab.core.config import Config
+from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches, token_logprobs
+from brorl_lab.rollout.rewards import score
+from brorl_lab.rollout.tasks import TASKS, TaskItem, sample_items
+
+__all__ = ["sample_prompts", "rollout", "score", "filter_groups", "advantages", "update", "sync",
+           "is_on_policy", "UpdateReport", "NonFiniteError"]
+
+
+def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
+    """``count`` task items mixed uniformly over ``tasks``, deterministic in ``seed``.
+
+    >>> items = sample_prompts(["chain_sum"], count=4, seed=0)
+    >>> items[0].question
+    """
+    return sample_items(list(tasks), count, seed=seed, split=split)
+
+
+def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: Optional[SamplingParams] = None,
+            *, template: str = "plain", tokenizer=None) -> RolloutBatch:
+    """N samples for each task item: formats each item's prompt with ``template`` and calls the engine.
+
+    >>> engine = make_engine("torch", "default")
+    >>> batch = rollout(engine, sample_prompts(["chain_sum"], 4, seed=0), n=16)
+    >>> batch            # HTML table of a few samples per prompt
+    """
+    if not items:
+        raise ValueError("items: got an empty list; allowed: a non-empty list of TaskItem (see sample_prompts)")
+    tok = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+    prompts = [TASKS[it.family].format_prompt(it, template, tok) for it in items]
+    batch = engine.generate(prompts, n, sampling or SamplingParams())
+    batch.items = list(items)
+    batch.meta["template"] = template
+    return batch
+
+
+@dataclass
+class FilterStats:
+    generated_groups: int
+    kept_groups: int
+    all_correct_groups: int
+    all_wrong_groups: int
+
+    @property
+    def pass_rate(self) -> float:
+        """Kept / generated groups: BroRL's "dynamic-sampling pass rate" (41% at N=16, 62% at N=512)."""
+        return self.kept_groups / self.generated_groups if self.generated_groups else 0.0
+
+
+def filter_groups(batch: RolloutBatch) -> tuple[RolloutBatch, FilterStats]:
+    """Dynamic sampling (DAPO): drop the groups whose N samples are all correct or all wrong.
+
+    Such groups have zero advantage under any group baseline, so they add no gradient, only noise in the
+    normaliser. Returns the informative groups and the counts.
+    """
+    if batch.correct is None:
+        raise ValueError("batch.correct: missing; call score(batch) before filter_groups")
+    frac = batch.grouped(batch.correct.float()).mean(1)  # [P] group accuracy
+    keep = torch.nonzero((frac > 0) & (frac < 1)).flatten()
+    stats = FilterStats(batch.num_prompts, int(keep.numel()), int((frac == 1).sum()), int((frac == 0).sum()))
+    return batch.select_prompts(keep), stats
+
+
+def advantages(batch: RolloutBatch, estimator: str = "grpo", **options) -> torch.Tensor:
+    """Per-sample advantages [P*N] from ``batch.rewards`` with a registered estimator (see algo.ADVANTAGES)."""
+    if batch.rewards is None:
+        raise ValueError("batch.rewards: missing; call score(batch) first")
+    return algo.compute_advantages(estimator, batch.rewards, batch.n, **options)
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was NaN/inf; the update was not applied."""
+
+
+@dataclass
+class UpdateReport:
+    """What one update did: averaged metrics plus the pieces the trainer logs."""
+
+    metrics: dict = field(default_factory=dict)
+    optimizer_steps: int = 0
+
+    def __repr__(self) -> str:
+        keys = ("loss", "kl", "entropy", "clipfrac_low", "clipfrac_high", "grad_norm")
+        return "UpdateReport(" + ", ".join(f"{k}={self.metrics[k]:.4g}" for k in keys if k in self.metrics) + ")"
+
+
+def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch, adv: torch.Tensor, *,
+           cfg: Config, reference: Optional[torch.nn.Module] = None,
+           old_logprobs: Optional[torch.Tensor] = None) -> UpdateReport:
+    """One RL update on a scored, filtered batch: ``cfg.optimizer_steps_per_step`` PPO mini-batches (whole groups),
+    each accumulated over micro-batches of at most ``cfg.train_micro_batch_tokens`` tokens.
+
+    Loss per mini-batch (aggregated with ``cfg.loss_agg`` over the mini-batch's tokens):
+
+        L = L_policy(ratio, A; eps_low, eps_high) + beta * KL_est(pi || pi_ref) - c_ent * H(pi)
+
+    ``old_logprobs`` [P*N, T] are the behaviour policy's log-probs recomputed by the trainer (``compute_logprobs``);
+    when not given they are computed here, or, if :func:`is_on_policy`, taken as each micro-batch's ``logp.detach()``
+    (the same numbers, one no-grad forward fewer). With ``cfg.tis_cap`` the engine's own log-probs give truncated importance weights.
+    Raises :class:`NonFiniteError` (weights and optimizer untouched) if a loss or gradient is not finite.
+    """
+    if batch.size == 0:
+        raise ValueError("batch: no samples to update on (all groups filtered?)")
+    device = next(policy.parameters()).device
+    temperature = float(batch.meta.get("temperature", cfg.temperature))
+    mask = batch.response_mask  # [P*N, T]
+    lp_options = dict(temperature=temperature, layout=cfg.logprob_layout)
+    if old_logprobs is None and not is_on_policy(cfg):
+        old_logprobs = compute_logprobs(policy, batch, micro_batch_tokens=cfg.train_micro_batch_tokens, **lp_options)
+    ref_logprobs = None
+    if cfg.kl_beta > 0:
+        if reference is None:
+            raise ValueError("reference: kl_beta > 0 needs a reference policy (see models.make_reference)")
+        ref_logprobs = compute_logprobs(reference, batch, micro_batch_tokens=cfg.train_micro_batch_tokens,
+                                        **lp_options)
+    tis = algo.truncated_is_weights(old_logprobs, batch.logprobs, cfg.tis_cap) if cfg.tis_cap else None
+    loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
+
+    # Mini-batches split whole groups, so each optimizer step sees complete groups.
+    groups = torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step)
+    snapshot = _snapshot(policy, optimizer) if len(groups) > 1 else None
+    per_minibatch: list[dict] = []
+    for g in groups:
+        rows = batch.rows_of(g)  # [|g|*N]
+        # The mini-batch's global normalisers, so micro-batch losses (and gradients) add up to the mini-batch's.
+        norm = {"num_tokens": max(1, int(mask[rows].sum())), "num_seqs": len(rows),
+                "max_response_len": cfg.max_new_tokens}
+        optimizer.zero_grad(set_to_none=True)
+        parts: list[dict] = []
+        for mb in plan_micro_batches(policy, batch, rows, cfg.train_micro_batch_tokens, cfg.logprob_layout):
+            r = rows[mb]
+            logp, ent = token_logprobs(policy, batch, r, with_entropy=True, entropy_grad=bool(cfg.entropy_coef),
+                                       **lp_options)  # [b, T]; H only logged (no graph) unless it is in the loss
+            m = mask[r].to(device)
+            old = logp.detach() if old_logprobs is None else old_logprobs[r].to(device)  # [b, T]
+            loss, met = loss_fn(logp, old, adv[r].to(device), m, eps_low=cfg.eps_low,
+                                eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
+                                tis_weights=None if tis is None else tis[r].to(device), **norm)
+            met = {**met, "policy_loss": met["loss"]}
+            if ref_logprobs is not None:  # L += beta * KL(pi || pi_ref)
+                kl = algo.aggregate(algo.kl_penalty(logp, ref_logprobs[r].to(device), cfg.kl_estimator), m,
+                                    cfg.loss_agg, **norm)
+                loss = loss + cfg.kl_beta * kl
+                met["kl"] = kl.item()
+            ent_agg = algo.aggregate(ent, m, cfg.loss_agg, **norm)  # H of the full distribution, not the NLL
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * ent_agg
+            met.update(loss=loss.item(), entropy=ent_agg.item())
+            if not torch.isfinite(loss):
+                optimizer.zero_grad(set_to_none=True)
+                _restore(policy, optimizer, snapshot)
+                raise NonFiniteError(f"loss is {loss.item()} (policy loss {met['policy_loss']})")
+            loss.backward()
+            parts.append(met)
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+        if not torch.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            _restore(policy, optimizer, snapshot)
+            raise NonFiniteError(f"gradient norm is {grad_norm.item()}")
+        optimizer.step()
+        per_minibatch.append({**algo.merge_metrics(parts), "grad_norm": grad_norm.item()})
+    k = len(per_minibatch)
+    keys = [key for key in per_minibatch[0] if key not in ("tokens",) and not key.endswith(("_tokens", "_sum"))]
+    metrics = {key: sum(mb.get(key, 0.0) for mb in per_minibatch) / k for key in keys}  # mean over mini-batches
+    metrics["train_tokens"] = sum(mb.get("tokens", 0.0) for mb in per_minibatch)
+    return UpdateReport(metrics, optimizer_steps=k)
+
+
+def is_on_policy(cfg: Config) -> bool:
+    """Whether the update's behaviour policy is the policy being differentiated: one optimizer step per RL step
+    and no truncated IS. Then old_logp == logp (the engine sampled from these weights and nothing has stepped), so
+    ``update`` uses ``logp.detach()`` and skips a forward, as TRL's GRPOTrainer does with ``num_iterations=1``."""
+    return cfg.optimizer_steps_per_step == 1 and cfg.tis_cap is None
+
+
+def sync(engine: RolloutEngine, policy: torch.nn.Module) -> None:
+    """Push the trainer's weights into the rollout engine, so the next rollout samples from the new policy."""
+    engine.sync_weights(policy)
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------------
+def _snapshot(policy, optimizer):
+    """Copies to roll back a multi-mini-batch step whose later mini-batch turns out non-finite."""
+    import copy
+
+    return ({k: v.detach().clone() for k, v in policy.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
+
+
+def _restore(policy, optimizer, snapshot) -> None:
+    if snapshot is not None:
+        policy.load_state_dict(snapshot[0])
+        optimizer.load_state_dict(snapshot[1])

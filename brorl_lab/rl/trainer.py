@@ -1,0 +1,403 @@
+"""The training loop: the stages of :mod:`brorl_lab.rl.steps` called in order, timed, logged, checkpointed.
+
+    trainer = Trainer(Config(rollouts_per_prompt=16, steps=20))
+    metrics = trainer.run()            # DataFrame, one row per step (row 0: the evaluation before training)
+
+One step, top to bottom (CleanRL style):
+    1. rollout + score + filter   repeated (dynamic sampling) until `prompts_per_step` informative groups or the cap
+    2. advantages                 registered estimator over each group of N
+    3. logprobs                   behaviour (old) log-probs, micro-batched by tokens (skipped on-policy: update
+                                  then uses its own logp.detach()); reference log-probs inside update
+    4. update                     `optimizer_steps_per_step` mini-batches of PPO-clip + KL
+    5. sync                       engine gets the new weights
+    6. log / eval / reset / checkpoint
+
+Determinism: all sampling randomness is keyed by (seed, step, round), and checkpoints carry the RNG states, so a
+resumed run reproduces an uninterrupted one exactly on CPU. Ctrl-C (or a Jupyter kernel interrupt) stops after
+the current step and leaves a resumable checkpoint.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from brorl_lab.rl import steps as S
+from brorl_lab.core.batch import RolloutBatch
+from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.rollout.engines import make_engine
+from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rl.evaluation import evaluate
+from brorl_lab.rl.logprobs import compute_logprobs
+from brorl_lab.core.seeding import derive_seed
+from brorl_lab.rollout.tasks.templates import resolve_template
+from brorl_lab.core.rundir import RunDir, atomic_write
+
+CHECKPOINT_FILE = "state.pt"
+
+
+def _check_eval_sets(cfg: Config) -> None:
+    from brorl_lab.rollout.tasks import eval_path
+
+    for t in (cfg.eval_tasks or cfg.tasks) if cfg.eval_every else ():
+        if not eval_path(t).is_file():
+            raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
+                              f"({eval_path(t)} missing); allowed: tasks with an eval set, eval_every=0, or "
+                              f"generate it with `python -m brorl_lab make-data --families {t}`")
+
+
+def default_run_name(cfg: Config) -> str:
+    return f"{'-'.join(cfg.tasks)}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}_s{cfg.seed}"
+
+
+class Trainer:
+    """Runs a config end to end. Pass ``policy``/``tokenizer``/``engine`` to reuse objects a notebook already built."""
+
+    def __init__(self, cfg: Config, *, policy=None, tokenizer=None, engine: Optional[RolloutEngine] = None,
+                 run_dir: str | Path | None = None, progress: bool = True,
+                 callbacks: Sequence[Callable[["Trainer", dict], None]] = ()):
+        if not isinstance(cfg, Config):
+            raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config")
+        from brorl_lab.core.models import load_policy, make_reference, pick_device
+
+        cfg.validate()  # again: a notebook may have edited fields since the Config was built
+        _check_eval_sets(cfg)  # fail before the model loads and before the run directory is touched
+        self.cfg = cfg
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        self.device = pick_device(cfg.device)
+        if policy is None:
+            try:
+                policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
+            except OSError as e:  # transformers' "not a valid model identifier" / no network for a hub id
+                raise ConfigError(f"config field 'model': could not load {cfg.model!r} "
+                                  f"({str(e).strip().splitlines()[0]}); allowed: 'default', a local HF model "
+                                  "directory or a hub id that is reachable or cached") from e
+        elif tokenizer is None:
+            raise ValueError("tokenizer: required when a policy object is passed")
+        self.policy, self.tokenizer = policy, tokenizer
+        self.policy.train()
+        self.reference = make_reference(policy) if cfg.kl_beta > 0 else None
+        self.optimizer = self._make_optimizer()
+        self.engine = engine if engine is not None else self._make_engine()
+        self._own_engine = engine is None
+        self.template = resolve_template(cfg.template, cfg.model, tokenizer)
+        self.run_dir = RunDir.create(cfg.run_dir, cfg.run_name or default_run_name(cfg)) if run_dir is None \
+            else RunDir(run_dir)
+        self.progress = progress
+        self.callbacks = list(callbacks)
+        self.rows: list[dict] = []
+        self.step_idx = 0  # completed training steps
+        self.cum = {"samples": 0, "tokens": 0, "wall_s": 0.0}
+        self.bad_steps = 0
+        self._stop = threading.Event()
+        self.run_dir.write_config(cfg.to_dict())
+        self.run_dir.write_environment()
+
+    # ---- construction -----------------------------------------------------------------------------------------------
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        c = self.cfg
+        return torch.optim.AdamW(self.policy.parameters(), lr=c.effective_lr, betas=tuple(c.adam_betas),
+                                 weight_decay=c.weight_decay)
+
+    def _make_engine(self) -> RolloutEngine:
+        c = self.cfg
+        kw = {"device": c.device, "dtype": c.dtype}
+        wrapped = c.ray_worker_engine if c.engine == "ray" else c.engine
+        if wrapped in ("torch", "hf"):
+            kw["chunk_sequences"] = c.rollout_chunk_sequences
+        if c.engine == "ray":
+            kw.update(workers=c.ray_workers, worker_engine=c.ray_worker_engine, address=c.ray_address)
+        return make_engine(c.engine, self.policy, self.tokenizer, **kw)
+
+    def sampling(self, step: int, rnd: int) -> SamplingParams:
+        c = self.cfg
+        return SamplingParams(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
+                              seed=derive_seed(c.seed, "rollout", step, rnd))
+
+    # ---- stage 1: rollout + score + dynamic sampling ---------------------------------------------------------------
+    def collect(self, step: int) -> tuple[RolloutBatch, dict]:
+        """Roll out and score full batches of ``prompts_per_step`` prompts until enough groups are informative."""
+        c = self.cfg
+        kept: list[RolloutBatch] = []
+        seen: list[RolloutBatch] = []
+        t = {"rollout": 0.0, "score": 0.0, "filter": 0.0}
+        gen_groups = kept_groups = 0
+        gen_s = 0.0
+        rounds = 1 + (c.max_resample_rounds if c.dynamic_sampling else 0)
+        for rnd in range(rounds):
+            t0 = time.perf_counter()
+            items = S.sample_prompts(c.tasks, c.prompts_per_step, seed=derive_seed(c.seed, "prompts", step, rnd))
+            batch = S.rollout(self.engine, items, c.rollouts_per_prompt, self.sampling(step, rnd),
+                              template=self.template, tokenizer=self.tokenizer)
+            t1 = time.perf_counter()
+            batch = S.score(batch, template=self.template)
+            t2 = time.perf_counter()
+            seen.append(batch)
+            gen_s += batch.meta.get("generation_seconds", t1 - t0)
+            if c.dynamic_sampling:
+                batch, fs = S.filter_groups(batch)
+                gen_groups += fs.generated_groups
+                kept_groups += fs.kept_groups
+            kept.append(batch)
+            t["rollout"] += t1 - t0
+            t["score"] += t2 - t1
+            t["filter"] += time.perf_counter() - t2
+            if sum(b.num_prompts for b in kept) >= c.prompts_per_step:
+                break
+        train = RolloutBatch.concat(kept)
+        if train.num_prompts > c.prompts_per_step:
+            train = train.select_prompts(range(c.prompts_per_step))
+        allb = RolloutBatch.concat(seen)
+        s = allb.summary()
+        tokens = int(allb.lengths.sum())
+        info = {
+            **{k: s[k] for k in ("reward_mean", "pass_at_1", "response_length_mean", "response_length_max",
+                                  "truncation_rate")},
+            "samples": allb.size, "tokens": tokens, "rollout_rounds": len(seen),
+            "ds_pass_rate": kept_groups / gen_groups if c.dynamic_sampling and gen_groups else float("nan"),
+            "kept_groups": train.num_prompts,
+            "samples_per_s": allb.size / gen_s if gen_s > 0 else float("nan"),
+            "tokens_per_s": tokens / gen_s if gen_s > 0 else float("nan"),
+            **{f"time/{k}": v for k, v in t.items()},
+        }
+        train.meta["temperature"] = c.temperature
+        return train, info
+
+    # ---- one step -----------------------------------------------------------------------------------------------------
+    def step(self) -> dict:
+        """Run one training step and return its metrics row (also appended to ``self.rows``)."""
+        c = self.cfg
+        step = self.step_idx + 1
+        t_start = time.perf_counter()
+        row: dict = {"step": step, "lr": self.optimizer.param_groups[0]["lr"]}
+
+        batch, info = self.collect(step)                                                   # 1. rollout/score/filter
+        row.update(info)
+        rewards_ok = batch.rewards is None or bool(torch.isfinite(batch.rewards).all())
+        skipped = None
+        if batch.num_prompts == 0:
+            skipped = "no informative groups"
+        elif not rewards_ok:
+            skipped = "non-finite rewards"
+        else:
+            adv = S.advantages(batch, c.advantage, **self._adv_options())                   # 2. advantages
+            t0 = time.perf_counter()
+            old = None if S.is_on_policy(c) else compute_logprobs(                          # 3. logprobs
+                self.policy, batch, temperature=c.temperature, micro_batch_tokens=c.train_micro_batch_tokens,
+                layout=c.logprob_layout)  # on-policy: update uses logp.detach()
+            row["time/logprobs"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            try:
+                report = S.update(self.policy, self.optimizer, batch, adv, cfg=c,           # 4. update
+                                  reference=self.reference, old_logprobs=old)
+                row.update(report.metrics)
+            except S.NonFiniteError as e:
+                skipped = f"non-finite update: {e}"
+            row["time/update"] = time.perf_counter() - t0
+        if skipped:
+            self.bad_steps += 1 if skipped.startswith("non-finite") else 0
+            self.run_dir.log_event("skipped_step", step=step, reason=skipped)
+        else:
+            self.bad_steps = 0
+            t0 = time.perf_counter()
+            S.sync(self.engine, self.policy)                                                # 5. sync
+            row["time/sync"] = time.perf_counter() - t0
+        row["skipped"] = bool(skipped)
+        row["reset"] = self._maybe_reset(step, row)                                         # 6. reset / eval / log
+        if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
+            t0 = time.perf_counter()
+            row.update(self.evaluate(step).metrics)
+            row["time/eval"] = time.perf_counter() - t0
+        row["step_wall_s"] = time.perf_counter() - t_start
+        self.cum["samples"] += row["samples"]
+        self.cum["tokens"] += row["tokens"]
+        self.cum["wall_s"] += row["step_wall_s"] - row.get("time/eval", 0.0)  # training time, eval excluded
+        row.update({f"cum_{k}": v for k, v in self.cum.items()})
+        self.rows.append(row)
+        self.step_idx = step
+        if self.bad_steps >= c.max_bad_steps:
+            self.save_checkpoint()
+            raise RuntimeError(f"stopping: {self.bad_steps} consecutive non-finite steps (max_bad_steps="
+                               f"{c.max_bad_steps}); last: {skipped}. The last good state is checkpointed in "
+                               f"{self.run_dir.checkpoint_dir}")
+        return row
+
+    def _adv_options(self) -> dict:
+        return {"std_norm": self.cfg.adv_std_norm} if self.cfg.advantage == "grpo" else {}
+
+    # ---- ProRL reference reset -----------------------------------------------------------------------------------------
+    def _maybe_reset(self, step: int, row: dict) -> bool:
+        c = self.cfg
+        reason = None
+        if c.reset_every and step % c.reset_every == 0:
+            reason = f"every {c.reset_every} steps"
+        elif c.reset_on_kl and row.get("kl", 0.0) > c.reset_on_kl:
+            reason = f"kl {row['kl']:.4g} > {c.reset_on_kl}"
+        if reason:
+            self.reset_reference(reason, step=step)
+        return reason is not None
+
+    def reset_reference(self, reason: str = "manual", step: Optional[int] = None) -> None:
+        """ProRL's hard reset: pi_ref := pi (if a reference is kept) and, with ``reset_optimizer``, a fresh AdamW."""
+        if self.reference is not None:
+            self.reference.load_state_dict(self.policy.state_dict())
+        if self.cfg.reset_optimizer:
+            self.optimizer = self._make_optimizer()
+        self.run_dir.log_event("reset", step=step if step is not None else self.step_idx, reason=reason,
+                               optimizer_reset=self.cfg.reset_optimizer, reference_reset=self.reference is not None)
+
+    # ---- evaluation -----------------------------------------------------------------------------------------------------
+    def evaluate(self, step: Optional[int] = None):
+        c = self.cfg
+        sampling = SamplingParams(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
+                                  seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
+        return evaluate(self.engine, c.eval_tasks or c.tasks, samples=c.eval_samples, k=c.eval_k,
+                        prompts=c.eval_prompts, sampling=sampling, template=self.template)
+
+    # ---- the loop -------------------------------------------------------------------------------------------------------
+    def run(self, steps: Optional[int] = None) -> pd.DataFrame:
+        """Train until ``steps`` (default ``cfg.steps``) steps are done; returns the metrics DataFrame."""
+        from tqdm.auto import tqdm
+
+        c = self.cfg
+        total = c.steps if steps is None else steps
+        if not self.rows and c.eval_every:  # row 0: where training starts from
+            t0 = time.perf_counter()
+            row = {"step": 0, **{f"cum_{k}": v for k, v in self.cum.items()}, **self.evaluate(0).metrics}
+            row["time/eval"] = time.perf_counter() - t0
+            self.rows.append(row)
+            self._emit(row)
+        self.run_dir.write_status("running", step=self.step_idx)
+        bar = tqdm(total=total, initial=self.step_idx, desc=self.run_dir.path.name, disable=not self.progress)
+        try:
+            with self._interruptible():
+                while self.step_idx < total and not self._stop.is_set():
+                    row = self.step()
+                    self._emit(row)
+                    bar.update(1)
+                    bar.set_postfix({k: f"{row[k]:.3g}" for k in ("reward_mean", "ds_pass_rate", "kl", "entropy")
+                                     if isinstance(row.get(k), float)})
+                    if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0:
+                        self.save_checkpoint()
+        except Exception as e:  # e.g. max_bad_steps: the run dir says so, not only the traceback
+            error = f"{type(e).__name__}: {e}"
+            self.run_dir.write_metrics(self.rows)
+            self.run_dir.write_status("failed", step=self.step_idx, error=error)
+            self.run_dir.log_event("failed", step=self.step_idx, error=error)
+            raise
+        finally:
+            bar.close()
+        interrupted = self._stop.is_set() and self.step_idx < total
+        self.save_checkpoint()
+        self.run_dir.write_status("interrupted" if interrupted else "finished", step=self.step_idx)
+        if interrupted:
+            self.run_dir.log_event("interrupted", step=self.step_idx)
+        return self.metrics
+
+    def _emit(self, row: dict) -> None:
+        self.run_dir.write_metrics(self.rows)
+        for cb in self.callbacks:
+            cb(self, row)
+
+    @contextmanager
+    def _interruptible(self):
+        """First Ctrl-C / kernel interrupt: finish this step, checkpoint, return. A second one: stop now."""
+        self._stop.clear()
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self._stop.is_set():
+                raise KeyboardInterrupt
+            self._stop.set()
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def stop(self) -> None:
+        """Ask a running loop (e.g. from a widget button) to stop after the current step."""
+        self._stop.set()
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    # ---- checkpoints --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step_idx, "cum": dict(self.cum), "rows": list(self.rows), "bad_steps": self.bad_steps,
+            "policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "reference": None if self.reference is None else self.reference.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "config": self.cfg.to_dict(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write the whole state atomically to ``<run>/checkpoint/state.pt`` (temp + fsync + rename)."""
+        state = self.state_dict()
+        path = atomic_write(self.run_dir.checkpoint_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
+        for stale in path.parent.glob(f".{CHECKPOINT_FILE}.*.tmp"):  # left by a process killed mid-write
+            stale.unlink(missing_ok=True)
+        return path
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.optimizer = self._make_optimizer()
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        self.step_idx, self.cum, self.rows = state["step"], dict(state["cum"]), list(state["rows"])
+        self.bad_steps = state.get("bad_steps", 0)
+        S.sync(self.engine, self.policy)
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, **kwargs) -> "Trainer":
+        """Re-open a run directory and continue from its last complete checkpoint."""
+        if not Path(run_dir).is_dir():  # RunDir() would create it
+            raise ValueError(f"run_dir: {run_dir} is not a directory; allowed: a run directory with a checkpoint")
+        run = RunDir(run_dir)
+        ckpt = run.checkpoint_dir / CHECKPOINT_FILE
+        if not ckpt.exists():
+            raise ValueError(f"run_dir: {run.path} has no checkpoint ({ckpt} missing); nothing to resume")
+        try:
+            config = run.read_config()
+        except Exception as e:  # noqa: BLE001 - missing or unparsable config.yaml
+            raise ValueError(f"run_dir: {run.path / 'config.yaml'} could not be read ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]}); allowed: a run directory written by Trainer") from e
+        cfg = Config.from_dict(config)
+        try:
+            state = torch.load(ckpt, weights_only=False)
+        except Exception as e:  # noqa: BLE001 - atomic writes make this a foreign or damaged file, not a torn one
+            raise ValueError(f"run_dir: checkpoint {ckpt} could not be loaded ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]}); allowed: a checkpoint written by Trainer") from e
+        trainer = cls(cfg, run_dir=run.path, **kwargs)
+        trainer.load_state_dict(state)
+        run.log_event("resumed", step=trainer.step_idx)
+        return trainer
+
+    def close(self) -> None:
+        if self._own_engine and self.engine is not None:
+            self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

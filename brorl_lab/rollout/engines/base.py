@@ -1,0 +1,67 @@
+"""The rollout-engine interface: ``generate(prompts, n, sampling) -> RolloutBatch``, ``sync_weights(model)``,
+``close()``. Engines know nothing of losses or rewards; they turn prompts into sampled tokens and logprobs.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from brorl_lab.core.batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``logprobs`` returned by every engine are log-probabilities of the sampled token under the
+    temperature-scaled distribution ``softmax(logits / temperature)`` (before top-p truncation), which is what the
+    trainer recomputes for the PPO ratio."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"sampling.temperature: got {self.temperature!r}; allowed: a finite float > 0")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"sampling.top_p: got {self.top_p!r}; allowed: a probability in (0, 1]")
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ValueError(f"sampling.max_new_tokens: got {self.max_new_tokens!r}; allowed: an integer >= 1")
+
+
+def check_generate_args(prompts: Sequence[str], n: int) -> None:
+    """The one place engines validate their inputs, so every engine rejects the same nonsense the same way."""
+    if isinstance(prompts, str):
+        raise ValueError("prompts: got a single string; allowed: a non-empty list of prompt strings")
+    if len(prompts) == 0:
+        raise ValueError("prompts: got an empty list; allowed: a non-empty list of prompt strings")
+    if not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError("prompts: every prompt must be a non-empty string")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (rollouts_per_prompt): got {n!r}; allowed: an integer >= 1")
+
+
+class RolloutEngine(ABC):
+    """Base class. Subclasses set ``name`` and implement the three methods; ``close()`` must be idempotent."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
+        """N samples for each prompt, prompt-major (sample b = p*n + s)."""
+
+    @abstractmethod
+    def sync_weights(self, model) -> None:
+        """Load the trainer's current weights (a torch nn.Module with HF parameter names) into the engine."""
+
+    def close(self) -> None:
+        """Free the engine's resources. Safe to call twice."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

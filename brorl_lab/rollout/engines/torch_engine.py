@@ -1,0 +1,161 @@
+"""``TorchEngine``: our own batched sampler on a HF causal LM, with each prompt's prefix computed once for N samples.
+
+For a chunk of prompts (at most ``chunk_sequences`` sampled sequences), the work is::
+
+    prefill   the chunk's P_c distinct prompts once, left-padded (the HF forward):   prefix KV [P_c, H_kv, L, d]
+    decode    y_t ~ top_p(softmax(z_t / tau)) for all P_c*K rows at once;  logp_t = log softmax(z_t / tau)[y_t]
+              rows that emitted EOS are masked, and compacted away once enough have finished
+
+so a prompt's prefix costs one forward pass instead of N (transformers ``generate`` with
+``num_return_sequences=N`` runs the prompt N times and then attends over N copies of its KV).
+
+Two decode kernels:
+
+- ``"shared_prefix"`` (Llama-family models: Llama, Qwen2, Qwen3, Mistral without sliding window): our own decode
+  step over the model's own modules. The prefix KV is stored once per prompt, never copied per sample; generated
+  KV lives in preallocated [rows, H_kv, T, d] buffers; attention joins the two
+  (:mod:`brorl_lab.core.prefix_attention`, shared with the trainer's log-probs).
+- ``"hf_cache"`` (any HF causal LM): the model's forward with a ``DynamicCache`` whose prefix rows are gathered to
+  the N samples; the generic fallback.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from brorl_lab.core.batch import left_pad
+from brorl_lab.core.prefix_attention import (SHARED_PREFIX_MODEL_TYPES, PrefixDecoder, PrefixGrid, padding_bias,
+                                supports_shared_prefix)
+from brorl_lab.rollout.engines.base import SamplingParams
+from brorl_lab.rollout.engines.common import ModuleEngine, make_generator, sample_next
+
+KERNELS = ("auto", "shared_prefix", "hf_cache")
+
+
+class _SharedPrefixDecoder:
+    """The decode step of :class:`~brorl_lab.core.prefix_attention.PrefixDecoder`: the prefill's KV is the shared prefix,
+    generated KV goes into preallocated [rows, H_kv, T, d] buffers (column t is written before it is read)."""
+
+    def __init__(self, model):
+        self.decoder = PrefixDecoder(model)
+
+    def start(self, cache, prefix_mask: torch.Tensor, P: int, rows: int, T: int) -> None:
+        """Take the prefill's KV (post-RoPE keys, float32) as the shared prefix and allocate the generated-KV
+        buffers for ``rows`` = P*K rows in the [P, K] layout."""
+        self.prefix = [(layer.keys.float(), layer.values.float()) for layer in cache.layers]  # [P_c, H_kv, L, d]
+        self.bias = padding_bias(prefix_mask)  # [P_c, L]
+        k0 = self.prefix[0][0]
+        shape = (rows, k0.shape[1], T, k0.shape[3])  # [R, H_kv, T, d]
+        self.gen = [(k0.new_empty(shape), k0.new_empty(shape)) for _ in self.prefix]
+        self.P = P
+
+    def compact(self, index: torch.Tensor) -> None:
+        """Keep generated-KV rows ``index`` (the prefix is per prompt and never moves)."""
+        self.gen = [(k[index], v[index]) for k, v in self.gen]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
+        """Logits [R, V] after feeding token ``tok`` [R] at positions ``pos`` [R] as generated token ``t``."""
+        def append(i, k, v):  # k, v [R, H_kv, 1, d] -> the row's generated keys/values 0..t
+            gk, gv = self.gen[i]
+            gk[:, :, t], gv[:, :, t] = k[:, :, 0], v[:, :, 0]
+            return gk[:, :, : t + 1], gv[:, :, : t + 1]
+
+        grid = PrefixGrid(self.P, len(tok) // self.P)  # rows are [P, K] in order
+        return self.decoder.logits(tok[:, None], pos[:, None], self.prefix, self.bias, grid, own_kv=append)[:, 0]
+
+
+class TorchEngine(ModuleEngine):
+    """Batched KV-cache sampler.
+
+    ``TorchEngine(model, tokenizer=None, *, device="auto", dtype="auto", chunk_sequences=1024, kernel="auto")``.
+    ``model``: ``'default'``, a local HF directory, a hub id or a HF causal-LM ``nn.Module`` (copied: the engine
+    keeps its own eval-mode weights, and :meth:`sync_weights` copies the trainer's in). ``kernel``: ``"auto"``
+    picks ``"shared_prefix"`` when the architecture allows it, else ``"hf_cache"``. ``drop_finished_fraction``:
+    finished rows are compacted away once they are at least this share of the rows still decoded (compaction
+    copies the generated KV, so doing it for every finished row would cost more than it saves).
+    """
+
+    name = "torch"
+
+    def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
+                 chunk_sequences: int = 1024, kernel: str = "auto", drop_finished_fraction: float = 0.25):
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(KERNELS)}")
+        if not (isinstance(drop_finished_fraction, (int, float)) and 0 < drop_finished_fraction <= 1):
+            raise ValueError(f"drop_finished_fraction: got {drop_finished_fraction!r}; allowed: a float in (0, 1]")
+        super().__init__(model, tokenizer, device=device, dtype=dtype, chunk_sequences=chunk_sequences)
+        if kernel == "auto":
+            kernel = "shared_prefix" if supports_shared_prefix(self.model) else "hf_cache"
+        elif kernel == "shared_prefix" and not supports_shared_prefix(self.model):
+            raise ValueError(f"kernel: 'shared_prefix' does not support model_type {self.model.config.model_type!r} "
+                             f"(allowed: {', '.join(SHARED_PREFIX_MODEL_TYPES)} with full attention); use 'hf_cache'")
+        self.kernel = kernel
+        self.drop_finished_fraction = float(drop_finished_fraction)
+
+    def _sample_chunks(self, chunks, sampling):
+        gen = make_generator(sampling.seed, self.device)
+        return [self._generate_chunk(seqs, k, sampling, gen) for seqs, k in chunks]
+
+    def _extra_meta(self) -> dict:
+        return {"kernel": self.kernel}
+
+    # ---- the sampler --------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _generate_chunk(self, seqs: list[list[int]], k: int, sampling: SamplingParams,
+                        gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k`` samples of each prompt in ``seqs``; returns ``(ids, logprobs)`` [P_c*k, max_new_tokens] on CPU,
+        rows prompt-major, EOS-finished rows padded (ids -> pad, logprobs -> 0)."""
+        from transformers import DynamicCache
+
+        model, dev, T, pad = self.model, self.device, sampling.max_new_tokens, self.pad_id
+        ids, mask = left_pad(seqs, pad)  # [P_c, L]
+        padded = bool((mask == 0).any())
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [P_c, L] positions restart at each prompt's first real token
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=pos,
+                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [P_c, V]
+        P, R = len(seqs), len(seqs) * k
+        row_prompt = torch.arange(P, device=dev).repeat_interleave(k)  # [R]
+        logits, next_pos = logits[row_prompt], pos[row_prompt, -1] + 1  # [R, V], [R]
+        if self.kernel == "shared_prefix":
+            decoder = _SharedPrefixDecoder(model)
+            decoder.start(cache, mask, P, R, T)
+        else:
+            cache.batch_select_indices(row_prompt)  # every sample row gets a copy of its prompt's prefix KV
+            mask = mask[row_prompt] if padded else None  # [R, L]
+
+        out_ids = torch.full((R, T), pad, dtype=torch.long, device=dev)  # [R, T]
+        out_lp = torch.zeros((R, T), dtype=torch.float32, device=dev)  # [R, T]
+        rows = torch.arange(R, device=dev)  # [A] output row of each decoded row (A = P_c*K in the shared layout)
+        alive = torch.ones(R, dtype=torch.bool, device=dev)  # [A] not yet finished
+        eos = torch.tensor(self.eos_ids, device=dev)
+        K = k  # rows per prompt in the shared-prefix layout
+        for t in range(T):
+            tok, lp = sample_next(logits, sampling.temperature, sampling.top_p, gen)  # [A], [A]
+            out_ids[rows, t] = torch.where(alive, tok, pad)
+            out_lp[rows, t] = torch.where(alive, lp, 0.0)
+            alive &= ~torch.isin(tok, eos)
+            if t == T - 1 or not bool(alive.any()):
+                break
+            if self.kernel == "shared_prefix":
+                # Compact each prompt's live rows to the front of a narrower [P_c, K'] layout.
+                K_new = int(alive.view(P, K).sum(1).max())
+                if (K - K_new) * P >= self.drop_finished_fraction * P * K:
+                    order = (~alive.view(P, K)).to(torch.int8).argsort(dim=1, stable=True)[:, :K_new]
+                    keep = (order + torch.arange(P, device=dev)[:, None] * K).reshape(-1)  # [P_c*K']
+                    decoder.compact(keep)
+                    rows, alive, tok, next_pos, K = rows[keep], alive[keep], tok[keep], next_pos[keep], K_new
+                logits = decoder.step(tok, next_pos, t)
+            else:
+                if (~alive).sum() >= self.drop_finished_fraction * len(alive):
+                    keep = alive.nonzero().squeeze(1)  # [A']
+                    cache.batch_select_indices(keep)
+                    rows, alive, tok, next_pos = rows[keep], alive[keep], tok[keep], next_pos[keep]
+                    mask = None if mask is None else mask[keep]
+                if mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)  # [A, L + t + 1]
+                logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                               past_key_values=cache, use_cache=True).logits[:, -1]  # [A, V]
+            next_pos = next_pos + 1
+        return out_ids.cpu(), out_lp.cpu()

@@ -1,0 +1,66 @@
+"""The task-family contract: prompts from a verifiable family, and a verifier for its answers.
+
+A family turns seeds into :class:`TaskItem` s (a question and what is needed to check an answer), formats them
+into prompts with an explicit template, and scores a model's response into a :class:`RewardResult` with a float
+``reward`` and a binary ``correct`` (dynamic sampling filters on ``correct``). Scoring never raises: malformed
+output scores 0.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from brorl_lab.core.registry import Registry
+
+
+@dataclass
+class TaskItem:
+    family: str  # registry name of the family that made it
+    uid: str  # stable id (family:split:index or a hash of the question); train/eval disjointness is checked on it
+    question: str  # the task text, before any template
+    answer: str  # the reference answer (for display and verifiers)
+    meta: dict = field(default_factory=dict)  # whatever the verifier needs (a reasoning-gym entry, unit tests, ...)
+
+
+@dataclass
+class RewardResult:
+    reward: float  # what the policy is trained on
+    correct: bool  # binary success, used by dynamic sampling and pass@k
+    extracted: Optional[str] = None  # the answer the extractor found, None if it found none
+    info: str = ""  # why (e.g. "no answer found", "timeout", "3/4 tests passed")
+
+
+class TaskFamily(ABC):
+    """One verifiable task family. Subclasses set ``name`` and ``description`` and implement the methods."""
+
+    name: str = "base"
+    description: str = ""
+
+    @abstractmethod
+    def sample(self, count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
+        """``count`` items, deterministic in (seed, split). Eval items come from a disjoint seed space."""
+
+    @abstractmethod
+    def format_prompt(self, item: TaskItem, template: str = "plain", tokenizer: Any = None) -> str:
+        """The exact prompt string the model sees (templates are shown to the user, never hidden)."""
+
+    @abstractmethod
+    def score(self, response: str, item: TaskItem, template: str = "plain") -> RewardResult:
+        """Verify one response. Never raises; malformed output gets reward 0 and correct False."""
+
+    def __repr__(self) -> str:
+        return f"<task family {self.name!r}: {self.description}>"
+
+
+TASKS = Registry("task")  # every family, by name; filled when the family modules are imported
+
+
+def register_task(family: TaskFamily) -> TaskFamily:
+    TASKS.register(family.name, family)
+    return family
+
+
+def get_task(name: str) -> TaskFamily:
+    return TASKS.get(name)

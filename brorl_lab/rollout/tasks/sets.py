@@ -1,0 +1,76 @@
+"""Task sets: uniform mixing of families for training prompts, and the frozen eval sets in ``data/eval/``."""
+
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional, Sequence
+
+from brorl_lab.core.paths import EVAL_DIR
+from brorl_lab.rollout.tasks.base import TASKS, TaskItem
+from brorl_lab.rollout.tasks.gym import check_sample_args
+
+
+def _check_names(names: str | Sequence[str]) -> list[str]:
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ValueError(f"names: got an empty list; allowed: task names from {', '.join(TASKS)}")
+    for name in names:
+        TASKS.get(name)  # unknown name -> ValueError naming it and the nearest valid one
+        if names.count(name) > 1:
+            raise ValueError(f"names: got {names!r} (task {name!r} listed {names.count(name)} times); "
+                             "allowed: each task name at most once")
+    return names
+
+
+def sample_items(names: str | Sequence[str], count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
+    """``count`` items mixing the families ``names`` uniformly, deterministic in ``(names, count, seed, split)``.
+
+    Family counts differ by at most one (``count // k`` each, the remainder to families picked by the seed), and
+    the positions of the families are shuffled with ``random.Random(seed)``; each family draws its share from its
+    own seeded stream (``TASKS[name].sample(share, seed=seed, split=split)``).
+    """
+    names = _check_names(names)
+    check_sample_args(count, seed, split)
+    rng = random.Random(seed)
+    shuffled = rng.sample(names, len(names))
+    order = [shuffled[i % len(names)] for i in range(count)]  # [count] family per position
+    rng.shuffle(order)
+    streams = {name: iter(TASKS[name].sample(order.count(name), seed=seed, split=split)) for name in names}
+    return [next(streams[name]) for name in order]
+
+
+def eval_path(name: str) -> Path:
+    TASKS.get(name)
+    return EVAL_DIR / f"{name}.jsonl"
+
+
+def eval_set(name: str, limit: Optional[int] = None) -> list[TaskItem]:
+    """The frozen eval items of family ``name`` (``data/eval/<name>.jsonl``), the first ``limit`` of them if given."""
+    path = eval_path(name)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit: got {limit!r}; allowed: None or an integer >= 0")
+    if not path.is_file():
+        raise ValueError(f"eval set for task {name!r}: {path} does not exist; generate it with "
+                         f"`python -m brorl_lab make-data --families {name}`")
+    items = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if limit is not None and len(items) >= limit:
+                break
+            if line.strip():
+                items.append(TaskItem(**json.loads(line)))
+    return items
+
+
+def write_items(items: Sequence[TaskItem], path: Path) -> Path:
+    """Write items as jsonl (one ``TaskItem`` per line), the format :func:`eval_set` reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for item in items:
+            f.write(json.dumps(asdict(item), sort_keys=True) + "\n")
+    return path
+

@@ -1,0 +1,138 @@
+"""The layer contract of docs/ARCHITECTURE.md, checked over the real import graph of brorl_lab/.
+
+core -> {theory, rollout} -> rl -> lab -> cli: a module imports its own layer or a layer below, never above, never
+the sibling layer; module-level imports have no cycle. The checker is itself tested on an injected upward import.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "brorl_lab"
+RANK = {"core": 0, "theory": 1, "rollout": 1, "rl": 2, "lab": 3, "cli": 4}
+ROOT = "brorl_lab"  # the composition root (brorl_lab/__init__.py): above every layer, imports lazily
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return ("cli" if parts[1] == "__main__" else parts[1]) if len(parts) > 1 else ROOT
+
+
+def imports_of(module: str, source: str, is_package: bool) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, at module level)`` for every brorl_lab import in ``source``."""
+    tree = ast.parse(source)
+    top = {id(n) for n in tree.body}
+    for n in tree.body:  # `if TYPE_CHECKING:` / try blocks at module level still run at import
+        if isinstance(n, (ast.If, ast.Try)):
+            top |= {id(c) for c in ast.walk(n)}
+    package = module if is_package else module.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pkg import sub` imports the submodule when one exists
+            names = [f"{base}.{a.name}" if (PACKAGE.parent / (f"{base}.{a.name}".replace(".", "/") + ".py")).exists()
+                     or (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).is_dir() else base
+                     for a in node.names]
+        else:
+            continue
+        out += [(n, node.lineno, id(node) in top) for n in names if n == ROOT or n.startswith(ROOT + ".")]
+    return out
+
+
+def violations(graph: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
+    """Every import that runs upward or sideways, and every cycle among module-level imports."""
+    bad = []
+    for mod, deps in graph.items():
+        src = layer_of(mod)
+        for dep, line, _ in deps:
+            dst = layer_of(dep)
+            if src == ROOT or dst == src:
+                continue
+            if dst == ROOT:
+                bad.append(f"{mod}:{line} imports the package root {dep} (import the defining module instead)")
+            elif RANK[dst] >= RANK[src]:
+                bad.append(f"{mod}:{line} imports {dep}: layer '{src}' may not import layer '{dst}'")
+    edges = {m: {d for d, _, top in deps if top and d in graph and d != m} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(edges[m]):
+            if state.get(d) == 1:
+                cyc = stack[stack.index(d):] + [d] if d in stack else [m, d]
+                bad.append("import cycle: " + " -> ".join(cyc))
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    return bad
+
+
+def package_graph() -> dict[str, list[tuple[str, int, bool]]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    return {module_name(f): imports_of(module_name(f), f.read_text(encoding="utf-8"), f.name == "__init__.py")
+            for f in files}
+
+
+def test_every_module_sits_in_a_layer():
+    graph = package_graph()
+    assert {layer_of(m) for m in graph} == set(RANK) | {ROOT}
+    assert len(graph) > 30
+
+
+def test_no_import_runs_upward_or_in_a_circle():
+    assert violations(package_graph()) == []
+
+
+@pytest.mark.parametrize("module, source, needle", [
+    ("brorl_lab.core.config", "def f():\n    from brorl_lab.rl import algo\n", "layer 'core' may not import layer 'rl'"),
+    ("brorl_lab.rollout.rewards", "from brorl_lab.theory import softmax\n", "layer 'rollout' may not import layer 'theory'"),
+    ("brorl_lab.rl.steps", "from ..lab import plots\n", "layer 'rl' may not import layer 'lab'"),
+    ("brorl_lab.lab.plots", "import brorl_lab\n", "imports the package root"),
+])
+def test_the_checker_catches_an_injected_upward_import(module, source, needle):
+    graph = package_graph()
+    graph[module] = graph[module] + imports_of(module, source, False)
+    assert any(needle in v for v in violations(graph)), violations(graph)
+
+
+def test_the_checker_catches_a_cycle():
+    graph = package_graph()
+    graph["brorl_lab.core.batch"] = graph["brorl_lab.core.batch"] + [("brorl_lab.core.config", 1, True)]
+    graph["brorl_lab.core.config"] = graph["brorl_lab.core.config"] + [("brorl_lab.core.batch", 1, True)]
+    assert any(v.startswith("import cycle") for v in violations(graph))
+
+
+MACHINE_PATHS = ("/work/", "/root/", "/home/", "/Users/", "/tmp/bash_jobs")
+
+
+def test_no_tracked_file_names_a_path_of_the_build_machine():
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for name in files:
+        path = REPO / name
+        if path.suffix in (".safetensors", ".parquet", ".png") or not path.is_file() or name == "tests/test_architecture.py":
+            continue
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        hits += [f"{name}: {p}" for p in MACHINE_PATHS if p in text]
+    assert hits == []
