@@ -9,12 +9,15 @@ STAMP := $(VENV)/.brorl-installed
 #   make env TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS ?=
+FILES ?= .
 
-.PHONY: env demo test lab browser-deps bench clean-runs help
+.PHONY: env demo test test-fast lint format lab browser-deps bench clean-runs help
 
 help:
 	@echo "make demo   - create .venv if needed, run the flagship experiment under papermill (outputs in runs/)"
-	@echo "make test   - create .venv if needed, install Chromium for the browser test, run the whole test suite"
+	@echo "make test   - create .venv if needed, install Chromium for the browser test, lint, run the whole test suite"
+	@echo "make test-fast - the inner loop: lint + every test not marked slow, browser, ray, vllm or notebook (~2 min)"
+	@echo "make lint   - ruff check (settings in pyproject.toml); make format rewrites files with ruff format"
 	@echo "make lab    - open JupyterLab on notebooks/"
 	@echo "make bench  - run the benchmarks (table + JSON in runs/bench/)"
 
@@ -43,8 +46,17 @@ browser-deps:
 	elif sudo -n true 2>/dev/null; then (sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || echo "chromium could not be installed: the browser test will skip"; \
 	else echo "not root: chromium not installed, the browser test will skip"; fi
 
-test: env browser-deps
+test: env browser-deps lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: env lint
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not ray and not vllm and not notebook" $(PYTEST_ARGS)
+
+lint: env
+	$(BIN)/ruff check .
+
+format: env
+	$(BIN)/ruff format $(FILES)
 
 lab: env
 	$(BIN)/jupyter lab notebooks/

@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -23,7 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Callable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 # The default model is trained on these (data/default_model/training_report.json); benches mix them uniformly.

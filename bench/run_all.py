@@ -23,7 +23,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
+from collections.abc import Callable, Sequence
 
 from .common import format_table, model_path, model_summary, row, set_threads
 

@@ -13,7 +13,8 @@ import json
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.paths import NOTEBOOK_DIR, REPO_ROOT
@@ -238,7 +239,8 @@ def _literal(s: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,sweep,bench,plateau,scaling,make-data,train-default}")
+    sub = p.add_subparsers(dest="command", required=True,
+                         metavar="{demo,train,eval,sweep,bench,plateau,scaling,make-data,train-default}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")

@@ -8,6 +8,8 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
 
 def write_notebook(path: Path, parameters: str, *cells: str) -> Path:
     nb = new_notebook(cells=[new_code_cell(parameters, metadata={"tags": ["parameters"]}),
@@ -18,27 +20,31 @@ def write_notebook(path: Path, parameters: str, *cells: str) -> Path:
     return path
 
 
-def assert_committed_notebook_is_generated(tmp_path: Path, name: str, params) -> None:
-    """notebooks/<name>.ipynb is exactly what notebooks/build_<name>.py writes: outputs cleared, kernelspec and
-    language metadata set, one ``parameters`` cell assigning each of ``params``, every assignment visible to
-    papermill (it skips a line with a second "=", e.g. in a comment, so run_dir would never be injected)."""
+def assert_notebook_pair_in_sync(name: str, params, notebooks: Path = NOTEBOOKS) -> None:
+    """notebooks/<name>.ipynb and its jupytext pair notebooks/<name>.py (percent format) hold the same cells (type,
+    source, tags); the .ipynb is committed without outputs, with the kernelspec and language metadata papermill
+    needs, and one ``parameters`` cell assigning each of ``params``, every assignment visible to papermill (it skips
+    a line with a second "=", e.g. in a comment, so run_dir would never be injected)."""
     import ast
-    import subprocess
-    import sys
 
+    import jupytext
     import nbformat
 
     from brorl_lab.lab.sweep import notebook_parameters
 
-    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
-    fresh = tmp_path / "fresh.ipynb"
-    subprocess.run([sys.executable, str(notebooks / f"build_{name}.py"), str(fresh)], check=True, capture_output=True)
     committed = notebooks / f"{name}.ipynb"
-    assert fresh.read_text() == committed.read_text(), f"regenerate: python notebooks/build_{name}.py"
     nb = nbformat.read(committed, as_version=4)
+    text = jupytext.read(notebooks / f"{name}.py")
+
+    def cells(n):
+        return [(c.cell_type, c.source.strip(), sorted(c.metadata.get("tags", []))) for c in n.cells]
+
+    fix = f"sync them: jupytext --sync notebooks/{name}.ipynb (or edit in JupyterLab, which keeps the pair)"
+    assert cells(nb) == cells(text), fix
+    assert nb.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent", fix
     assert nb.metadata.kernelspec.name == "python3" and nb.metadata.language_info.name == "python"
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert all(not c.outputs and c.execution_count is None for c in code), f"clear the outputs of {committed.name}"
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in params)
     assigned = {t.id for node in ast.parse(tagged[0].source).body for t in node.targets}

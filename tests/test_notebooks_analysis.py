@@ -13,7 +13,7 @@ import pytest
 
 from brorl_lab.lab import tracking
 
-from helpers_notebooks import assert_committed_notebook_is_generated
+from helpers_notebooks import assert_notebook_pair_in_sync
 from helpers_runs import make_tiny_runs
 
 papermill = pytest.importorskip("papermill")
@@ -31,8 +31,8 @@ ARMS = ("baseline", "no KL", "reset every K", "reset on KL", "symmetric clip")
 @pytest.mark.parametrize("notebook, params", [(NB03, ["steps", "N", "prompts", "seeds", "run_dir", "torch_threads",
                                                        "live"]),
                                               (NB04, ["runs_root", "metric", "family", "arm_fields", "points"])])
-def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path, notebook, params):
-    assert_committed_notebook_is_generated(tmp_path, notebook.stem, params)
+def test_notebook_pair_is_in_sync_with_outputs_cleared(notebook, params):
+    assert_notebook_pair_in_sync(notebook.stem, params)
 
 
 def execute(notebook: Path, out: Path, params: dict, monkeypatch) -> list:

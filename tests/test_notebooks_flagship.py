@@ -7,11 +7,10 @@ import nbformat
 import pandas as pd
 import pytest
 
-from helpers_notebooks import assert_committed_notebook_is_generated
+from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync
 
 papermill = pytest.importorskip("papermill")
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PLOTLY = "application/vnd.plotly.v1+json"
 QUICK = dict(prompts_per_step=4, rollouts_per_prompt=8, trainer_steps=2, seed=0, torch_threads=1)
 SCALING = dict(steps=2, eval_every=1, seeds=[0], n_small=4, n_large=16, prompts_small=4, prompts_large=2,
@@ -19,8 +18,20 @@ SCALING = dict(steps=2, eval_every=1, seeds=[0], n_small=4, n_large=16, prompts_
 
 
 @pytest.mark.parametrize("name, params", [("00_quickstart", QUICK), ("02_rollout_scaling", SCALING)])
-def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path, name, params):
-    assert_committed_notebook_is_generated(tmp_path, name, params)
+def test_notebook_pair_is_in_sync_with_outputs_cleared(name, params):
+    assert_notebook_pair_in_sync(name, params)
+
+
+def test_the_pair_check_fails_when_only_the_text_file_was_edited(tmp_path):
+    import shutil
+
+    for suffix in (".ipynb", ".py"):
+        shutil.copy(NOTEBOOKS / f"00_quickstart{suffix}", tmp_path / f"00_quickstart{suffix}")
+    assert_notebook_pair_in_sync("00_quickstart", QUICK, notebooks=tmp_path)
+    with open(tmp_path / "00_quickstart.py", "a") as f:
+        f.write("\n# %%\nprint('edited in an editor, not synced')\n")
+    with pytest.raises(AssertionError, match="jupytext --sync"):
+        assert_notebook_pair_in_sync("00_quickstart", QUICK, notebooks=tmp_path)
 
 
 def run(name: str, out_dir: Path, params: dict) -> list:

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers_notebooks import assert_committed_notebook_is_generated
+from helpers_notebooks import assert_notebook_pair_in_sync
 
 papermill = pytest.importorskip("papermill")
 
@@ -17,8 +17,8 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
-def test_committed_notebook_is_the_generated_one_with_outputs_cleared(tmp_path):
-    assert_committed_notebook_is_generated(tmp_path, "01_mass_balance_theory", SMALL)
+def test_notebook_pair_is_in_sync_with_outputs_cleared():
+    assert_notebook_pair_in_sync("01_mass_balance_theory", SMALL)
 
 
 def test_notebook_runs_headless_with_plotly_figures(tmp_path, monkeypatch):

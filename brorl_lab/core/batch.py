@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import torch
 

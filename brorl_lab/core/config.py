@@ -62,7 +62,8 @@ class Config:
     # ---- tasks ------------------------------------------------------------------------------------------------
     tasks: list = knob(["chain_sum"], "Training task families (names from brorl_lab.rollout.tasks.TASKS), mixed uniformly.")
     eval_tasks: Optional[list] = knob(None, "Families evaluated on their frozen eval sets; None = the training tasks.")
-    template: str = knob("auto", "Prompt template: 'auto' (chat when the tokenizer has a chat template, else plain), 'plain', 'chat'.")
+    template: str = knob("auto", "Prompt template: 'auto' (chat when the tokenizer has a chat template, else "
+                                   "plain), 'plain', 'chat'.")
 
     # ---- rollout ----------------------------------------------------------------------------------------------
     rollouts_per_prompt: int = knob(16, "N, samples per prompt. ProRL: 16 (32 late). BroRL: 512.")

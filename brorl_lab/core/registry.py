@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 
 class Registry:

@@ -21,7 +21,8 @@ import platform
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Optional
+from collections.abc import Callable, Iterable
 
 import pandas as pd
 

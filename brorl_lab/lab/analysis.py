@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Mapping, Optional, Sequence
+from typing import Optional
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -184,7 +185,7 @@ def boundary_summary(pooled: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-# ---- BroRL vs ProRL arms: comparisons at equal budgets and the verdict ----------------------------------------------------------------------------------------------------------
+# ---- BroRL vs ProRL arms: comparisons at equal budgets and the verdict -------------------------------------------
 X_AXES = {"cum_samples": "generated samples", "cum_wall_s": "training wall time (s)"}
 
 

@@ -13,7 +13,8 @@ import json
 import warnings
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
+from collections.abc import Iterable
 
 import pandas as pd
 

@@ -18,7 +18,8 @@ Dashboard figures (section "# ---- dashboard": training runs, the live dashboard
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Optional
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd

@@ -19,7 +19,8 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 

@@ -12,7 +12,8 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import ipywidgets as w
 import numpy as np

@@ -11,7 +11,7 @@ pass@k is estimated per item from n samples with c correct as 1 - C(n-c, k) / C(
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 

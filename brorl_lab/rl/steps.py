@@ -14,7 +14,8 @@ Each returns a plain value a notebook can display (RolloutBatch renders as an HT
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 
@@ -119,7 +120,8 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
 
     ``old_logprobs`` [P*N, T] are the behaviour policy's log-probs recomputed by the trainer (``compute_logprobs``);
     when not given they are computed here, or, if :func:`is_on_policy`, taken as each micro-batch's ``logp.detach()``
-    (the same numbers, one no-grad forward fewer). With ``cfg.tis_cap`` the engine's own log-probs give truncated importance weights.
+    (the same numbers, one no-grad forward fewer). With ``cfg.tis_cap`` the engine's own log-probs give truncated
+    importance weights.
     Raises :class:`NonFiniteError` (weights and optimizer untouched) if a loss or gradient is not finite.
     """
     if batch.size == 0:

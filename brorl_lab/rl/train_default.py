@@ -26,7 +26,8 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 

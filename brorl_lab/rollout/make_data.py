@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from brorl_lab.core.paths import EVAL_DIR
 from brorl_lab.rollout.tasks import BUILTIN_FAMILIES, TASKS, TaskItem, write_items

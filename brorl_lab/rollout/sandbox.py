@@ -42,7 +42,8 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 # Status of a run: only "ok" runs earn credit.
 STATUSES = ("ok", "exec_error", "timeout", "output_limit", "crashed")

@@ -15,7 +15,8 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 

@@ -11,9 +11,9 @@ that when top_p < 1. So the temperature is moved into the model: its ``LogitsPro
 
 Weights are updated in place after a training step through the worker's ``reload_weights`` (the model's own
 ``load_weights`` on HF parameter names, plus vLLM's post-load processing), then the prefix cache is reset so no
-KV computed with old weights is reused. vLLM must run its engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here before vllm is first
-imported): that is what notebooks need, and what lets ``apply_model`` reach the model. ``close()`` shuts the
-engine down and frees it so a notebook cell can build a new one.
+KV computed with old weights is reused. vLLM must run its engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+set here before vllm is first imported): that is what notebooks need, and what lets ``apply_model`` reach the model.
+``close()`` shuts the engine down and frees it so a notebook cell can build a new one.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 import torch

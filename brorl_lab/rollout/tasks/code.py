@@ -25,7 +25,8 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from brorl_lab.rollout.tasks.base import register_task, RewardResult, TaskFamily, TaskItem
 from brorl_lab.rollout.tasks.gym import check_sample_args, split_of

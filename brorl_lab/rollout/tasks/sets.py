@@ -7,7 +7,8 @@ import json
 import random
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 from brorl_lab.core.paths import EVAL_DIR
 from brorl_lab.rollout.tasks.base import TASKS, TaskItem

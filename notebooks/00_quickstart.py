@@ -1,32 +1,28 @@
-"""Writes notebooks/00_quickstart.ipynb with outputs cleared (or to the path given as first argument).
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-    .venv/bin/python notebooks/build_00_quickstart.py
+# %% [markdown]
+# # 00 · Quickstart: one RL step, one cell per stage
+#
+# RL with verifiable rewards repeats one step: **rollout** (sample N answers per prompt) -> **score** (check each
+# answer) -> **filter** (drop prompts whose answers were all right or all wrong) -> **advantages** (how much better
+# than its siblings each answer did) -> **update** (a clipped policy-gradient step with a KL penalty) -> **sync**
+# (the sampler gets the new weights). This notebook runs each stage by hand on the tiny shipped model and shows what
+# it returns; then the `Trainer` runs the same functions for a few steps. It takes well under a minute.
 
-The cells live here as plain strings so they are easy to review; edit here, regenerate, commit both files.
-"""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbbuild import NotebookBuilder  # noqa: E402
-
-OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_name("00_quickstart.ipynb")
-nb = NotebookBuilder()
-md, code = nb.md, nb.code
-
-
-md(r"""
-# 00 · Quickstart: one RL step, one cell per stage
-
-RL with verifiable rewards repeats one step: **rollout** (sample N answers per prompt) -> **score** (check each
-answer) -> **filter** (drop prompts whose answers were all right or all wrong) -> **advantages** (how much better
-than its siblings each answer did) -> **update** (a clipped policy-gradient step with a KL penalty) -> **sync**
-(the sampler gets the new weights). This notebook runs each stage by hand on the tiny shipped model and shows what
-it returns; then the `Trainer` runs the same functions for a few steps. It takes well under a minute.
-""")
-
-code(r"""
+# %% tags=["parameters"]
 model = "default"                      # the tiny Qwen2 in data/default_model, or a local HF model directory
 tasks = ["gcd", "simple_equations"]    # task families (brorl_lab.rollout.tasks.TASKS)
 prompts_per_step = 8                   # prompts (groups) per step
@@ -35,9 +31,8 @@ trainer_steps = 3
 seed = 0
 torch_threads = 1
 run_dir = None                         # where the Trainer run goes; None: a temporary directory
-""", tags=["parameters"])
 
-code(r"""
+# %%
 import logging
 import tempfile
 
@@ -67,55 +62,47 @@ reference = make_reference(policy)               # frozen copy: the KL term's pi
 engine = make_engine("torch", policy, tok)       # the rollout engine keeps its own copy of the weights
 optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
 print(f"{sum(p.numel() for p in policy.parameters()):,} parameters; engine: {type(engine).__name__}")
-""")
 
-md(r"""
-## 1 · Prompts
+# %% [markdown]
+# ## 1 · Prompts
+#
+# `sample_prompts` mixes the task families uniformly and is deterministic in the seed. Each item carries its
+# question, its reference answer and whatever its verifier needs.
 
-`sample_prompts` mixes the task families uniformly and is deterministic in the seed. Each item carries its
-question, its reference answer and whatever its verifier needs.
-""")
-
-code(r"""
+# %%
 items = S.sample_prompts(cfg.tasks, cfg.prompts_per_step, seed=seed)
 display([(it.family, it.question, it.answer) for it in items[:4]])
 print("the exact prompt the model sees:", repr(TASKS[items[0].family].format_prompt(items[0], "plain")))
-""")
 
-md(r"""
-## 2 · Rollout: N samples per prompt
+# %% [markdown]
+# ## 2 · Rollout: N samples per prompt
+#
+# A `RolloutBatch` holds every sample's tokens, the sampler's log-probabilities, lengths and decoded text,
+# prompt-major (sample `p * N + s` is sample `s` of prompt `p`). Displayed, it is an HTML table of a few samples.
 
-A `RolloutBatch` holds every sample's tokens, the sampler's log-probabilities, lengths and decoded text,
-prompt-major (sample `p * N + s` is sample `s` of prompt `p`). Displayed, it is an HTML table of a few samples.
-""")
-
-code(r"""
+# %%
 sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                           seed=seed)
 batch = S.rollout(engine, items, n=cfg.rollouts_per_prompt, sampling=sampling, template="plain")
 batch
-""")
 
-md(r"""
-## 3 · Score
+# %% [markdown]
+# ## 3 · Score
+#
+# Each family's verifier turns a response into a `reward` and a binary `correct`.
 
-Each family's verifier turns a response into a `reward` and a binary `correct`.
-""")
-
-code(r"""
+# %%
 batch = S.score(batch)
 batch.to_pandas()[["prompt_index", "response", "reward", "correct"]].head(8)
-""")
 
-md(r"""
-## 4 · Filter (dynamic sampling)
+# %% [markdown]
+# ## 4 · Filter (dynamic sampling)
+#
+# A group whose N samples are all correct or all wrong has zero advantage for every sample: no signal. DAPO, ProRL
+# and BroRL drop such groups; the share kept is BroRL's *dynamic-sampling pass rate*. The `Trainer` refills with
+# fresh prompts; here we simply draw another set of prompts if nothing survived.
 
-A group whose N samples are all correct or all wrong has zero advantage for every sample: no signal. DAPO, ProRL
-and BroRL drop such groups; the share kept is BroRL's *dynamic-sampling pass rate*. The `Trainer` refills with
-fresh prompts; here we simply draw another set of prompts if nothing survived.
-""")
-
-code(r"""
+# %%
 kept, stats = S.filter_groups(batch)
 for extra in range(1, 5):
     if kept.num_prompts:
@@ -126,59 +113,48 @@ for extra in range(1, 5):
 assert kept.num_prompts, "no informative group: raise rollouts_per_prompt or prompts_per_step"
 print(f"pass rate {stats.pass_rate:.0%}: kept {stats.kept_groups} of {stats.generated_groups} groups")
 stats
-""")
 
-md(r"""
-## 5 · Advantages
+# %% [markdown]
+# ## 5 · Advantages
+#
+# GRPO: each sample's reward minus its group's mean, divided by the group's standard deviation. One number per
+# sample; shown here as prompts x rollouts.
 
-GRPO: each sample's reward minus its group's mean, divided by the group's standard deviation. One number per
-sample; shown here as prompts x rollouts.
-""")
-
-code(r"""
+# %%
 adv = S.advantages(kept, cfg.advantage, std_norm=cfg.adv_std_norm)
 kept.grouped(adv).numpy().round(2)
-""")
 
-md(r"""
-## 6 · Update
+# %% [markdown]
+# ## 6 · Update
+#
+# `update` recomputes the behaviour log-probs, splits the groups into `optimizer_steps_per_step` mini-batches and
+# takes one AdamW step per mini-batch on PPO-clip (ε_low 0.2, ε_high 0.28) plus β·KL to the reference. The
+# `UpdateReport` carries the averaged loss, KL, entropy, clipped shares and gradient norm.
 
-`update` recomputes the behaviour log-probs, splits the groups into `optimizer_steps_per_step` mini-batches and
-takes one AdamW step per mini-batch on PPO-clip (ε_low 0.2, ε_high 0.28) plus β·KL to the reference. The
-`UpdateReport` carries the averaged loss, KL, entropy, clipped shares and gradient norm.
-""")
-
-code(r"""
+# %%
 report = S.update(policy, optimizer, kept, adv, cfg=cfg, reference=reference)
 report
-""")
 
-md(r"""
-## 7 · Sync
+# %% [markdown]
+# ## 7 · Sync
+#
+# The engine samples from its own copy of the weights; `sync` pushes the new policy into it.
 
-The engine samples from its own copy of the weights; `sync` pushes the new policy into it.
-""")
-
-code(r"""
+# %%
 S.sync(engine, policy)
 same = all(torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), policy.state_dict().values()))
 print("engine weights equal the updated policy:", same)
-""")
 
-md(r"""
-## 8 · The same stages in a loop: `Trainer`
+# %% [markdown]
+# ## 8 · The same stages in a loop: `Trainer`
+#
+# `Trainer.run()` calls these functions in this order, times each stage, refills dynamic sampling, evaluates on the
+# frozen eval sets (row 0 is the evaluation before training), checkpoints and can resume. One row per step:
 
-`Trainer.run()` calls these functions in this order, times each stage, refills dynamic sampling, evaluates on the
-frozen eval sets (row 0 is the evaluation before training), checkpoints and can resume. One row per step:
-""")
-
-code(r"""
+# %%
 with Trainer(cfg, policy=policy, tokenizer=tok, engine=engine) as trainer:
     metrics = trainer.run()
 cols = ["step", "samples", "ds_pass_rate", "reward_mean", "loss", "kl", "entropy", "step_wall_s",
         *[c for c in metrics.columns if c.startswith("eval/mean/")]]
 print(f"run directory: {trainer.run_dir.path}")
 metrics[[c for c in cols if c in metrics.columns]]
-""")
-
-print(f"wrote {nb.write(OUT)}")
