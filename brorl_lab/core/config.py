@@ -14,7 +14,6 @@ Bad values raise :class:`ConfigError` (a ``ValueError``) naming the field, the v
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import typing
 from dataclasses import dataclass, field, fields
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from brorl_lab.core.registry import names_of, registry_of
+from brorl_lab.core.validation import did_you_mean, is_int, is_number
 
 
 class ConfigError(ValueError):
@@ -200,10 +200,10 @@ class Config:
         _require("grad_clip", math.isfinite(self.grad_clip) and self.grad_clip > 0, "a finite float > 0")
         _require("tis_cap", self.tis_cap is None or (math.isfinite(self.tis_cap) and self.tis_cap >= 1),
                  "None or a float >= 1")
-        _require("adam_betas", len(self.adam_betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+        _require("adam_betas", len(self.adam_betas) == 2 and all(is_number(b)
                                                                   and 0 <= b < 1 for b in self.adam_betas),
                  "two floats in [0, 1)")
-        _require("eval_k", len(self.eval_k) >= 1 and all(isinstance(k, int) and not isinstance(k, bool)
+        _require("eval_k", len(self.eval_k) >= 1 and all(is_int(k)
                                                           and 1 <= k <= self.eval_samples for k in self.eval_k),
                  f"a non-empty list of integers in [1, eval_samples={self.eval_samples}]")
         _require("optimizer_steps_per_step", self.prompts_per_step % self.optimizer_steps_per_step == 0,
@@ -257,8 +257,7 @@ def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: st
 def _check_names(d: dict, names: list[str]) -> None:
     for key in d:
         if key not in names:
-            near = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else f"; valid fields: {', '.join(names)}"
+            hint = did_you_mean(key, names) or f"; valid fields: {', '.join(names)}"
             raise ConfigError(f"config: unknown field {key!r}{hint}")
 
 
@@ -270,9 +269,8 @@ def _require(name: str, ok: bool, allowed: str, value: Any) -> None:
 def _choice(name: str, value: Any, allowed) -> None:
     allowed = list(allowed)
     if value not in allowed:
-        near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise ConfigError(f"config field '{name}': got {value!r}{hint}; allowed: {', '.join(map(str, allowed))}")
+        raise ConfigError(f"config field '{name}': got {value!r}{did_you_mean(value, allowed)}; "
+                          f"allowed: {', '.join(map(str, allowed))}")
 
 
 def _check_type(name: str, value: Any, hint: Any) -> None:
@@ -287,9 +285,9 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
         return
     want = origin or hint
     if want is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = is_number(value)
     elif want is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = is_int(value)
     elif want is list:
         ok = isinstance(value, (list, tuple))
     else:

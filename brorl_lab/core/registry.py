@@ -8,10 +8,11 @@ by the package root, so :mod:`brorl_lab.core.config` validates names without imp
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from typing import Any
 from collections.abc import Callable, Iterator
+
+from brorl_lab.core.validation import did_you_mean
 
 
 class Registry:
@@ -32,9 +33,7 @@ class Registry:
 
     def get(self, name: str) -> Any:
         if name not in self._items:
-            near = difflib.get_close_matches(str(name), list(self._items), n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
-            raise ValueError(f"unknown {self.kind} {name!r}{hint}; allowed: {', '.join(self._items)}")
+            raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._items)}; allowed: {', '.join(self._items)}")
         return self._items[name]
 
     __getitem__ = get

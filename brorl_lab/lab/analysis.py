@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from brorl_lab.core.validation import check_int, is_finite_number
 
 # Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
 ARMS = ("prorl", "brorl")  # the flagship's two arms (lab.arms), in display order
@@ -79,8 +80,7 @@ def curves_on_grid(df: pd.DataFrame, metric: str, x: str, *, points: int = 41,
     """Each run's ``metric`` interpolated onto one grid of ``x`` (``points`` values from the largest first x to the
     smallest last x over runs: the range all of them cover). Runs with fewer than two points of the metric are left
     out. Columns: run, arm, x, value; an empty frame when no two-point run exists or the ranges do not overlap."""
-    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
-        raise ValueError(f"points: got {points!r}; allowed: an integer >= 2")
+    check_int('points', points, 2)
     cols = ["run", "arm", "x", "value"]
     if df.empty or "run" not in df:
         return pd.DataFrame(columns=cols)
@@ -296,8 +296,7 @@ def verdict(df: pd.DataFrame, *, tie_points: float = 0.5) -> str:
     training wall time): where BroRL is ahead, behind or level, by how many points (1 point = 0.01 pass@1; gaps
     within ``tie_points`` are level), and with >= 3 paired seeds which gaps exceed twice their standard error over
     seeds. Whatever the data say, the text says."""
-    if isinstance(tie_points, bool) or not (isinstance(tie_points, (int, float)) and math.isfinite(tie_points)
-                                            and tie_points >= 0):
+    if not (is_finite_number(tie_points) and tie_points >= 0):
         raise ValueError(f"tie_points: got {tie_points!r}; allowed: a finite float >= 0")
     df = _check_frame(df)
     bro, pro = _arm_label(df, "brorl"), _arm_label(df, "prorl")

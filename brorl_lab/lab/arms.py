@@ -23,6 +23,7 @@ from brorl_lab.core.paths import REPO_ROOT
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
 from brorl_lab.lab.analysis import ARM_NAMES
 from brorl_lab.lab.plateau import IGNORED_FIELDS, check_same_config, open_trainer
+from brorl_lab.core.validation import check_int, is_int, is_number
 
 DEFAULT_ROOT = REPO_ROOT / "runs" / "rollout_scaling"
 
@@ -46,13 +47,12 @@ def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_
     if not isinstance(base, Config):
         raise ValueError(f"base: got {type(base).__name__}; allowed: a brorl_lab.Config")
     for name, v in (("n_small", n_small), ("n_large", n_large), ("prompts_small", prompts_small)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: got {v!r}; allowed: an integer >= 1")
+        check_int(name, v, 1)
     if n_large <= n_small:
         raise ValueError(f"n_large: got {n_large} with n_small={n_small}; allowed: an integer > n_small")
     small = n_small * prompts_small
     if prompts_large is None:
-        if isinstance(samples_ratio, bool) or not isinstance(samples_ratio, (int, float)) or not samples_ratio > 0:
+        if not is_number(samples_ratio) or not samples_ratio > 0:
             raise ValueError(f"samples_ratio: got {samples_ratio!r}; allowed: a number > 0")
         exact = Fraction(samples_ratio).limit_denominator(1000) * small / n_large
         if exact.denominator != 1 or exact < 1:
@@ -60,7 +60,7 @@ def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_
                              f"for N={n_large} (ProRL arm: {prompts_small} x {n_small}); allowed: pass prompts_large "
                              "explicitly or a ratio that makes it a whole number >= 1")
         prompts_large = int(exact)
-    elif isinstance(prompts_large, bool) or not isinstance(prompts_large, int) or prompts_large < 1:
+    elif not is_int(prompts_large) or prompts_large < 1:
         raise ValueError(f"prompts_large: got {prompts_large!r}; allowed: None or an integer >= 1")
     ratio = n_large * prompts_large / small
 
@@ -137,7 +137,7 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
 
     seeds = list(seeds) if not isinstance(seeds, (str, bytes)) else seeds
     if (not isinstance(seeds, list) or not seeds
-            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds)):
+            or any(not is_int(s) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds)):
         raise ValueError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
     if not isinstance(root, (str, Path)) or not str(root).strip():
         raise ValueError(f"root: got {root!r}; allowed: a directory path")

@@ -18,6 +18,7 @@ import pandas as pd
 
 from brorl_lab.core.config import Config
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, repo_relative
+from brorl_lab.core.validation import check_int, is_number
 
 MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
 PASS1 = "pass@1"
@@ -56,7 +57,7 @@ def hard_families(report: str | Path | None = None, *, max_pass: float = 0.5, te
     learn; the plateau and the branch experiment train on the ones in between.
     """
     path = Path(report) if report is not None else DEFAULT_MODEL_DIR / "training_report.json"
-    if isinstance(max_pass, bool) or not isinstance(max_pass, (int, float)) or not 0 < max_pass <= 1:
+    if not is_number(max_pass) or not 0 < max_pass <= 1:
         raise ValueError(f"max_pass: got {max_pass!r}; allowed: a float in (0, 1]")
     try:
         table = json.loads(path.read_text())["pass_at_1"]
@@ -109,8 +110,7 @@ def plateau_reached(curve: Sequence[float], window: int = 5, min_delta: float = 
     min_delta 0.01 (evaluating every 10 steps): no gain of one point or more over the best earlier evaluation in the
     last 50 steps.
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window: got {window!r}; allowed: an integer >= 1")
+    check_int('window', window, 1)
     if not (isinstance(min_delta, (int, float)) and math.isfinite(min_delta) and min_delta >= 0):
         raise ValueError(f"min_delta: got {min_delta!r}; allowed: a finite float >= 0")
     curve = [float(c) for c in curve]

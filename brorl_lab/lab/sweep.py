@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from brorl_lab.lab.tracking import RunDir, atomic_write
+from brorl_lab.core.validation import check_int, did_you_mean, is_int, is_number
 
 KERNEL = "python3"
 
@@ -72,16 +73,13 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict:
 def check_parameters(notebook: str | os.PathLike, params: Mapping[str, Any]) -> None:
     """Reject parameters the notebook does not declare (papermill would silently inject them) and values papermill
     cannot write into a cell (anything but None, bool, int, float, str and lists / str-keyed dicts of them)."""
-    import difflib
 
     if not isinstance(params, Mapping):
         raise ValueError(f"parameters: got {type(params).__name__}; allowed: a mapping of parameter name -> value")
     known = notebook_parameters(notebook)
     for k, v in params.items():
         if k not in known:
-            near = difflib.get_close_matches(str(k), list(known), n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
-            raise ValueError(f"parameter {k!r}{hint} is not in the parameters cell of {Path(notebook).name}; "
+            raise ValueError(f"parameter {k!r}{did_you_mean(k, known)} is not in the parameters cell of {Path(notebook).name}; "
                              f"allowed: {', '.join(known)}")
         _check_value(k, v, v)
 
@@ -116,7 +114,7 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parame
     notebook = Path(notebook)
     if not notebook.exists():
         raise ValueError(f"notebook: {notebook} does not exist")
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+    if timeout_s is not None and (not is_number(timeout_s)
                                   or not timeout_s > 0):
         raise ValueError(f"timeout_s: got {timeout_s!r}; allowed: None or a number of seconds > 0")
     check_parameters(notebook, {} if parameters is None else parameters)
@@ -175,8 +173,7 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
     """
     from tqdm.auto import tqdm
 
-    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
-        raise ValueError(f"parallel: got {parallel!r}; allowed: an integer >= 1")
+    check_int('parallel', parallel, 1)
     if isinstance(grid, Mapping):
         sets = expand_grid(grid)
     elif isinstance(grid, Iterable) and not isinstance(grid, (str, bytes)):
@@ -230,11 +227,10 @@ def iso_compute_plan(samples_per_step: int, n_values: Sequence[int]) -> pd.DataF
 
     Pairs where N does not divide the budget are dropped (and listed with a reason), never rounded silently.
     """
-    if isinstance(samples_per_step, bool) or not isinstance(samples_per_step, int) or samples_per_step < 1:
-        raise ValueError(f"samples_per_step: got {samples_per_step!r}; allowed: an integer >= 1")
+    check_int('samples_per_step', samples_per_step, 1)
     rows = []
     for n in n_values:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"n_values: got {n!r}; allowed: integers >= 1")
         ok = samples_per_step % n == 0
         rows.append({"rollouts_per_prompt": n, "prompts_per_step": samples_per_step // n if ok else None,

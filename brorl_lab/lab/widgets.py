@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 
 from brorl_lab.lab import plots, tracking
 from brorl_lab.theory import balance as theory
+from brorl_lab.core.validation import is_finite_number
 
 # =================================================================================================================
 # 1. The mass-balance explorer
@@ -406,7 +407,7 @@ def _len(seq) -> int:
 
 
 def _finite(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and bool(np.isfinite(v))
+    return is_finite_number(v)
 
 
 class TrainingJob:

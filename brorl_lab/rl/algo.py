@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from brorl_lab.core.registry import Registry
+from brorl_lab.core.validation import is_int, is_number
 
 ADVANTAGES = Registry("advantage")
 POLICY_LOSSES = Registry("policy_loss")
@@ -77,13 +78,13 @@ def _check_tensor(func: str, arg: str, x, *, dims: str, shape: Optional[tuple] =
 def _check_number(func: str, arg: str, x, ok: Callable[[float], bool], allowed: str) -> float:
     if isinstance(x, torch.Tensor) and x.numel() == 1:
         x = x.item()
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not ok(x):
+    if not is_number(x) or not math.isfinite(x) or not ok(x):
         raise _bad(func, arg, repr(x), allowed)
     return float(x)
 
 
 def _check_int(func: str, arg: str, x, lo: int, allowed: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
+    if not is_int(x) or x < lo:
         raise _bad(func, arg, repr(x), allowed)
     return int(x)
 

@@ -20,6 +20,7 @@ from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rl.steps import rollout
 from brorl_lab.rollout.tasks import eval_set
+from brorl_lab.core.validation import check_int
 
 
 @dataclass
@@ -46,8 +47,7 @@ def evaluate(engine: RolloutEngine, families: Sequence[str], *, samples: int = 8
 
     Use the same ``sampling.seed`` to compare checkpoints on identical randomness.
     """
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples: got {samples!r}; allowed: an integer >= 1")
+    check_int('samples', samples, 1)
     bad_k = [x for x in k if not (isinstance(x, int) and 1 <= x <= samples)]
     if not k or bad_k:
         raise ValueError(f"k: got {list(k)!r}; allowed: integers in [1, samples={samples}]")

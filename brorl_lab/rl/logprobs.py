@@ -41,6 +41,7 @@ from transformers.cache_utils import DynamicLayer
 from brorl_lab.core.batch import RolloutBatch, left_pad
 from brorl_lab.core.config import LOGPROB_LAYOUTS
 from brorl_lab.core.prefix_attention import PrefixDecoder, PrefixGrid, padding_bias, supports_shared_prefix
+from brorl_lab.core.validation import check_int, is_number
 
 # The explicit shared-prefix kernel builds its attention scores ([rows, H, W, keys]); past this many keys per row the
 # suffix pass uses the model's own attention instead (SDPA never materialises scores), so memory stays set by tokens.
@@ -54,8 +55,7 @@ def micro_batches(token_counts: torch.Tensor, token_budget: int, *, prompt_of: O
 
     With ``prompt_of`` [B] (each row's prompt) and ``prompt_tokens`` (per prompt), a group also pays each of its
     prompts' tokens once, at its first row of that prompt: the shared-prefix layout's cost."""
-    if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
-        raise ValueError(f"token_budget: got {token_budget!r}; allowed: an integer >= 1")
+    check_int('token_budget', token_budget, 1)
     counts = torch.as_tensor(token_counts)
     if counts.ndim != 1:
         raise ValueError(f"token_counts: got shape {tuple(counts.shape)}; allowed: a 1-D tensor [B] of token counts")
@@ -309,7 +309,7 @@ def _as_rows(batch: RolloutBatch, rows) -> torch.Tensor:
 
 
 def _check_temperature(temperature) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0 \
+    if not is_number(temperature) or not temperature > 0 \
             or temperature == float("inf"):
         raise ValueError(f"temperature: got {temperature!r}; allowed: a finite float > 0")
 

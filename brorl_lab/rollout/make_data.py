@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from brorl_lab.core.paths import EVAL_DIR
 from brorl_lab.rollout.tasks import BUILTIN_FAMILIES, TASKS, TaskItem, write_items
+from brorl_lab.core.validation import check_int
 
 EVAL_SIZE = 200
 EVAL_SEED = 0
@@ -29,8 +30,7 @@ def make_eval_sets(families: Sequence[str] = DEFAULT_EVAL_FAMILIES, *, size: int
     Items are the first ``size`` distinct questions of the family's eval stream (a repeated question would count
     twice in pass@1 without testing anything new).
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"size: got {size!r}; allowed: an integer >= 1")
+    check_int('size', size, 1)
     return {name: write_items(distinct_eval_items(name, size, seed), Path(out_dir) / f"{name}.jsonl")
             for name in families}
 

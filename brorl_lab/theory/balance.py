@@ -41,6 +41,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from brorl_lab.core.registry import Registry
+from brorl_lab.core.validation import is_finite_number
 
 TERMS = ("sampled_correct", "sampled_incorrect", "unsampled")
 TERMS_AND_TOTAL = TERMS + ("total",)
@@ -80,9 +81,7 @@ def _mask(correct, v: int, name: str = "correct") -> np.ndarray:
 
 
 def _count(n, name: str = "n", low: int = 1) -> int:
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer, float, np.floating)):
-        raise ValueError(f"{name} must be an integer >= {low}, got {n!r}")
-    if not (math.isfinite(n) and float(n).is_integer() and n >= low):
+    if not (is_finite_number(n) and float(n).is_integer() and n >= low):
         raise ValueError(f"{name} must be an integer >= {low}, got {n!r}")
     return int(n)
 
@@ -98,7 +97,7 @@ def _n_grid(n_values, name: str = "n_values") -> np.ndarray:
 
 def _rewards(r_c: float, r_w: float) -> tuple[float, float]:
     for name, val in (("r_c", r_c), ("r_w", r_w)):
-        if not (isinstance(val, (int, float, np.number)) and math.isfinite(val)):
+        if not is_finite_number(val):
             raise ValueError(f"{name} must be a finite number, got {val!r}")
     if r_c < 0:
         raise ValueError(f"r_c (reward of a correct token) must be >= 0, got {r_c}")
@@ -108,7 +107,7 @@ def _rewards(r_c: float, r_w: float) -> tuple[float, float]:
 
 
 def _positive(x: float, name: str) -> float:
-    if not (isinstance(x, (int, float, np.number)) and math.isfinite(x) and x > 0):
+    if not (is_finite_number(x) and x > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {x!r}")
     return float(x)
 

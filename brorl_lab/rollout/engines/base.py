@@ -11,6 +11,7 @@ from typing import Optional
 from collections.abc import Sequence
 
 from brorl_lab.core.batch import RolloutBatch
+from brorl_lab.core.validation import check_int
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,7 @@ def check_generate_args(prompts: Sequence[str], n: int) -> None:
         raise ValueError("prompts: got an empty list; allowed: a non-empty list of prompt strings")
     if not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("prompts: every prompt must be a non-empty string")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (rollouts_per_prompt): got {n!r}; allowed: an integer >= 1")
+    check_int('n (rollouts_per_prompt)', n, 1)
 
 
 class RolloutEngine(ABC):

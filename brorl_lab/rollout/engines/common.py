@@ -22,6 +22,7 @@ import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams, check_generate_args
+from brorl_lab.core.validation import check_int
 
 
 # ---- model and tokenizer ------------------------------------------------------------------------------------------
@@ -206,8 +207,7 @@ class ModuleEngine(RolloutEngine):
 
     def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
                  chunk_sequences: int = 1024):
-        if isinstance(chunk_sequences, bool) or not isinstance(chunk_sequences, int) or chunk_sequences < 1:
-            raise ValueError(f"chunk_sequences: got {chunk_sequences!r}; allowed: an integer >= 1")
+        check_int('chunk_sequences', chunk_sequences, 1)
         self.model, self.tokenizer = load_engine_model(model, tokenizer, device=device, dtype=dtype)
         self.device = next(self.model.parameters()).device
         self.eos_ids, self.pad_id = special_ids(self.tokenizer, getattr(self.model, "generation_config", None))

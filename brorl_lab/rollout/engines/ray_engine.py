@@ -65,6 +65,7 @@ import torch
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams, check_generate_args
+from brorl_lab.core.validation import check_int, is_int, is_number
 
 WORKER_ENGINES = ("torch", "hf", "vllm")
 
@@ -105,8 +106,7 @@ def plan_shards(num_prompts: int, n: int, workers: int) -> list[Shard]:
     [(range(0, 1), range(0, 3)), (range(0, 1), range(3, 6))]
     """
     for name, v in (("num_prompts", num_prompts), ("n", n), ("workers", workers)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: got {v!r}; allowed: an integer >= 1")
+        check_int(name, v, 1)
     if num_prompts >= workers:
         blocks = [(r, range(n)) for r in _even_ranges(num_prompts, workers)]
     else:
@@ -348,7 +348,7 @@ class RayEngine(RolloutEngine):
         if dtype != "auto" and dtype not in DTYPES:
             raise ValueError(f"dtype: got {dtype!r}; allowed: auto, {', '.join(DTYPES)}")
         for name, v in (("num_cpus_per_worker", num_cpus_per_worker), ("num_gpus_per_worker", num_gpus_per_worker)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            if v is not None and (not is_number(v) or not math.isfinite(v)
                                   or v < (0 if name == "num_gpus_per_worker" else 1e-9)):
                 raise ValueError(f"{name}: got {v!r}; allowed: None or a number "
                                  f"{'>= 0' if name == 'num_gpus_per_worker' else '> 0'}")
@@ -359,7 +359,7 @@ class RayEngine(RolloutEngine):
             _check_int("local_cpus", local_cpus, 1)
         _check_int("max_retries", max_retries, 0)
         for name, v in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+            if not is_number(v) or not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: got {v!r}; allowed: a finite number of seconds > 0")
         if isinstance(model, torch.nn.Module):
             if tokenizer is None:
@@ -598,7 +598,7 @@ class RayEngine(RolloutEngine):
 
 
 def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"{name}: got {value!r}; allowed: an integer >= {low}")
 
 

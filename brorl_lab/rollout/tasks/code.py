@@ -32,6 +32,7 @@ from brorl_lab.rollout.tasks.base import register_task, RewardResult, TaskFamily
 from brorl_lab.rollout.tasks.gym import check_sample_args, split_of
 from brorl_lab.rollout.tasks.templates import check_template, format_prompt
 from brorl_lab.rollout.sandbox import UnitTest, run_untrusted
+from brorl_lab.core.validation import check_int, is_number
 
 CHAT_CODE = ("{question}\n\nWrite the complete function in Python and put it in a single ```python code block "
              "(no tests, no input reading).")
@@ -293,10 +294,9 @@ class CodeFamily(TaskFamily):
     description = f"write a short Python function ({len(SPECS)} templated specs), scored by 3-6 unit tests"
 
     def __init__(self, *, wall_timeout: float = 5.0, memory_mb: int = 512):
-        if isinstance(wall_timeout, bool) or not isinstance(wall_timeout, (int, float)) or not 0 < wall_timeout < 3600:
+        if not is_number(wall_timeout) or not 0 < wall_timeout < 3600:
             raise ValueError(f"wall_timeout: got {wall_timeout!r}; allowed: seconds in (0, 3600)")
-        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 32:
-            raise ValueError(f"memory_mb: got {memory_mb!r}; allowed: an integer >= 32")
+        check_int('memory_mb', memory_mb, 32)
         self.wall_timeout, self.memory_mb = wall_timeout, memory_mb  # ProRL: 0 reward beyond 5 s
 
     def make_item(self, rng: random.Random, split: str) -> TaskItem | None:

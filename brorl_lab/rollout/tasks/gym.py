@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from brorl_lab.rollout.tasks.base import register_task, RewardResult, TaskFamily, TaskItem
 from brorl_lab.rollout.tasks.templates import CHAT_ANSWER_TAGS, MAX_ANSWER_CHARS, check_template, extract_answer, format_prompt
+from brorl_lab.core.validation import check_int, is_int
 
 SPLITS = ("train", "eval")
 EVAL_MODULUS = 8  # 1 question in 8 belongs to the eval split
@@ -55,9 +56,8 @@ def stream_seed(family: str, split: str, seed: int) -> int:
 
 
 def check_sample_args(count: Any, seed: Any, split: Any) -> None:
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"count: got {count!r}; allowed: an integer >= 0")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+    check_int('count', count, 0)
+    if not is_int(seed) or not 0 <= seed < MAX_SEED:
         raise ValueError(f"seed: got {seed!r}; allowed: an integer in [0, {MAX_SEED})")
     if split not in SPLITS:
         raise ValueError(f"split: got {split!r}; allowed: {', '.join(SPLITS)}")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from brorl_lab.core.paths import EVAL_DIR
 from brorl_lab.rollout.tasks.base import TASKS, TaskItem
 from brorl_lab.rollout.tasks.gym import check_sample_args
+from brorl_lab.core.validation import is_int
 
 
 def _check_names(names: str | Sequence[str]) -> list[str]:
@@ -52,7 +53,7 @@ def eval_path(name: str) -> Path:
 def eval_set(name: str, limit: Optional[int] = None) -> list[TaskItem]:
     """The frozen eval items of family ``name`` (``data/eval/<name>.jsonl``), the first ``limit`` of them if given."""
     path = eval_path(name)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+    if limit is not None and (not is_int(limit) or limit < 0):
         raise ValueError(f"limit: got {limit!r}; allowed: None or an integer >= 0")
     if not path.is_file():
         raise ValueError(f"eval set for task {name!r}: {path} does not exist; generate it with "

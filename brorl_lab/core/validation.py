@@ -1,0 +1,39 @@
+"""The checks every public function repeats, written once: each raises one ``ValueError`` that names the argument,
+the value and what is allowed (``"samples: got 0; allowed: an integer >= 1"``). ``bool`` is never a number here:
+``True`` passed as a count is a mistake, though Python's ``bool`` subclasses ``int``."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def is_int(value: Any) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_number(value: Any) -> bool:
+    """A real number (Python or numpy int/float), not a bool; may be nan or inf."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_finite_number(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
+def check_int(name: str, value: Any, low: int = 1) -> int:
+    """``value`` if it is an integer >= ``low``, else ``ValueError("<name>: got <value>; allowed: an integer >= low")``."""
+    if not is_int(value) or value < low:
+        raise ValueError(f"{name}: got {value!r}; allowed: an integer >= {low}")
+    return int(value)
+
+
+def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``allowed`` to ``value``, or ``""`` when none is close."""
+    near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+    return f" (did you mean '{near[0]}'?)" if near else ""
