@@ -52,6 +52,33 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, type=_none_or(cast) if optional else cast, metavar=cast.__name__.upper(), **kw)
 
 
+#: ``eval`` options and the Config fields they stand for: defaults and help come from those fields, so
+#: ``python -m brorl_lab eval`` samples exactly as a training run's evaluation does (eval_temperature 0.6, ...).
+EVAL_OPTIONS = {"model": "model", "engine": "engine", "samples": "eval_samples", "k": "eval_k",
+                "prompts": "eval_prompts", "temperature": "eval_temperature", "top_p": "eval_top_p",
+                "max_new_tokens": "max_new_tokens", "template": "template", "seed": "seed"}
+
+
+def add_eval_options(parser: argparse.ArgumentParser) -> None:
+    by_name = {f.name: f for f in dataclasses.fields(Config)}
+    hints = typing.get_type_hints(Config)
+    defaults = Config().to_dict()
+    for dest, name in EVAL_OPTIONS.items():
+        f, hint = by_name[name], hints[name]
+        helptext = f.metadata.get("help", "").replace("%", "%%") + f" (config field {name}; default %(default)s)"
+        kw: dict[str, Any] = {"dest": dest, "default": defaults[name], "help": helptext}
+        if hint is list:
+            kw.update(nargs="+", type=type(defaults[name][0]))
+        else:
+            kw["type"] = {int: int, float: float}.get(hint, str)
+        parser.add_argument("--" + dest.replace("_", "-"), **kw)
+
+
+def eval_config(args: argparse.Namespace) -> Config:
+    """The eval options as a validated Config (one error naming the field for a bad value)."""
+    return Config.from_dict({name: getattr(args, dest) for dest, name in EVAL_OPTIONS.items()})
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """File fields, then command-line overrides; validated once, as a whole."""
     data: dict = {}
@@ -73,8 +100,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def cmd_train(args) -> int:
     if args.resume:
         given = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(Config) if hasattr(args, f.name)]
-        if given or args.config:
-            raise ConfigError(f"--resume: got {args.resume!r} together with {', '.join(given or ['--config'])}; "
+        given += [flag for flag, on in (("--config", args.config), ("--overwrite", args.overwrite)) if on]
+        if given:
+            raise ConfigError(f"--resume: got {args.resume!r} together with {', '.join(given)}; "
                               "allowed: --resume RUN_DIR alone (the run continues with its own config.yaml)")
     cfg = None if args.resume else config_from_args(args)  # validate before importing anything heavy
     from brorl_lab.rl.trainer import Trainer
@@ -82,7 +110,7 @@ def cmd_train(args) -> int:
     if args.resume:
         trainer = Trainer.resume(args.resume, progress=not args.quiet)
     else:
-        trainer = Trainer(cfg, progress=not args.quiet)
+        trainer = Trainer(cfg, progress=not args.quiet, overwrite=args.overwrite)
     with trainer:
         df = trainer.run()
     print(f"run directory: {trainer.run_dir.path}")
@@ -100,6 +128,7 @@ def cmd_eval(args) -> int:
     from brorl_lab.core.models import load_policy
     from brorl_lab.rollout.tasks import TASKS
 
+    eval_config(args)  # validate every option against its config field before loading anything
     for t in args.tasks:
         TASKS.get(t)  # one clear error for an unknown family
     policy, tok = load_policy(args.model)
@@ -251,21 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML file of config fields")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in the run directory (without it such a run is an error)")
     add_config_options(t)
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="pass@k of a model on the frozen eval sets")
-    e.add_argument("--model", default="default")
-    e.add_argument("--engine", default="torch")
+    add_eval_options(e)
     e.add_argument("--tasks", nargs="+", required=False, default=None)
-    e.add_argument("--samples", type=int, default=8)
-    e.add_argument("--k", type=int, nargs="+", default=[1])
-    e.add_argument("--prompts", type=int, default=200)
-    e.add_argument("--temperature", type=float, default=1.0)
-    e.add_argument("--top-p", type=float, default=1.0)
-    e.add_argument("--max-new-tokens", type=int, default=16)
-    e.add_argument("--template", default="auto", choices=["auto", "plain", "chat"])
-    e.add_argument("--seed", type=int, default=0)
     e.add_argument("--json", help="also write the metrics as JSON here")
     e.set_defaults(func=cmd_eval)
 

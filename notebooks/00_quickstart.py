@@ -31,6 +31,7 @@ trainer_steps = 3
 seed = 0
 torch_threads = 1
 run_dir = None                         # where the Trainer run goes; None: a temporary directory
+overwrite = False                      # replace a run already in run_dir/quickstart (sweep retries pass True)
 
 # %%
 import logging
@@ -152,7 +153,7 @@ print("engine weights equal the updated policy:", same)
 # frozen eval sets (row 0 is the evaluation before training), checkpoints and can resume. One row per step:
 
 # %%
-with Trainer(cfg, policy=policy, tokenizer=tok, engine=engine) as trainer:
+with Trainer(cfg, policy=policy, tokenizer=tok, engine=engine, overwrite=overwrite) as trainer:
     metrics = trainer.run()
 cols = ["step", "samples", "ds_pass_rate", "reward_mean", "loss", "kl", "entropy", "step_wall_s",
         *[c for c in metrics.columns if c.startswith("eval/mean/")]]

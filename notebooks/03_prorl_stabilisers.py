@@ -54,10 +54,8 @@ torch_threads = 1
 live = True                      # live dashboard while training; headless runs (papermill, tests) pass False
 
 # %%
-import shutil
 import threading
 import time
-from pathlib import Path
 
 import pandas as pd
 import transformers
@@ -109,16 +107,16 @@ pd.DataFrame([{"run": run, "arm": arm, "seed": s,
 # ## Training
 #
 # `train_arm` builds the arm's config and runs a `Trainer`; every run writes its metrics, events (resets) and a
-# resumable checkpoint under `run_dir` (re-running this cell starts the arms afresh). Interactively the runs go one after another in a background thread with a
+# resumable checkpoint under `run_dir` (re-running this cell starts the arms afresh: `overwrite=True`). Interactively the runs go one after another in a background thread with a
 # live dashboard: the curves grow step by step, reset steps are marked with a red ×, and **Stop after this step**
 # ends the current arm cleanly (the next one starts; `Trainer.resume(run_dir)` continues a stopped one). A kernel
 # interrupt (■) stops the current arm and skips the rest.
 
 # %%
 def train_arm(run: str, arm: str, seed: int, callbacks=()) -> pd.DataFrame:
-    shutil.rmtree(Path(run_dir) / run, ignore_errors=True)  # a re-run trains the arm afresh (no stale events)
     cfg = base.replace(run_name=run, seed=seed, **ARMS[arm])
-    with Trainer(cfg, callbacks=list(callbacks), progress=False) as trainer:
+    # overwrite=True: a re-run trains the arm afresh, replacing its earlier run (without it the Trainer refuses)
+    with Trainer(cfg, callbacks=list(callbacks), progress=False, overwrite=True) as trainer:
         return trainer.run()
 
 
@@ -169,7 +167,9 @@ print(f"{len(runs)} runs, {len(df)} rows, columns like {', '.join(c for c in df.
 # %% [markdown]
 # ## 1 · KL to a reference (β = 0 vs small)
 #
-# The loss adds $\beta\,\mathrm{KL}(\pi_\theta \,\|\, \pi_{ref})$ per token (estimator k3 here). Without it
+# The loss adds $\beta$ times a per-token KL estimate (estimator k3 here: an unbiased estimate of
+# $\mathrm{KL}(\pi_\theta \,\|\, \pi_{ref})$ by value, whose gradient as a loss is that of the *reverse* KL; see the
+# check below). Without it
 # nothing pulls the policy back: RL sharpens the distribution onto whatever got rewarded, entropy falls, and the
 # policy can wander far from the model it started as. ProRL keeps a small β because a moderate anchor *stabilises*
 # long training; it also argues that the usual reason to drop KL (it slows learning) matters less when the model
@@ -181,6 +181,43 @@ print(f"{len(runs)} runs, {len(df)} rows, columns like {', '.join(c for c in df.
 kl_runs = [r for r in runs if RUNS[r][0] in ("baseline", "no KL")]
 plots.metrics_grid_figure(df, ["entropy", "kl", "reward_mean", "eval/mean/pass@1"], runs=kl_runs, names=NAMES,
                           title="KL penalty: baseline (β > 0) against β = 0")
+
+# %% [markdown]
+# ### What each KL estimator does as a loss
+#
+# With $d = \log\pi(a) - \log\pi_{ref}(a)$ on a token $a \sim \pi$, the three estimators are $k_1 = d$,
+# $k_2 = d^2/2$ and $k_3 = e^{-d} - 1 + d$. By *value* all three estimate $\mathrm{KL}(\pi\,\|\,\pi_{ref})$. But a trainer
+# adds them to the loss and differentiates through $\log\pi$ with the samples held fixed, and then (with
+# $g = \nabla\log\pi(a)$, $\mathbb E_\pi[g] = 0$):
+#
+# * $k_1$: $\nabla k_1 = g$, so $\mathbb E_\pi[\nabla k_1] = 0$: **as a loss it regularises nothing**;
+# * $k_2$: $\nabla k_2 = d\,g$, and $\mathbb E_\pi[d\,g] = \nabla\,\mathrm{KL}(\pi\,\|\,\pi_{ref})$: the only one whose
+#   gradient is that of the KL it estimates;
+# * $k_3$: $\nabla k_3 = (1 - \pi_{ref}/\pi)\,g$, and its expectation is $\nabla\,\mathrm{KL}(\pi_{ref}\,\|\,\pi)$, the
+#   reverse direction (the two agree only to first order near $\pi = \pi_{ref}$).
+#
+# The cell below checks this exactly on a small categorical ($V = 6$ random logits): `algo.kl_loss_gradients` sums
+# $\pi(a)\nabla k(a)$ over all $a$ (the expected gradient of the sampled loss) and compares it with the analytic
+# gradients of both KL directions. The other common placement, KL as a *reward* penalty (`kl_placement="reward"`,
+# with $k_1$ the usual choice), subtracts $\beta\sum_t k_t$ from each sample's reward before the advantages; its
+# policy gradient is then $-\beta\nabla\mathrm{KL}(\pi\,\|\,\pi_{ref})$ for $k_1$.
+
+# %%
+import torch
+
+from brorl_lab.rl import algo
+
+g = torch.Generator().manual_seed(0)
+logits, ref_logits = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
+grads = algo.kl_loss_gradients(logits, ref_logits)
+dist = lambda a, b: float((grads[a] - grads[b]).norm())   # noqa: E731
+check = pd.DataFrame([{"estimator as a loss": k, "|E grad|": float(grads[k].norm()),
+                       "distance to grad KL(pi||ref)": dist(k, "KL(pi||ref)"),
+                       "distance to grad KL(ref||pi)": dist(k, "KL(ref||pi)")} for k in ("k1", "k2", "k3")])
+assert check.loc[0, "|E grad|"] < 1e-12                       # k1: zero
+assert check.loc[1, "distance to grad KL(pi||ref)"] < 1e-12  # k2: the forward KL's gradient
+assert check.loc[2, "distance to grad KL(ref||pi)"] < 1e-12  # k3: the reverse KL's gradient
+check.style.format(precision=3).hide(axis="index")
 
 # %% [markdown]
 # ## 2 · Reference resets (none / every K steps / on a KL threshold)

@@ -306,7 +306,7 @@ def test_on_policy_ppo_clip_has_ratio_one_no_clipping_and_the_pg_gradient(mode):
     for name in ("ppo_clip", "pg"):
         x = logp.detach().clone().requires_grad_(True)
         loss, m = POLICY_LOSSES[name](x, x.detach(), adv, LOSS_MASK, eps_low=0.2, eps_high=0.28, loss_agg=mode,
-                                      tis_weights=weights)
+                                      is_weights=weights)
         loss.backward()
         grads[name] = x.grad
         assert m["ratio_mean"] == 1.0 and m["approx_kl"] == 0.0
@@ -336,15 +336,15 @@ def test_clipping_cuts_the_gradient_exactly_where_it_should(eps_low, eps_high):
         assert math.isclose(loss.item(), sum(hand_ppo_token(r, a, eps_low, eps_high) for r in ratios) / len(ratios))
 
 
-def test_tis_weights_multiply_the_per_token_loss():
+def test_is_weights_multiply_the_per_token_loss():
     logp, old_logp, adv = ratio_batch()
     w = [[0.5, 2.0, 1.0], [1.5, 0.25, 99.0]]  # the last is padding
     loss, m = POLICY_LOSSES["ppo_clip"](logp, old_logp, adv, LOSS_MASK, eps_low=0.2, eps_high=0.28,
-                                        loss_agg="token_mean", tis_weights=torch.tensor(w, dtype=torch.float64))
+                                        loss_agg="token_mean", is_weights=torch.tensor(w, dtype=torch.float64))
     hand = sum(w[i][t] * hand_ppo_token(RATIOS[i][t], ADV[i], 0.2, 0.28) for i, t in
                [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)])
     assert math.isclose(loss.item(), hand / 5, rel_tol=1e-9)
-    assert math.isclose(m["tis_weight_mean"], (0.5 + 2.0 + 1.0 + 1.5 + 0.25) / 5)
+    assert math.isclose(m["is_weight_mean"], (0.5 + 2.0 + 1.0 + 1.5 + 0.25) / 5)
 
 
 def test_truncated_is_weights():
@@ -381,7 +381,7 @@ def test_losses_and_metrics_summed_over_micro_batches_equal_the_whole(lengths, d
 
 def test_every_loss_takes_the_same_arguments():
     logp, old_logp, adv = ratio_batch()
-    same = dict(eps_low=0.2, eps_high=0.28, loss_agg="seq_mean_token_sum_norm", tis_weights=None, num_tokens=5,
+    same = dict(eps_low=0.2, eps_high=0.28, loss_agg="seq_mean_token_sum_norm", is_weights=None, num_tokens=5,
                 num_seqs=2, max_response_len=8)
     for name in POLICY_LOSSES:
         loss, metrics = POLICY_LOSSES[name](logp, old_logp, adv, LOSS_MASK, **same)
@@ -396,7 +396,7 @@ def test_every_loss_takes_the_same_arguments():
     (dict(mask=LOSS_MASK.long()), r"argument 'mask' got dtype torch.int64"),
     (dict(old_logp=None), r"argument 'old_logp' got a NoneType"),
     (dict(old_logp=torch.zeros(2, 4, dtype=torch.float64)), r"argument 'old_logp' got shape \(2, 4\)"),
-    (dict(tis_weights=torch.ones(2, 2)), r"argument 'tis_weights' got shape \(2, 2\)"),
+    (dict(is_weights=torch.ones(2, 2)), r"argument 'is_weights' got shape \(2, 2\)"),
     (dict(eps_low=1.0), r"argument 'eps_low' got 1.0; allowed: a float in \[0, 1\)"),
     (dict(eps_high=-0.1), r"argument 'eps_high' got -0.1"),
     (dict(loss_agg="token-mean"), r"unknown loss_agg 'token-mean' \(did you mean 'token_mean'\?\)"),

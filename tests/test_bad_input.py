@@ -47,13 +47,15 @@ FLOAT_RANGE = {
     "lr": (0, False, 1, False), "eps_low": (0, True, 1, False), "eps_high": (0, True, None, False),
     "kl_beta": (0, True, None, False), "entropy_coef": (0, True, None, False),
     "weight_decay": (0, True, None, False), "reset_on_kl": (0, True, None, False),
-    "grad_clip": (0, False, None, False), "tis_cap": (1, True, None, False),
+    "grad_clip": (0, False, None, False), "is_cap": (1, True, None, False),
+    "icepop_low": (0, False, 1, True), "icepop_high": (1, True, None, False),
 }
 CHOICES = {  # string fields with a fixed or registered set of names
     "engine": names_of("engine"), "ray_worker_engine": [e for e in names_of("engine") if e != "ray"],
     "advantage": names_of("advantage"), "policy_loss": names_of("policy_loss"),
     "loss_agg": ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"],
-    "kl_estimator": ["k1", "k2", "k3"], "lr_scaling": ["none", "sqrt"], "device": ["auto", "cpu", "cuda"],
+    "kl_estimator": ["k1", "k2", "k3"], "kl_placement": ["loss", "reward"],
+    "is_correction": ["none", "truncate", "icepop_mask"], "lr_scaling": ["none", "sqrt"], "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
     "logprob_layout": ["auto", "shared_prefix", "packed"],
 }
@@ -70,7 +72,8 @@ def test_the_specification_covers_every_field():
 
 @pytest.mark.parametrize("kw", [
     dict(top_p=1.0, eval_top_p=1.0), dict(eps_low=0.0), dict(eps_low=0.999), dict(rollouts_per_prompt=2),
-    dict(tis_cap=1.0), dict(kl_beta=0.0, entropy_coef=0.0, weight_decay=0.0), dict(seed=0, eval_every=0),
+    dict(is_cap=1.0, icepop_low=1.0, icepop_high=1.0), dict(kl_beta=0.0, entropy_coef=0.0, weight_decay=0.0),
+    dict(seed=0, eval_every=0),
     dict(prompts_per_step=12, optimizer_steps_per_step=4), dict(eval_samples=4, eval_k=[1, 4]),
     dict(tasks=("gcd", "chain_sum")), dict(adam_betas=[0, 0.5]), dict(lr=0.5, temperature=1e-3),
 ])
@@ -111,8 +114,7 @@ def bad_field(draw, python_objects: bool = True):
         value = draw(st.one_of(st.integers(max_value=INT_MIN[name] - 1), WRONG_FOR_NUMBER, st.floats()))
     elif kind == "float":
         name = draw(st.sampled_from(sorted(FLOAT_RANGE)))
-        value = draw(st.one_of(_outside(*FLOAT_RANGE[name]), WRONG_FOR_NUMBER.filter(lambda v: v is not None)
-                               if name == "tis_cap" else WRONG_FOR_NUMBER))
+        value = draw(st.one_of(_outside(*FLOAT_RANGE[name]), WRONG_FOR_NUMBER))
     elif kind == "choice":
         name = draw(st.sampled_from(sorted(CHOICES)))
         value = draw(st.one_of(_unknown_name(CHOICES[name]), WRONG_FOR_STR))
@@ -308,11 +310,13 @@ def test_trainer_level_bad_input_fails_before_the_run_dir_is_touched(finished_ru
     missing = [t for t in names_of("task") if not eval_path(t).is_file()]
     if missing:
         with pytest.raises(ConfigError) as e:
-            Trainer(Config(**same_run, model=tiny_model, tasks=[missing[0]], eval_every=1), progress=False)
+            Trainer(Config(**same_run, model=tiny_model, tasks=[missing[0]], eval_every=1), progress=False,
+                    overwrite=True)
         assert_clear_error(e.value, "eval_tasks")
-    # a hub id that is neither cached nor reachable (HF_HUB_OFFLINE=1 in conftest)
+    # a hub id that is neither cached nor reachable (HF_HUB_OFFLINE=1 in conftest); overwrite=True, and still the
+    # existing run is not touched: it is only cleared once everything has loaded
     with pytest.raises(ConfigError) as e:
-        Trainer(Config(**same_run, model="brorl-lab-tests/no-such-model"), progress=False)
+        Trainer(Config(**same_run, model="brorl-lab-tests/no-such-model"), progress=False, overwrite=True)
     assert_clear_error(e.value, "model", "brorl-lab-tests/no-such-model")
     with pytest.raises(ValueError, match="cfg"):
         Trainer(dataclasses.asdict(Config(**same_run)), progress=False)

@@ -186,7 +186,7 @@ def test_lemma2_second_moment_matches_monte_carlo_and_decays():
     u_pos2 = (p[correct] ** 2).sum() - a2
     se = u_pos2.std(axis=0, ddof=1) / math.sqrt(draws.trials)
     assert np.all(np.abs(u_pos2.mean(axis=0) - lemma.u_pos2) < 4 * se + 1e-15)
-    # ~97% of correct tokens stay undrawn at N = 512 on the paper's vocabulary (the paper's number)
+    # ~97% (0.968) of correct tokens stay undrawn at N = 512 on the paper's vocabulary (derived, not the paper's)
     prob = theory.paper_problem()
     share = theory.unsampled_second_moment(prob.p, prob.correct, [512]).undrawn_correct_frac[0]
     assert 0.96 < share < 0.975

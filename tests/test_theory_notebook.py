@@ -30,11 +30,14 @@ def test_notebook_runs_headless_with_plotly_figures(tmp_path, monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     kinds = [k for o in outputs if o.output_type in ("display_data", "execute_result") for k in o.data]
-    assert kinds.count(PLOTLY) >= 6  # first-order check, Lemma 2, two sweeps, Fig. 3, budget
+    assert kinds.count(PLOTLY) >= 7  # first-order check, Lemma 2, two sweeps, Fig. 3 (with and without decay), budget
     assert WIDGET in kinds  # the explorer
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert text.count(": correct") == 3  # the three exercise checks ran and passed
     figures = [o.data[PLOTLY] for o in outputs if o.output_type in ("display_data", "execute_result")
                and PLOTLY in o.data]
     fig3 = next(f for f in figures if "Fig. 3" in str(f["layout"].get("title", "")))
-    assert {t["name"] for t in fig3["data"]} == {"N=4", "N=512"}
+    assert {t["name"] for t in fig3["data"]} == {"N=4", "N=512", "decay only (no gradient)"}
+    no_decay = next(f for f in figures if "without weight decay" in str(f["layout"].get("title", "")))
+    assert {t["name"] for t in no_decay["data"]} == {"N=4", "N=512"}
+    assert "decay only (no gradient): Q_pos" in text

@@ -40,6 +40,8 @@ def knob(default: Any, help: str, **kw) -> Any:
 # core.registry.registry_of, so this module imports nothing above core.
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_PLACEMENTS = ("loss", "reward")
+IS_CORRECTIONS = ("none", "truncate", "icepop_mask")
 LR_SCALINGS = ("none", "sqrt")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -102,10 +104,22 @@ class Config:
     eps_high: float = knob(0.28, "PPO clip upper range (clip-higher). DAPO: 0.28; ProRL v1: 0.4; ProRL v2: 0.27-0.28.")
     kl_beta: float = knob(1e-3, "KL-to-reference coefficient; 0 disables it and loads no reference. ProRL v1: not "
                                 "reported (verl default 1e-3); ProRL v2: 1e-4.")
-    kl_estimator: str = knob("k3", "KL estimator: 'k1' (log-ratio), 'k2' (half squared log-ratio; ProRL v2), "
-                                   "'k3' (unbiased, low variance; verl default).")
-    tis_cap: Optional[float] = knob(None, "Truncated importance sampling between engine and trainer logprobs: cap on "
-                                          "the ratio; None disables. ProRL v2 (ICE-POP band [0.5, 5]).")
+    kl_estimator: str = knob("k3", "KL estimator, per sampled token with d = log pi - log pi_ref: 'k1' = d, 'k2' = d^2/2 "
+                                   "(ProRL v2), 'k3' = exp(-d) - 1 + d (verl default 'low_var_kl'). All three estimate "
+                                   "KL(pi || pi_ref) by value, but as a LOSS on samples from pi their expected gradients "
+                                   "differ: k1's is 0 (it regularises nothing), k2's is grad KL(pi || pi_ref), k3's is "
+                                   "grad KL(pi_ref || pi) (the reverse direction). See kl_placement.")
+    kl_placement: str = knob("loss", "Where the KL term goes: 'loss' adds kl_beta * aggregate(KL_est) to the loss (GRPO, "
+                                     "ProRL, verl use_kl_loss); 'reward' subtracts kl_beta * sum_t KL_est from each "
+                                     "sample's reward before the advantages (PPO-RLHF, verl use_kl_in_reward; detached, "
+                                     "so with 'k1' its policy gradient is that of -kl_beta KL(pi || pi_ref)).")
+    is_correction: str = knob("none", "Importance correction between the engine's sampler and the trainer, per token "
+                                      "with ratio w = pi_trainer / pi_engine: 'none'; 'truncate' uses min(w, is_cap) "
+                                      "(truncated IS, TIS); 'icepop_mask' uses w inside [icepop_low, icepop_high] and "
+                                      "0 outside, i.e. masks the token (ICE-POP; ProRL v2's public config: [0.5, 5]).")
+    is_cap: float = knob(2.0, "Cap of is_correction='truncate' (>= 1). Not from ProRL/BroRL; 2 is a common TIS choice.")
+    icepop_low: float = knob(0.5, "Lower edge of the ICE-POP band for is_correction='icepop_mask'. ProRL v2: 0.5.")
+    icepop_high: float = knob(5.0, "Upper edge of the ICE-POP band for is_correction='icepop_mask'. ProRL v2: 5.")
     entropy_coef: float = knob(0.0, "Entropy bonus coefficient. ProRL: 0 (entropy kept by clip-higher instead).")
 
     # ---- dynamic sampling (DAPO) --------------------------------------------------------------------------------
@@ -153,6 +167,11 @@ class Config:
         """Build from a plain dict (YAML, papermill parameters, CLI), rejecting unknown keys with a suggestion."""
         if not isinstance(d, dict):
             raise ConfigError(f"config: expected a mapping of field names to values, got {type(d).__name__}")
+        if "tis_cap" in d:  # configs written before is_correction existed (tis_cap was a truncation cap)
+            d = dict(d)
+            cap = d.pop("tis_cap")
+            if cap is not None and "is_correction" not in d:
+                d.update(is_correction="truncate", is_cap=cap)
         _check_names(d, cls.field_names())
         return cls(**d)
 
@@ -198,8 +217,9 @@ class Config:
         for name in ("kl_beta", "entropy_coef", "weight_decay", "reset_on_kl"):
             _require(name, math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, "a finite float >= 0")
         _require("grad_clip", math.isfinite(self.grad_clip) and self.grad_clip > 0, "a finite float > 0")
-        _require("tis_cap", self.tis_cap is None or (math.isfinite(self.tis_cap) and self.tis_cap >= 1),
-                 "None or a float >= 1")
+        _require("is_cap", math.isfinite(self.is_cap) and self.is_cap >= 1, "a finite float >= 1")
+        _require("icepop_low", math.isfinite(self.icepop_low) and 0 < self.icepop_low <= 1, "a float in (0, 1]")
+        _require("icepop_high", math.isfinite(self.icepop_high) and self.icepop_high >= 1, "a finite float >= 1")
         _require("adam_betas", len(self.adam_betas) == 2 and all(is_number(b)
                                                                   and 0 <= b < 1 for b in self.adam_betas),
                  "two floats in [0, 1)")
@@ -210,6 +230,8 @@ class Config:
                  f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
         _choice("loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
         _choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
+        _choice("is_correction", self.is_correction, IS_CORRECTIONS)
         _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)

@@ -108,6 +108,31 @@ class RunDir:
     def create(cls, root: str | os.PathLike, name: str) -> "RunDir":
         return cls(Path(root) / name)
 
+    #: What a Trainer writes into its run directory; any of them there means the directory holds a run.
+    RUN_FILES = ("config.yaml", "metrics.parquet", "events.jsonl", "checkpoint", "environment.json")
+
+    @classmethod
+    def run_files_in(cls, path: str | os.PathLike) -> list[str]:
+        """The run files (see RUN_FILES) present in ``path``; does not create ``path``."""
+        return [name for name in cls.RUN_FILES if (Path(path) / name).exists()]
+
+    @classmethod
+    def holds_run(cls, path: str | os.PathLike) -> bool:
+        """Whether ``path`` already holds a Trainer run (config, metrics, events or a checkpoint)."""
+        return bool(cls.run_files_in(path))
+
+    @classmethod
+    def clear_run(cls, path: str | os.PathLike) -> list[str]:
+        """Delete the run files (RUN_FILES) of ``path`` and return their names; other files (an executed notebook,
+        a sweep's status.json) stay."""
+        import shutil
+
+        removed = cls.run_files_in(path)
+        for name in removed:
+            target = Path(path) / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+        return removed
+
     # -- files --
     @property
     def metrics_path(self) -> Path:

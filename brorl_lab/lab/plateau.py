@@ -194,7 +194,10 @@ def open_trainer(cfg: Config, *, progress: bool):
     if (path / "checkpoint" / CHECKPOINT_FILE).is_file():
         check_same_config(path, cfg)
         return Trainer.resume(path, progress=progress)
-    return Trainer(cfg, progress=progress)
+    partial = (path / "config.yaml").is_file()
+    if partial:  # a run of these settings that never checkpointed: nothing to resume, so it starts again
+        check_same_config(path, cfg)
+    return Trainer(cfg, progress=progress, overwrite=partial)
 
 
 # Fields that may differ between a saved run and the request without changing what the run computes.

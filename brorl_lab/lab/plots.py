@@ -139,14 +139,19 @@ PAPER_PANELS = (("q_pos", "Q_pos (correct mass)"), ("frac_correct_improved", "sh
                 ("worst_correct_drop", "worst drop of a correct token"))
 
 
-def paper_simulation_figure(runs: pd.DataFrame, *, title: str = "The paper's simulation (Fig. 3)") -> go.Figure:
-    """Fig. 3's three panels against step, one line per N, from a :func:`paper_simulations` table."""
+def paper_simulation_figure(runs: pd.DataFrame, *, title: str = "The paper's simulation (Fig. 3)",
+                            baselines: Optional[dict] = None) -> go.Figure:
+    """Fig. 3's three panels against step, one line per N, from a :func:`paper_simulations` table; each of
+    ``baselines`` ({label: a paper_simulation table}, e.g. the decay-only run) adds a dashed grey line."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in PAPER_PANELS])
     colors = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880"]
-    for i, (n, run) in enumerate(runs.groupby("n", sort=True)):
+    lines = [(f"N={n:,}", run, dict(color=colors[i % len(colors)]))
+             for i, (n, run) in enumerate(runs.groupby("n", sort=True))]
+    lines += [(label, run, dict(color="#555555", dash="dash")) for label, run in (baselines or {}).items()]
+    for name, run, line in lines:
         for col, (key, _) in enumerate(PAPER_PANELS, start=1):
-            fig.add_trace(go.Scatter(name=f"N={n:,}", legendgroup=str(n), showlegend=col == 1, x=run.step,
-                                     y=run[key], mode="lines", line_color=colors[i % len(colors)]), row=1, col=col)
+            fig.add_trace(go.Scatter(name=name, legendgroup=name, showlegend=col == 1, x=run.step,
+                                     y=run[key], mode="lines", line=line), row=1, col=col)
     fig.update_xaxes(title_text="step")
     fig.update_layout(title_text=title, height=380, margin=dict(t=80, b=40, l=60, r=20))
     return fig

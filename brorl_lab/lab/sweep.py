@@ -6,7 +6,9 @@
 
 Each run gets its own directory (executed notebook, HTML export, whatever the notebook writes into its
 ``run_dir`` parameter: metrics.parquet, figures) and a ``status.json``. Re-running a sweep skips runs whose status
-is "finished"; a failed run records its error and the sweep goes on. ``index.parquet`` lists every run.
+is "finished"; a failed run records its error and the sweep goes on. A run retried in a directory that has a status
+gets ``overwrite=True`` when its notebook declares an ``overwrite`` parameter (a Trainer refuses to replace an
+existing run without it). ``index.parquet`` lists every run.
 """
 
 from __future__ import annotations
@@ -200,8 +202,11 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
     jobs = []
     for p in runs:
         d = out / run_id({k: v for k, v in p.items() if k != "torch_threads"})
-        if skip_finished and RunDir(d).read_status().get("status") == "finished":
+        status = RunDir(d).read_status().get("status")
+        if skip_finished and status == "finished":
             continue
+        if status != "unknown" and "overwrite" in declared:  # a retry: the notebook's Trainer replaces its old run
+            p = {**p, "overwrite": True}
         jobs.append((p, d))
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = [pool.submit(run_notebook, notebook, d, p) for p, d in jobs]

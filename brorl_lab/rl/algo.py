@@ -9,22 +9,49 @@ Shapes: ``P`` prompts (groups), ``N`` rollouts per prompt, ``b`` sequences in a 
 tokens, ``V`` vocabulary. Layout is prompt-major (sample ``b = p * N + s``), as in
 :class:`brorl_lab.core.batch.RolloutBatch`.
 
-One update, cell by cell (what the trainer does for each micro-batch of a mini-batch)::
+One update: exactly what :func:`brorl_lab.rl.steps.update` runs (``tests/test_fidelity.py`` executes this block and
+compares its weights with ``steps.update``'s), given a scored batch, ``policy``, ``reference``, ``optimizer`` and
+``cfg`` (``is_on_policy`` and ``kl_in_loss`` are :mod:`brorl_lab.rl.steps`'s, ``compute_logprobs``,
+``plan_micro_batches`` and ``token_logprobs`` :mod:`brorl_lab.rl.logprobs`'s); ``steps.update`` adds device moves, metrics
+and the non-finite guards::
 
-    adv = compute_advantages(cfg.advantage, batch.rewards, batch.n, std_norm=cfg.adv_std_norm)   # [P*N]
-    norms = loss_normalisers([mb.mask for mb in micro_batches], max_response_len=cfg.max_new_tokens)
-    for mb in micro_batches:                      # mb.logp [b, T] with grad, mb.old_logp / mb.ref_logp detached
-        loss, m = POLICY_LOSSES[cfg.policy_loss](mb.logp, mb.old_logp, adv[mb.rows], mb.mask,
-                                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-                                                 loss_agg=cfg.loss_agg, **norms)
-        if cfg.kl_beta:                           # L = L_pg + beta * KL(pi || pi_ref)
-            loss = loss + cfg.kl_beta * aggregate(kl_penalty(mb.logp, mb.ref_logp, cfg.kl_estimator), mb.mask,
-                                                  cfg.loss_agg, **norms)
-        if cfg.entropy_coef:                      # L = L - c * H (an entropy bonus)
-            loss = loss - cfg.entropy_coef * aggregate(entropy_from_logits(mb.logits), mb.mask, cfg.loss_agg, **norms)
-        loss.backward()                           # gradients add up to the mini-batch's: no rescaling needed
-        parts.append(m)
-    metrics = merge_metrics(parts)                # sums add up, means are recomputed from the sums
+    lp = dict(temperature=cfg.temperature, layout=cfg.logprob_layout)
+    adv = compute_advantages(cfg.advantage, batch.rewards, batch.n, std_norm=cfg.adv_std_norm)      # [P*N]
+    old = None if is_on_policy(cfg) else compute_logprobs(policy, batch,                          # [P*N, T]
+                                                          micro_batch_tokens=cfg.train_micro_batch_tokens, **lp)
+    ref = None if not kl_in_loss(cfg) else compute_logprobs(reference, batch,                     # [P*N, T]
+                                                            micro_batch_tokens=cfg.train_micro_batch_tokens, **lp)
+    isw = importance_weights(cfg.is_correction, old, batch.logprobs, cap=cfg.is_cap,             # [P*N, T] or None
+                             low=cfg.icepop_low, high=cfg.icepop_high)
+    mask = batch.response_mask                                                                    # [P*N, T]
+    for g in torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step):  # mini-batches of whole groups
+        rows = batch.rows_of(g)
+        norms = loss_normalisers([mask[rows]], max_response_len=cfg.max_new_tokens)  # the mini-batch's counts
+        optimizer.zero_grad(set_to_none=True)
+        for mb in plan_micro_batches(policy, batch, rows, cfg.train_micro_batch_tokens, cfg.logprob_layout):
+            r = rows[mb]
+            logp, ent = token_logprobs(policy, batch, r, with_entropy=True,                      # [b, T] with grad
+                                       entropy_grad=bool(cfg.entropy_coef), **lp)
+            m = mask[r]
+            loss, _ = POLICY_LOSSES[cfg.policy_loss](
+                logp, logp.detach() if old is None else old[r], adv[r], m, eps_low=cfg.eps_low,
+                eps_high=cfg.eps_high, loss_agg=cfg.loss_agg, is_weights=None if isw is None else isw[r], **norms)
+            if ref is not None:                   # L += beta * KL_est (kl_placement='loss')
+                loss = loss + cfg.kl_beta * aggregate(kl_penalty(logp, ref[r], cfg.kl_estimator), m,
+                                                      cfg.loss_agg, **norms)
+            if cfg.entropy_coef:                  # L -= c * H (an entropy bonus)
+                loss = loss - cfg.entropy_coef * aggregate(ent, m, cfg.loss_agg, **norms)
+            loss.backward()                       # micro-batch gradients add up to the mini-batch's
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+        optimizer.step()
+
+With ``kl_placement='reward'`` the KL term is not in the loss: ``steps.kl_in_reward`` lowers each sample's reward by
+``kl_beta * kl_reward_penalty(...)`` before the advantages are computed.
+
+What each KL estimator does *as a loss* (samples drawn from pi, gradient taken through log pi only, which is how
+every trainer uses them): the expected gradient E_pi[grad k] is 0 for k1 (it regularises nothing), grad
+KL(pi || pi_ref) for k2, and grad KL(pi_ref || pi) for k3, although all three estimate KL(pi || pi_ref) by value.
+:func:`kl_loss_gradients` computes these exactly on a categorical (notebook 03 shows them).
 """
 
 from __future__ import annotations
@@ -277,7 +304,8 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens
 # ---- policy losses: (logp, old_logp, advantages, mask) -> (loss, metrics) ---------------------------------------
 #: Derived means in a metrics dict: ``mean key -> the sum key`` it divides by ``tokens``. Every other key is a sum.
 METRIC_MEANS = {"clipfrac_low": "clip_low_tokens", "clipfrac_high": "clip_high_tokens", "ratio_mean": "ratio_sum",
-                "approx_kl": "approx_kl_sum", "tis_weight_mean": "tis_weight_sum"}
+                "approx_kl": "approx_kl_sum", "is_weight_mean": "is_weight_sum",
+                "is_masked_frac": "is_masked_tokens"}
 
 
 def _with_means(sums: dict) -> dict:
@@ -305,7 +333,7 @@ def merge_metrics(parts: Sequence[dict]) -> dict:
 
 
 def _loss_metrics(loss: torch.Tensor, mask: torch.Tensor, log_ratio: Optional[torch.Tensor],
-                  tis_weights: Optional[torch.Tensor], clip_low: Optional[torch.Tensor] = None,
+                  is_weights: Optional[torch.Tensor], clip_low: Optional[torch.Tensor] = None,
                   clip_high: Optional[torch.Tensor] = None) -> dict:
     """Sums and counts over the real tokens of one micro-batch, plus the means they give (see merge_metrics)."""
     with torch.no_grad():
@@ -318,12 +346,14 @@ def _loss_metrics(loss: torch.Tensor, mask: torch.Tensor, log_ratio: Optional[to
             sums["ratio_sum"] = float(log_r.exp().sum())
             # k3 estimate of KL(pi_old || pi_theta) from tokens sampled by pi_old: (r - 1) - log r >= 0
             sums["approx_kl_sum"] = float((torch.expm1(log_r) - log_r).sum())
-        if tis_weights is not None:
-            sums["tis_weight_sum"] = float(wide(tis_weights).sum())
+        if is_weights is not None:
+            w = wide(is_weights)  # [tokens]
+            sums["is_weight_sum"] = float(w.sum())
+            sums["is_masked_tokens"] = float((w == 0).sum())  # tokens an ICE-POP mask removed
         return _with_means(sums)
 
 
-def _check_loss_inputs(func: str, logp, old_logp, advantages, mask, tis_weights, loss_agg, *,
+def _check_loss_inputs(func: str, logp, old_logp, advantages, mask, is_weights, loss_agg, *,
                        old_logp_required: bool) -> None:
     _check_tensor(func, "logp", logp, dims="[b, T]")
     shape = tuple(logp.shape)
@@ -331,37 +361,37 @@ def _check_loss_inputs(func: str, logp, old_logp, advantages, mask, tis_weights,
         _check_tensor(func, "old_logp", old_logp, dims="[b, T]", shape=shape)
     _check_tensor(func, "advantages", advantages, dims="[b]", shape=shape[:1], finite=True)
     _check_tensor(func, "mask", mask, dims="[b, T]", shape=shape, kind="bool")
-    if tis_weights is not None:
-        _check_tensor(func, "tis_weights", tis_weights, dims="[b, T]", shape=shape)
+    if is_weights is not None:
+        _check_tensor(func, "is_weights", is_weights, dims="[b, T]", shape=shape)
     if loss_agg not in LOSS_AGGREGATIONS:
         LOSS_AGGREGATIONS.get(loss_agg)  # raises: unknown loss_agg ..., did you mean ..., allowed ...
 
 
-def _weighted(per_token: torch.Tensor, tis_weights: Optional[torch.Tensor]) -> torch.Tensor:
-    return per_token if tis_weights is None else per_token * tis_weights.detach()  # [b, T]
+def _weighted(per_token: torch.Tensor, is_weights: Optional[torch.Tensor]) -> torch.Tensor:
+    return per_token if is_weights is None else per_token * is_weights.detach()  # [b, T]
 
 
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-             eps_low: float, eps_high: float, loss_agg: str, tis_weights: Optional[torch.Tensor] = None,
+             eps_low: float, eps_high: float, loss_agg: str, is_weights: Optional[torch.Tensor] = None,
              num_tokens=None, num_seqs=None, max_response_len=None) -> tuple[torch.Tensor, dict]:
     """PPO-clip with the decoupled range of DAPO's clip-higher (ProRL: eps_low 0.2, eps_high 0.4 / 0.28).
 
         r_t = exp(log pi_theta(a_t) - log pi_old(a_t))                           # [b, T]
-        l_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)  (* w_t)       # [b, T], w = tis_weights
+        l_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)  (* w_t)       # [b, T], w = is_weights
         L   = aggregate(l, mask, loss_agg, normalisers)
 
     A token's gradient is cut when its ratio left the trust region in the direction the advantage pushes:
     A < 0 and r < 1 - eps_low (counted in ``clip_low_tokens``) or A > 0 and r > 1 + eps_high (``clip_high_tokens``).
     On-policy (logp == old_logp) r = 1, nothing is clipped and the gradient equals :func:`pg`'s.
-    ``old_logp``, ``advantages`` and ``tis_weights`` are treated as constants (detached).
+    ``old_logp``, ``advantages`` and ``is_weights`` are treated as constants (detached).
 
     Metrics (floats, micro-batch friendly; see :func:`merge_metrics`): ``loss``, ``tokens``, ``clip_low_tokens``,
     ``clip_high_tokens``, ``ratio_sum``, ``approx_kl_sum`` (the k3 estimator (r - 1) - log r of KL(pi_old || pi_theta),
-    unbiased and >= 0 on tokens drawn from pi_old), ``tis_weight_sum`` when weights are given, and the means
-    ``clipfrac_low``, ``clipfrac_high``, ``ratio_mean``, ``approx_kl`` (, ``tis_weight_mean``) over this batch's tokens.
+    unbiased and >= 0 on tokens drawn from pi_old), ``is_weight_sum`` when weights are given, and the means
+    ``clipfrac_low``, ``clipfrac_high``, ``ratio_mean``, ``approx_kl`` (, ``is_weight_mean``) over this batch's tokens.
     """
-    _check_loss_inputs("ppo_clip", logp, old_logp, advantages, mask, tis_weights, loss_agg, old_logp_required=True)
+    _check_loss_inputs("ppo_clip", logp, old_logp, advantages, mask, is_weights, loss_agg, old_logp_required=True)
     eps_low = _check_number("ppo_clip", "eps_low", eps_low, lambda e: 0 <= e < 1, "a float in [0, 1)")
     eps_high = _check_number("ppo_clip", "eps_high", eps_high, lambda e: e >= 0, "a finite float >= 0")
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
@@ -370,19 +400,19 @@ def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
     adv = advantages.detach().to(logp.dtype)[:, None]  # [b, 1]
     unclipped = -adv * ratio  # [b, T]
     clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)  # [b, T]
-    per_token = _weighted(torch.maximum(unclipped, clipped), tis_weights)  # [b, T]  -min(rA, clip(r)A)
+    per_token = _weighted(torch.maximum(unclipped, clipped), is_weights)  # [b, T]  -min(rA, clip(r)A)
     loss = aggregate(per_token, mask, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
                      max_response_len=max_response_len)
     with torch.no_grad():
         clip_low = mask & (adv < 0) & (ratio < 1 - eps_low)  # [b, T]
         clip_high = mask & (adv > 0) & (ratio > 1 + eps_high)  # [b, T]
-    return loss, _loss_metrics(loss, mask, log_ratio, tis_weights, clip_low, clip_high)
+    return loss, _loss_metrics(loss, mask, log_ratio, is_weights, clip_low, clip_high)
 
 
 @POLICY_LOSSES.register("pg")
 def pg(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor, *,
        loss_agg: str, eps_low: Optional[float] = None, eps_high: Optional[float] = None,
-       tis_weights: Optional[torch.Tensor] = None, num_tokens=None, num_seqs=None,
+       is_weights: Optional[torch.Tensor] = None, num_tokens=None, num_seqs=None,
        max_response_len=None) -> tuple[torch.Tensor, dict]:
     """Plain policy gradient (REINFORCE with the given advantages); ratio-free, no clipping.
 
@@ -394,43 +424,98 @@ def pg(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages: torch.T
     registered loss takes the same arguments. ``old_logp`` (may be None) is only used for the metrics (the same
     keys as :func:`ppo_clip`, clip counts always 0), which then show how far off-policy the update ran.
     """
-    _check_loss_inputs("pg", logp, old_logp, advantages, mask, tis_weights, loss_agg, old_logp_required=False)
+    _check_loss_inputs("pg", logp, old_logp, advantages, mask, is_weights, loss_agg, old_logp_required=False)
     adv = advantages.detach().to(logp.dtype)[:, None]  # [b, 1]
-    per_token = _weighted(-adv * logp, tis_weights)  # [b, T]
+    per_token = _weighted(-adv * logp, is_weights)  # [b, T]
     loss = aggregate(per_token, mask, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
                      max_response_len=max_response_len)
     log_ratio = None if old_logp is None else (logp - old_logp).detach()  # [b, T]
-    return loss, _loss_metrics(loss, mask, log_ratio, tis_weights)
+    return loss, _loss_metrics(loss, mask, log_ratio, is_weights)
+
+
+def _is_ratio(func: str, trainer_logp: torch.Tensor, engine_logp: torch.Tensor) -> torch.Tensor:
+    _check_tensor(func, "trainer_logp", trainer_logp, dims="[b, T]")
+    _check_tensor(func, "engine_logp", engine_logp, dims="[b, T]", shape=tuple(trainer_logp.shape))
+    return torch.exp(trainer_logp.detach() - engine_logp.detach())  # [b, T]
 
 
 def truncated_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance weights [b, T] correcting for the engine's sampler differing from the trainer.
+    """Truncated importance weights [b, T] (TIS) correcting for the engine's sampler differing from the trainer.
 
         w_t = min(exp(log pi_trainer(a_t) - log pi_engine(a_t)), cap)      (detached)
 
     The rollout engine (vllm, a KV-cache sampler, other kernels or precision) samples from pi_engine, but the loss
-    assumes pi_old = pi_trainer; w_t reweights each token, truncated at ``cap`` (config ``tis_cap``; ProRL v2) to
-    bound the variance. Pass the result as ``tis_weights`` to a policy loss. Values on padding do not matter.
+    assumes pi_old = pi_trainer; w_t reweights each token, truncated at ``cap`` (config ``is_cap`` with
+    ``is_correction='truncate'``) to bound the variance. Every token keeps a weight > 0. Pass the result as
+    ``is_weights`` to a policy loss. Values on padding do not matter.
     """
-    _check_tensor("truncated_is_weights", "trainer_logp", trainer_logp, dims="[b, T]")
-    _check_tensor("truncated_is_weights", "engine_logp", engine_logp, dims="[b, T]", shape=tuple(trainer_logp.shape))
-    cap = _check_number("truncated_is_weights", "cap", cap, lambda c: c > 0, "a finite float > 0 (config tis_cap)")
+    cap = _check_number("truncated_is_weights", "cap", cap, lambda c: c > 0, "a finite float > 0 (config is_cap)")
     with torch.no_grad():
-        return torch.clamp(torch.exp(trainer_logp - engine_logp), max=cap)  # [b, T]
+        return torch.clamp(_is_ratio("truncated_is_weights", trainer_logp, engine_logp), max=cap)  # [b, T]
+
+
+def icepop_mask_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, low: float,
+                        high: float) -> torch.Tensor:
+    """ICE-POP importance weights [b, T]: the ratio inside a band, and 0 (the token masked out) outside it.
+
+        w_t = r_t  if low <= r_t <= high else 0,     r_t = exp(log pi_trainer(a_t) - log pi_engine(a_t))   (detached)
+
+    Unlike :func:`truncated_is_weights`, a token whose engine and trainer probabilities disagree too much gets no
+    gradient at all instead of a capped one (ProRL v2's public config: band [0.5, 5], config ``icepop_low`` /
+    ``icepop_high`` with ``is_correction='icepop_mask'``). Masked tokens still count in the loss normalisers.
+    """
+    low = _check_number("icepop_mask_weights", "low", low, lambda v: v > 0, "a finite float > 0 (config icepop_low)")
+    high = _check_number("icepop_mask_weights", "high", high, lambda v: v >= low,
+                         f"a finite float >= low={low} (config icepop_high)")
+    with torch.no_grad():
+        r = _is_ratio("icepop_mask_weights", trainer_logp, engine_logp)  # [b, T]
+        return torch.where((r >= low) & (r <= high), r, torch.zeros((), dtype=r.dtype, device=r.device))
+
+
+#: config ``is_correction`` -> what it does; 'none' gives no weights.
+IS_CORRECTIONS = ("none", "truncate", "icepop_mask")
+
+
+def importance_weights(mode: str, trainer_logp: Optional[torch.Tensor], engine_logp: torch.Tensor, *,
+                       cap: float = 2.0, low: float = 0.5, high: float = 5.0) -> Optional[torch.Tensor]:
+    """The engine-vs-trainer importance weights [b, T] of config ``is_correction``, or None for 'none'.
+
+    'truncate' -> :func:`truncated_is_weights` (``cap``); 'icepop_mask' -> :func:`icepop_mask_weights`
+    (``low``, ``high``). ``trainer_logp`` are the trainer's log-probs of the behaviour policy (the old log-probs).
+    """
+    if mode not in IS_CORRECTIONS:
+        raise _bad("importance_weights", "mode", repr(mode), ", ".join(IS_CORRECTIONS))
+    if mode == "none":
+        return None
+    if trainer_logp is None:
+        raise _bad("importance_weights", "trainer_logp", "None", f"the trainer's old log-probs for mode {mode!r}")
+    if mode == "truncate":
+        return truncated_is_weights(trainer_logp, engine_logp, cap)
+    return icepop_mask_weights(trainer_logp, engine_logp, low, high)
 
 
 # ---- KL to the reference: log pi(a_t), log pi_ref(a_t) [b, T] -> per-token estimate [b, T] ----------------------
+# Each estimator is a function of d = log pi(a) - log pi_ref(a) on a token a ~ pi. By VALUE all three estimate
+# KL(pi || pi_ref) (k1, k3 unbiased; k2 biased). As a LOSS, differentiated through log pi with the samples fixed,
+# their expected gradients differ (g = grad log pi(a), E_pi[g] = 0):
+#   k1: grad = g                      E_pi = 0                                  regularises nothing
+#   k2: grad = d g                    E_pi = sum_a grad pi(a) d(a) = grad KL(pi || pi_ref)
+#   k3: grad = (1 - pi_ref/pi) g      E_pi = -sum_a pi_ref(a) g(a) = grad KL(pi_ref || pi)
+# kl_loss_gradients checks this exactly on a categorical. In the reward (kl_placement='reward') the estimate is a
+# detached reward, and the score-function gradient of E[-beta k1] is -beta grad KL(pi || pi_ref).
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = log pi - log pi_ref: unbiased for KL(pi || pi_ref) on tokens drawn from pi, but high variance and
-    negative on some tokens."""
+    """k1 = log pi - log pi_ref: unbiased for KL(pi || pi_ref) on tokens drawn from pi, high variance, negative on
+    some tokens. As a loss its expected gradient is E_pi[grad log pi] = 0: it regularises nothing (use it in the
+    reward, ``kl_placement='reward'``, where it is the standard choice)."""
     return logp - ref_logp  # [b, T]
 
 
 @KL_ESTIMATORS.register("k2")
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = 0.5 (clamp(log pi - log pi_ref, -10, 10))^2 (ProRL v2): >= 0, low variance, biased (second order in
-    the log-ratio); its gradient is the gradient of KL(pi || pi_ref) under on-policy sampling."""
+    """k2 = 0.5 (clamp(log pi - log pi_ref, -10, 10))^2 (ProRL v2): >= 0, low variance, biased as a value (second
+    order in the log-ratio). As a loss it is the only one of the three whose expected gradient is the gradient of
+    KL(pi || pi_ref) (while the clamp is inactive)."""
     d = (logp - ref_logp).clamp(-K2_LOG_RATIO_CLAMP, K2_LOG_RATIO_CLAMP)  # [b, T]
     return 0.5 * d * d
 
@@ -440,7 +525,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1 (Schulman 2020; verl's default 'low_var_kl').
 
     With rho = pi_ref / pi: k3 = (rho - 1) - log rho >= 0, and E_pi[rho - 1] = 0, so E_pi[k3] = E_pi[-log rho] =
-    KL(pi || pi_ref): unbiased, non-negative and low variance. The log-ratio is clamped to +-20 against overflow.
+    KL(pi || pi_ref): as a value unbiased, non-negative and low variance. As a loss, though, its expected gradient
+    is E_pi[(1 - rho) grad log pi] = grad KL(pi_ref || pi), the reverse KL's (equal to grad KL(pi || pi_ref) only
+    to first order near pi = pi_ref). The log-ratio is clamped to +-20 against overflow.
     Computed as expm1(d) - d: exp(d) - d - 1 cancels catastrophically for small d (the usual regime near the
     reference: in float32 it is pure rounding noise below |d| ~ 1e-4, and can come out negative).
     """
@@ -452,12 +539,47 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     """Per-token estimate [b, T] of KL(pi_theta || pi_ref) on tokens sampled from pi_theta, by name.
 
     ``estimator`` is one of :data:`KL_ESTIMATORS` ('k1', 'k2', 'k3'); ``ref_logp`` is detached. Aggregate it with
-    :func:`aggregate` and add ``kl_beta`` times it to the policy loss (padding positions are then ignored).
+    :func:`aggregate` and add ``kl_beta`` times it to the policy loss (padding positions are then ignored); what
+    the result's gradient regularises depends on the estimator (see the note above :func:`kl_k1`).
     """
     fn = KL_ESTIMATORS.get(estimator)
     _check_tensor("kl_penalty", "logp", logp, dims="[b, T]")
     _check_tensor("kl_penalty", "ref_logp", ref_logp, dims="[b, T]", shape=tuple(logp.shape))
     return fn(logp, ref_logp.detach())
+
+
+def kl_reward_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-sequence KL estimate [b] = sum_t mask_t KL_est_t, detached: what ``kl_placement='reward'`` subtracts
+    (times ``kl_beta``) from each sample's reward before the advantages. ``logp`` are the behaviour policy's."""
+    _check_tensor("kl_reward_penalty", "mask", mask, dims="[b, T]", shape=tuple(logp.shape), kind="bool")
+    with torch.no_grad():
+        est = kl_penalty(logp.detach(), ref_logp, estimator)  # [b, T]
+        return torch.where(mask, est, torch.zeros((), dtype=est.dtype, device=est.device)).sum(dim=1)  # [b]
+
+
+def kl_loss_gradients(logits: torch.Tensor, ref_logits: torch.Tensor) -> dict:
+    """Exact expected gradients, w.r.t. the logits [V] of pi = softmax(logits), of each KL estimator used as a loss
+    on samples from pi, next to the analytic gradients of both KL directions (float64, [V] each):
+
+        'k1', 'k2', 'k3':  E_{a ~ pi}[grad k(a)] = sum_a pi(a) grad k(a)   (pi(a) held fixed: a sampled loss)
+        'KL(pi||ref)', 'KL(ref||pi)':  grad of sum_a pi log(pi / ref) and of sum_a ref log(ref / pi)
+
+    Expected: k1 -> 0, k2 -> KL(pi||ref), k3 -> KL(ref||pi) (see the note above :func:`kl_k1`).
+    """
+    _check_tensor("kl_loss_gradients", "logits", logits, dims="[V]", finite=True)
+    _check_tensor("kl_loss_gradients", "ref_logits", ref_logits, dims="[V]", shape=tuple(logits.shape), finite=True)
+    ref_logp = torch.log_softmax(ref_logits.detach().double(), 0)  # [V]
+
+    def grad(fn) -> torch.Tensor:
+        z = logits.detach().double().clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(fn(torch.log_softmax(z, 0)), z)
+        return g  # [V]
+
+    out = {name: grad(lambda lp, f=KL_ESTIMATORS[name]: (lp.detach().exp() * f(lp[None], ref_logp[None])[0]).sum())
+           for name in KL_ESTIMATORS.names()}
+    out["KL(pi||ref)"] = grad(lambda lp: (lp.exp() * (lp - ref_logp)).sum())
+    out["KL(ref||pi)"] = grad(lambda lp: (ref_logp.exp() * (ref_logp - lp)).sum())
+    return out
 
 
 # ---- entropy ---------------------------------------------------------------------------------------------------------

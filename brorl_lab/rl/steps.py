@@ -4,6 +4,7 @@
     batch  = rollout(engine, items, n=16)                            # engine -> RolloutBatch (tokens, logprobs)
     batch  = score(batch)                                            # verifiers -> rewards, correct
     batch, stats = filter_groups(batch)                              # dynamic sampling (DAPO)
+    batch, kl = kl_in_reward(batch, policy, ref, cfg=cfg)              # only with kl_placement='reward'
     adv    = advantages(batch, "grpo")                               # [P*N] one scalar per sample
     report = update(policy, optimizer, batch, adv, reference=ref, cfg=cfg)   # micro-batched PPO-clip + KL
     sync(engine, policy)                                             # engine samples from the new weights
@@ -13,6 +14,7 @@ Each returns a plain value a notebook can display (RolloutBatch renders as an HT
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Optional
 from collections.abc import Sequence
@@ -27,8 +29,8 @@ from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches, token_lo
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rollout.tasks import TASKS, TaskItem, sample_items
 
-__all__ = ["sample_prompts", "rollout", "score", "filter_groups", "advantages", "update", "sync",
-           "is_on_policy", "UpdateReport", "NonFiniteError"]
+__all__ = ["sample_prompts", "rollout", "score", "filter_groups", "kl_in_reward", "advantages", "update", "sync",
+           "is_on_policy", "kl_in_loss", "UpdateReport", "NonFiniteError"]
 
 
 def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
@@ -116,12 +118,15 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
 
     Loss per mini-batch (aggregated with ``cfg.loss_agg`` over the mini-batch's tokens):
 
-        L = L_policy(ratio, A; eps_low, eps_high) + beta * KL_est(pi || pi_ref) - c_ent * H(pi)
+        L = L_policy(ratio, A; eps_low, eps_high) + beta * KL_est - c_ent * H(pi)
+
+    (the KL term only with ``cfg.kl_placement == 'loss'``; what its gradient regularises depends on
+    ``cfg.kl_estimator``, see :mod:`brorl_lab.rl.algo`). The loop is the one in :mod:`brorl_lab.rl.algo`'s docstring.
 
     ``old_logprobs`` [P*N, T] are the behaviour policy's log-probs recomputed by the trainer (``compute_logprobs``);
     when not given they are computed here, or, if :func:`is_on_policy`, taken as each micro-batch's ``logp.detach()``
-    (the same numbers, one no-grad forward fewer). With ``cfg.tis_cap`` the engine's own log-probs give truncated
-    importance weights.
+    (the same numbers, one no-grad forward fewer). With ``cfg.is_correction`` ('truncate' or 'icepop_mask') the
+    engine's own log-probs give importance weights (:func:`brorl_lab.rl.algo.importance_weights`).
     Raises :class:`NonFiniteError` (weights and optimizer untouched) if a loss or gradient is not finite.
     """
     if batch.size == 0:
@@ -133,12 +138,13 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     if old_logprobs is None and not is_on_policy(cfg):
         old_logprobs = compute_logprobs(policy, batch, micro_batch_tokens=cfg.train_micro_batch_tokens, **lp_options)
     ref_logprobs = None
-    if cfg.kl_beta > 0:
+    if kl_in_loss(cfg):
         if reference is None:
             raise ValueError("reference: kl_beta > 0 needs a reference policy (see models.make_reference)")
         ref_logprobs = compute_logprobs(reference, batch, micro_batch_tokens=cfg.train_micro_batch_tokens,
                                         **lp_options)
-    tis = algo.truncated_is_weights(old_logprobs, batch.logprobs, cfg.tis_cap) if cfg.tis_cap else None
+    isw = algo.importance_weights(cfg.is_correction, old_logprobs, batch.logprobs, cap=cfg.is_cap,
+                                  low=cfg.icepop_low, high=cfg.icepop_high)  # [P*N, T] or None
     loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
 
     # Mini-batches split whole groups, so each optimizer step sees complete groups.
@@ -148,8 +154,7 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     for g in groups:
         rows = batch.rows_of(g)  # [|g|*N]
         # The mini-batch's global normalisers, so micro-batch losses (and gradients) add up to the mini-batch's.
-        norm = {"num_tokens": max(1, int(mask[rows].sum())), "num_seqs": len(rows),
-                "max_response_len": cfg.max_new_tokens}
+        norm = algo.loss_normalisers([mask[rows]], max_response_len=cfg.max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
         parts: list[dict] = []
         for mb in plan_micro_batches(policy, batch, rows, cfg.train_micro_batch_tokens, cfg.logprob_layout):
@@ -160,9 +165,9 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
             old = logp.detach() if old_logprobs is None else old_logprobs[r].to(device)  # [b, T]
             loss, met = loss_fn(logp, old, adv[r].to(device), m, eps_low=cfg.eps_low,
                                 eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
-                                tis_weights=None if tis is None else tis[r].to(device), **norm)
+                                is_weights=None if isw is None else isw[r].to(device), **norm)
             met = {**met, "policy_loss": met["loss"]}
-            if ref_logprobs is not None:  # L += beta * KL(pi || pi_ref)
+            if ref_logprobs is not None:  # L += beta * KL_est (kl_placement='loss')
                 kl = algo.aggregate(algo.kl_penalty(logp, ref_logprobs[r].to(device), cfg.kl_estimator), m,
                                     cfg.loss_agg, **norm)
                 loss = loss + cfg.kl_beta * kl
@@ -193,9 +198,45 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
 
 def is_on_policy(cfg: Config) -> bool:
     """Whether the update's behaviour policy is the policy being differentiated: one optimizer step per RL step
-    and no truncated IS. Then old_logp == logp (the engine sampled from these weights and nothing has stepped), so
-    ``update`` uses ``logp.detach()`` and skips a forward, as TRL's GRPOTrainer does with ``num_iterations=1``."""
-    return cfg.optimizer_steps_per_step == 1 and cfg.tis_cap is None
+    and no importance correction. Then old_logp == logp (the engine sampled from these weights and nothing has
+    stepped), so ``update`` uses ``logp.detach()`` and skips a forward, as TRL's GRPOTrainer does with
+    ``num_iterations=1``."""
+    return cfg.optimizer_steps_per_step == 1 and cfg.is_correction == "none"
+
+
+def kl_in_loss(cfg: Config) -> bool:
+    """Whether ``update`` adds ``kl_beta * KL_est`` to the loss (``kl_placement='loss'`` with ``kl_beta > 0``)."""
+    return cfg.kl_beta > 0 and cfg.kl_placement == "loss"
+
+
+def kl_in_reward(batch: RolloutBatch, policy: torch.nn.Module, reference: Optional[torch.nn.Module], *, cfg: Config,
+                 logprobs: Optional[torch.Tensor] = None) -> tuple[RolloutBatch, Optional[float]]:
+    """KL as a reward penalty (``cfg.kl_placement == 'reward'``): a copy of the scored batch whose rewards are
+
+        r_s - kl_beta * sum_t KL_est(log pi(a_t), log pi_ref(a_t))          (detached, per sample s)
+
+    with ``logprobs`` [P*N, T] the behaviour policy's (computed from ``policy`` when not given). Advantages are
+    then computed from these rewards; ``correct`` (and so dynamic sampling) is unchanged. Returns the batch
+    unchanged and None when the KL is not in the reward; else the new batch and the token-mean KL estimate.
+    """
+    if not (cfg.kl_beta > 0 and cfg.kl_placement == "reward") or batch.size == 0:
+        return batch, None
+    if batch.rewards is None:
+        raise ValueError("batch.rewards: missing; call score(batch) before kl_in_reward")
+    if reference is None:
+        raise ValueError("reference: kl_placement='reward' with kl_beta > 0 needs a reference policy "
+                         "(see models.make_reference)")
+    lp = dict(temperature=float(batch.meta.get("temperature", cfg.temperature)),
+              micro_batch_tokens=cfg.train_micro_batch_tokens, layout=cfg.logprob_layout)
+    if logprobs is None:
+        logprobs = compute_logprobs(policy, batch, **lp)
+    ref = compute_logprobs(reference, batch, **lp)  # [P*N, T]
+    mask = batch.response_mask
+    per_seq = algo.kl_reward_penalty(logprobs, ref, mask, cfg.kl_estimator)  # [P*N]
+    out = copy.copy(batch)
+    out.rewards = batch.rewards - cfg.kl_beta * per_seq.to(batch.rewards.dtype)
+    out.meta = {**batch.meta, "kl_in_reward": True}
+    return out, float(per_seq.sum()) / max(1, int(mask.sum()))
 
 
 def sync(engine: RolloutEngine, policy: torch.nn.Module) -> None:
@@ -206,8 +247,6 @@ def sync(engine: RolloutEngine, policy: torch.nn.Module) -> None:
 # ---- helpers ------------------------------------------------------------------------------------------------------
 def _snapshot(policy, optimizer):
     """Copies to roll back a multi-mini-batch step whose later mini-batch turns out non-finite."""
-    import copy
-
     return ({k: v.detach().clone() for k, v in policy.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
 
 

@@ -19,6 +19,7 @@ the current step and leaves a resumable checkpoint.
 
 from __future__ import annotations
 
+import errno
 import random
 import signal
 import threading
@@ -46,6 +47,18 @@ from brorl_lab.core.rundir import RunDir, atomic_write
 CHECKPOINT_FILE = "state.pt"
 
 
+class RunExistsError(ValueError):
+    """A new Trainer was pointed at a directory that already holds a run (and neither resume nor overwrite)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (disk full, quota, I/O error); the previous checkpoint file is intact."""
+
+    def __init__(self, message: str, *, errno_: Optional[int] = None, kept: Optional[Path] = None):
+        super().__init__(message)
+        self.errno, self.kept = errno_, kept
+
+
 def _check_eval_sets(cfg: Config) -> None:
     from brorl_lab.rollout.tasks import eval_path
 
@@ -61,17 +74,31 @@ def default_run_name(cfg: Config) -> str:
 
 
 class Trainer:
-    """Runs a config end to end. Pass ``policy``/``tokenizer``/``engine`` to reuse objects a notebook already built."""
+    """Runs a config end to end. Pass ``policy``/``tokenizer``/``engine`` to reuse objects a notebook already built.
+
+    A run directory that already holds a run (``cfg.run_dir/run_name``, or ``run_dir``) is never overwritten
+    silently: continue it with :meth:`resume`, or pass ``overwrite=True`` to delete its run files and start again;
+    otherwise :class:`RunExistsError` names the directory before anything is loaded.
+    """
 
     def __init__(self, cfg: Config, *, policy=None, tokenizer=None, engine: Optional[RolloutEngine] = None,
                  run_dir: str | Path | None = None, progress: bool = True,
-                 callbacks: Sequence[Callable[["Trainer", dict], None]] = ()):
+                 callbacks: Sequence[Callable[["Trainer", dict], None]] = (), overwrite: bool = False,
+                 _resuming: bool = False):
         if not isinstance(cfg, Config):
             raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config")
+        if not isinstance(overwrite, bool):
+            raise ValueError(f"overwrite: got {overwrite!r}; allowed: True or False")
         from brorl_lab.core.models import load_policy, make_reference, pick_device
 
         cfg.validate()  # again: a notebook may have edited fields since the Config was built
         _check_eval_sets(cfg)  # fail before the model loads and before the run directory is touched
+        path = Path(run_dir) if run_dir is not None else Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
+        if not (_resuming or overwrite) and RunDir.holds_run(path):
+            raise RunExistsError(
+                f"run_dir: {path} already holds a run ({', '.join(RunDir.run_files_in(path))}); allowed: "
+                f"Trainer.resume({str(path)!r}) (CLI: train --resume) to continue it, overwrite=True (CLI: "
+                "--overwrite) to replace it, or another run_name / run_dir")
         self.cfg = cfg
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
@@ -92,8 +119,10 @@ class Trainer:
         self.engine = engine if engine is not None else self._make_engine()
         self._own_engine = engine is None
         self.template = resolve_template(cfg.template, cfg.model, tokenizer)
-        self.run_dir = RunDir.create(cfg.run_dir, cfg.run_name or default_run_name(cfg)) if run_dir is None \
-            else RunDir(run_dir)
+        if overwrite and not _resuming:
+            RunDir.clear_run(path)
+        self.run_dir = RunDir(path)
+        self._checkpoint_step: Optional[int] = None  # step of the last checkpoint this process wrote or loaded
         self.progress = progress
         self.callbacks = list(callbacks)
         self.rows: list[dict] = []
@@ -191,12 +220,15 @@ class Trainer:
         elif not rewards_ok:
             skipped = "non-finite rewards"
         else:
-            adv = S.advantages(batch, c.advantage, **self._adv_options())                   # 2. advantages
             t0 = time.perf_counter()
-            old = None if S.is_on_policy(c) else compute_logprobs(                          # 3. logprobs
+            old = None if S.is_on_policy(c) else compute_logprobs(                          # 2. logprobs
                 self.policy, batch, temperature=c.temperature, micro_batch_tokens=c.train_micro_batch_tokens,
                 layout=c.logprob_layout)  # on-policy: update uses logp.detach()
+            batch, kl = S.kl_in_reward(batch, self.policy, self.reference, cfg=c, logprobs=old)  # kl_placement
+            if kl is not None:
+                row["kl"] = kl
             row["time/logprobs"] = time.perf_counter() - t0
+            adv = S.advantages(batch, c.advantage, **self._adv_options())                   # 3. advantages
             t0 = time.perf_counter()
             try:
                 report = S.update(self.policy, self.optimizer, batch, adv, cfg=c,           # 4. update
@@ -290,16 +322,20 @@ class Trainer:
                                      if isinstance(row.get(k), float)})
                     if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0:
                         self.save_checkpoint()
-        except Exception as e:  # e.g. max_bad_steps: the run dir says so, not only the traceback
+            interrupted = self._stop.is_set() and self.step_idx < total
+            self.save_checkpoint()
+        except Exception as e:  # e.g. max_bad_steps, a full disk: the run dir says so, not only the traceback
             error = f"{type(e).__name__}: {e}"
-            self.run_dir.write_metrics(self.rows)
-            self.run_dir.write_status("failed", step=self.step_idx, error=error)
-            self.run_dir.log_event("failed", step=self.step_idx, error=error)
+            for record in (lambda: self.run_dir.write_metrics(self.rows),  # best effort: the disk may be full
+                           lambda: self.run_dir.write_status("failed", step=self.step_idx, error=error),
+                           lambda: self.run_dir.log_event("failed", step=self.step_idx, error=error)):
+                try:
+                    record()
+                except OSError:
+                    pass
             raise
         finally:
             bar.close()
-        interrupted = self._stop.is_set() and self.step_idx < total
-        self.save_checkpoint()
         self.run_dir.write_status("interrupted" if interrupted else "finished", step=self.step_idx)
         if interrupted:
             self.run_dir.log_event("interrupted", step=self.step_idx)
@@ -348,12 +384,38 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write the whole state atomically to ``<run>/checkpoint/state.pt`` (temp + fsync + rename)."""
+        """Write the whole state atomically to ``<run>/checkpoint/state.pt`` (temp + fsync + rename).
+
+        If the write fails (ENOSPC mid-write, quota, I/O error) the temp file is removed, the previous checkpoint is
+        left as it was, the failure is logged as a ``checkpoint_failed`` event, and :class:`CheckpointError` says
+        which checkpoint survived.
+        """
         state = self.state_dict()
-        path = atomic_write(self.run_dir.checkpoint_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
+        target = self.run_dir.checkpoint_dir / CHECKPOINT_FILE
+        try:
+            path = atomic_write(target, lambda f: torch.save(state, f))
+        except OSError as e:
+            raise self._checkpoint_failed(target, e) from e
         for stale in path.parent.glob(f".{CHECKPOINT_FILE}.*.tmp"):  # left by a process killed mid-write
             stale.unlink(missing_ok=True)
+        self._checkpoint_step = self.step_idx
         return path
+
+    def _checkpoint_failed(self, target: Path, e: OSError) -> CheckpointError:
+        why = f"{errno.errorcode.get(e.errno, 'OSError')}: {e.strerror or e}" if e.errno else str(e)
+        if target.is_file():
+            at = f"step {self._checkpoint_step}" if self._checkpoint_step is not None else "an earlier step"
+            kept = (f"the last good checkpoint ({at}) is kept, unchanged, at {target}; free space, then "
+                    f"Trainer.resume({str(self.run_dir.path)!r}) continues from it")
+        else:
+            kept = f"there is no earlier checkpoint to fall back on ({target} was never written)"
+        try:
+            self.run_dir.log_event("checkpoint_failed", step=self.step_idx, error=why,
+                                   kept_step=self._checkpoint_step if target.is_file() else None)
+        except OSError:
+            pass
+        return CheckpointError(f"checkpoint at step {self.step_idx} could not be written ({why}); {kept}",
+                               errno_=e.errno, kept=target if target.is_file() else None)
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
@@ -366,6 +428,7 @@ class Trainer:
         np.random.set_state(state["rng"]["numpy"])
         self.step_idx, self.cum, self.rows = state["step"], dict(state["cum"]), list(state["rows"])
         self.bad_steps = state.get("bad_steps", 0)
+        self._checkpoint_step = self.step_idx
         S.sync(self.engine, self.policy)
 
     @classmethod
@@ -388,7 +451,7 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 - atomic writes make this a foreign or damaged file, not a torn one
             raise ValueError(f"run_dir: checkpoint {ckpt} could not be loaded ({type(e).__name__}: "
                              f"{str(e).strip()[:200]}); allowed: a checkpoint written by Trainer") from e
-        trainer = cls(cfg, run_dir=run.path, **kwargs)
+        trainer = cls(cfg, run_dir=run.path, _resuming=True, **kwargs)
         trainer.load_state_dict(state)
         run.log_event("resumed", step=trainer.step_idx)
         return trainer

@@ -552,7 +552,8 @@ def large_n_limit(p, correct, *, r_c: float = 1.0, r_w: float = -1.0) -> float:
 def unsampled_second_moment(p, correct, n_values) -> pd.DataFrame:
     """Lemma 2: E[sum_U p^2] = sum_i p_i^2 (1 - p_i)^N per N, split into correct and incorrect tokens.
 
-    Also the expected fraction of correct tokens left undrawn, mean_P (1 - p_i)^N (the paper: ~97% at N=512).
+    Also the expected fraction of correct tokens left undrawn, mean_P (1 - p_i)^N. For the seeded paper vocabulary
+    at N=512 it is 0.968: derived here from the paper's setting, not a number the paper reports.
     """
     v = _Vocab(p, correct)
     grid = _n_grid(n_values)
@@ -683,7 +684,7 @@ def paper_simulation(n: int, *, steps: int = 1000, vocab: int = 128_000, n_corre
                      seeding: bool = True, lr: float = 1e-3, seed: int = 0, optimizer: str = "adamw",
                      betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.01, eps: float = 1e-8,
                      anchor_correct: bool = True, r_c: float = 1.0, r_w: float = -1.0,
-                     problem: Optional[Problem] = None,
+                     problem: Optional[Problem] = None, gradient: bool = True,
                      record_every: int = 1, progress: bool = False) -> pd.DataFrame:
     """Reproduce the paper's "relaxed" simulation: train V free logits by RL on one token position.
 
@@ -696,6 +697,13 @@ def paper_simulation(n: int, *, steps: int = 1000, vocab: int = 128_000, n_corre
     so parameters here: ``seed``; AdamW ``betas``/``weight_decay``/``eps`` (PyTorch's defaults); whether the z=5
     anchor is correct (``anchor_correct``). ``problem`` replaces the seeded vocabulary by any :class:`Problem`.
 
+    ``weight_decay=0.01`` is a choice, not the paper's: it is torch's AdamW default (so probably what the paper
+    ran), but the paper does not report it, and it moves Q_pos on its own: AdamW's decoupled decay multiplies the
+    logits by (1 - lr * weight_decay) every step, flattening p towards uniform. On the seeded vocabulary that alone
+    takes Q_pos from 0.6301 to 0.6231 in 1000 steps, as large as the effects of Fig. 3. ``gradient=False`` runs
+    that baseline (the same optimizer on a zero gradient, no draws; the ``unsampled_*`` columns are NaN), and
+    ``weight_decay=0`` removes the decay, so the drift due to sampling and the drift due to decay separate.
+
     Returns one row per recorded step (step 0 = the start): ``q_pos``; ``frac_correct_improved``, the share of
     correct tokens whose probability is above its step-0 value; ``worst_correct_drop``, max over correct tokens of
     p_i(0) - p_i(t) clipped at 0 ("knowledge shrinkage"); and this step's unsampled shares: ``unsampled_frac`` (of
@@ -705,6 +713,11 @@ def paper_simulation(n: int, *, steps: int = 1000, vocab: int = 128_000, n_corre
 
     n, steps = _count(n), _count(steps, "steps")
     record_every = _count(record_every, "record_every")
+    if not isinstance(gradient, bool):
+        raise ValueError(f"gradient: got {gradient!r}; allowed: True (RL steps) or False (the decay-only baseline)")
+    if isinstance(weight_decay, bool) or not (isinstance(weight_decay, (int, float, np.number))
+                                              and math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
     r_c, r_w, lr = *_rewards(r_c, r_w), _positive(lr, "lr")
     if problem is None:
         problem = paper_problem(vocab, n_correct, seeding=seeding, anchor_correct=anchor_correct)
@@ -721,6 +734,16 @@ def paper_simulation(n: int, *, steps: int = 1000, vocab: int = 128_000, n_corre
     p0 = torch.softmax(z.detach(), 0)[correct_t]  # [|P|], step-0 probabilities of the correct tokens
     rows = [(0, problem.q_pos, 0.0, 0.0, math.nan, math.nan, math.nan)]
     for step in tqdm(range(1, steps + 1), desc=f"N={n}", disable=not progress, leave=False):
+        if not gradient:  # the decay-only baseline: the optimizer steps on a zero gradient
+            opt.zero_grad(set_to_none=False)
+            z.grad = torch.zeros_like(z)
+            opt.step()
+            if step % record_every == 0 or step == steps:
+                with torch.no_grad():
+                    pc = torch.softmax(z, 0)[correct_t]
+                    rows.append((step, float(pc.sum()), float((pc > p0).double().mean()),
+                                 max(0.0, float((p0 - pc).max())), math.nan, math.nan, math.nan))
+            continue
         probs = torch.softmax(z, 0)  # [V], in the graph
         p_now = probs.detach().numpy()
         cdf = np.cumsum(p_now)
