@@ -212,7 +212,8 @@ def cmd_plateau(args) -> int:
 
     cfg = plateau_config(steps=args.steps, tasks=args.families, seed=args.seed, eval_every=args.eval_every,
                          checkpoint_every=args.eval_every, lr=args.lr, run_dir=args.run_dir, torch_threads=args.threads)
-    res = train_plateau(cfg, out=args.out, window=args.window, min_delta=args.min_delta, command=_command_line(args))
+    res = train_plateau(cfg, out=args.out, gain=args.gain, min_delta=args.min_delta, patience=args.patience,
+                        command=_command_line(args))
     print(res.curve.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"{'plateau reached' if res.plateaued else 'NO plateau within the step cap'} at step {res.steps}; "
           f"model: {res.out}; run: {res.run_dir}")
@@ -313,13 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
     from brorl_lab.rollout.tasks import BUILTIN_FAMILIES
 
     a = sub.add_parser("plateau", help="train the default model with the ProRL recipe until held-out pass@1 stalls")
-    a.add_argument("--steps", type=int, default=400, help="step cap (the plateau rule usually stops earlier)")
+    a.add_argument("--steps", type=int, default=800, help="step cap (the plateau rule usually stops earlier)")
     a.add_argument("--out", default=str(PLATEAU_MODEL_DIR), help="HF model directory to write")
-    a.add_argument("--families", nargs="+", default=None, help="default: hard_families() of the default model")
+    a.add_argument("--families", nargs="+", default=None, help="default: lab.plateau.PLATEAU_FAMILIES")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--eval-every", type=int, default=10)
-    a.add_argument("--window", type=int, default=5, help="plateau rule: evaluations without improvement")
-    a.add_argument("--min-delta", type=float, default=0.01, help="plateau rule: the improvement that counts")
+    a.add_argument("--gain", type=float, default=0.05, help="plateau rule: pass@1 gained over the start first")
+    a.add_argument("--min-delta", type=float, default=0.01, help="plateau rule: the improvement that counts as new best")
+    a.add_argument("--patience", type=int, default=100, help="plateau rule: steps without a new best")
     a.add_argument("--lr", type=float, default=RECIPE["lr"])
     a.add_argument("--run-dir", default="runs", help="parent of the resumable run directory 'plateau'")
     a.add_argument("--threads", type=int, default=1, help="torch threads")

@@ -36,9 +36,9 @@ FIELDS = Config.field_names()
 INT_MIN = {  # integer fields and their smallest allowed value
     **dict.fromkeys(["rollouts_per_prompt", "prompts_per_step", "max_new_tokens", "rollout_chunk_sequences",
                      "optimizer_steps_per_step", "train_micro_batch_tokens", "steps", "eval_samples",
-                     "eval_prompts", "lr_reference_samples", "ray_workers", "max_bad_steps"], 1),
-    **dict.fromkeys(["eval_every", "checkpoint_every", "reset_every", "max_resample_rounds", "torch_threads",
-                     "seed"], 0),
+                     "eval_prompts", "lr_reference_samples", "lr_reference_prompts", "ray_workers", "max_bad_steps"], 1),
+    **dict.fromkeys(["eval_every", "checkpoint_every", "reset_every", "reset_every_samples", "lr_warmup_steps",
+                     "max_resample_rounds", "torch_threads", "seed"], 0),
 }
 # float fields: (low, low_inclusive, high, high_inclusive); None = unbounded (but always finite)
 FLOAT_RANGE = {
@@ -55,7 +55,8 @@ CHOICES = {  # string fields with a fixed or registered set of names
     "advantage": names_of("advantage"), "policy_loss": names_of("policy_loss"),
     "loss_agg": ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"],
     "kl_estimator": ["k1", "k2", "k3"], "kl_placement": ["loss", "reward"],
-    "is_correction": ["none", "truncate", "icepop_mask"], "lr_scaling": ["none", "sqrt"], "device": ["auto", "cpu", "cuda"],
+    "is_correction": ["none", "truncate", "icepop_mask"], "lr_scaling": ["none", "sqrt_samples", "sqrt_prompts"],
+    "reward": ["correct", "score"], "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
     "logprob_layout": ["auto", "shared_prefix", "packed"],
 }

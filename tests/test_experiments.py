@@ -27,7 +27,7 @@ def tiny_base(tmp_path, **kw) -> Config:
 # ---- arm_configs ---------------------------------------------------------------------------------------------------
 def test_arm_configs_follow_brorls_recipe(tmp_path):
     base = tiny_base(tmp_path, steps=3, eval_every=1, optimizer_steps_per_step=2, lr=2e-4)
-    arms = E.arm_configs(base, n_small=16, n_large=512, prompts_small=16)
+    arms = E.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_samples")
     pro, bro = arms["prorl"], arms["brorl"]
     assert (pro.rollouts_per_prompt, pro.prompts_per_step) == (16, 16)
     assert (bro.rollouts_per_prompt, bro.prompts_per_step) == (512, 4)  # 8x the samples: 2048 vs 256
@@ -38,13 +38,24 @@ def test_arm_configs_follow_brorls_recipe(tmp_path):
     assert (bro.steps, pro.steps) == (3, 24) and (bro.eval_every, pro.eval_every) == (1, 8)
     assert bro.samples_per_step * bro.steps == pro.samples_per_step * pro.steps  # same nominal samples per arm
     assert {pro.seed, bro.seed} == {base.seed} and pro.tasks == bro.tasks == base.tasks
+    by_prompts = E.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_prompts")
+    assert by_prompts["brorl"].effective_lr == pytest.approx(2e-4 * math.sqrt(4 / 16))  # 4x fewer prompts: lr / 2
+    assert E.arm_configs(base, n_small=16, n_large=512, prompts_small=16)["brorl"].effective_lr == pytest.approx(2e-4)
+
+
+def test_arms_reset_at_the_same_sample_counts(tmp_path):
+    arms = E.arm_configs(tiny_base(tmp_path, steps=4, reset_every=8), n_small=16, n_large=512, prompts_small=16)
+    pro, bro = arms["prorl"], arms["brorl"]  # 256 vs 2048 samples per step; the ProRL arm's 8 steps = 2048 samples
+    assert pro.reset_every == bro.reset_every == 0 and pro.reset_every_samples == bro.reset_every_samples == 2048
+    assert [s for s in range(1, pro.steps + 1) if pro.reset_due(s)] == [8, 16, 24, 32]
+    assert [s for s in range(1, bro.steps + 1) if bro.reset_due(s)] == [1, 2, 3, 4]
 
 
 def test_arm_configs_at_the_papers_sizes_and_explicit_prompts(tmp_path):
     base = tiny_base(tmp_path, optimizer_steps_per_step=4)
     arms = E.arm_configs(base, n_small=16, n_large=512, prompts_small=512)
     assert arms["brorl"].prompts_per_step == 128  # BroRL: 512 x 128 against ProRL's 16 x 512
-    arms = E.arm_configs(base, n_small=4, n_large=64, prompts_small=8, prompts_large=4)
+    arms = E.arm_configs(base, n_small=4, n_large=64, prompts_small=8, prompts_large=4, lr_scaling="sqrt_samples")
     assert arms["brorl"].samples_per_step / arms["prorl"].samples_per_step == 8
     assert arms["brorl"].effective_lr / arms["prorl"].effective_lr == pytest.approx(math.sqrt(8))
 
@@ -75,20 +86,27 @@ def test_arm_configs_rejects_mini_batches_that_do_not_split_both_arms(tmp_path):
 
 # ---- plateau rule and training -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("curve, expected", [
-    ([0.10, 0.15, 0.20, 0.25], False),            # still rising
-    ([0.10, 0.20, 0.205, 0.20, 0.195], True),     # best earlier 0.20; the last 3 stay below 0.21
-    ([0.10, 0.20, 0.205, 0.20, 0.211], False),    # the last one beats 0.20 + 0.01
-    ([0.10, 0.20, 0.20], False),                  # not enough evaluations for a window of 3
+    ([0.60, 0.62, 0.64, 0.66, 0.68], False),                 # still rising
+    ([0.60, 0.66, 0.665, 0.66, 0.655, 0.66], True),          # +6 points by step 10, then 40 steps without +1 point
+    ([0.60, 0.66, 0.665, 0.66, 0.655, 0.676], False),        # the last one beats every earlier one by >= 1 point
+    ([0.60, 0.63, 0.635, 0.63, 0.625, 0.63], False),         # stalled, but never gained 5 points: not learned
+    ([0.60, 0.66, 0.665, 0.66], False),                      # not yet 40 steps since the last new best
 ])
-def test_plateau_rule(curve, expected):
-    assert E.plateau_reached(curve, window=3, min_delta=0.01) is expected
+def test_plateau_rule_is_learned_then_stalled(curve, expected):
+    steps = [10 * i for i in range(len(curve))]
+    assert E.plateau_reached(steps, curve, gain=0.05, min_delta=0.01, patience=40) is expected
 
 
-@pytest.mark.parametrize("kwargs, name", [(dict(window=0), "window"), (dict(min_delta=-0.1), "min_delta"),
-                                          (dict(min_delta=float("nan")), "min_delta")])
+def test_plateau_rule_reports_its_numbers():
+    r = E.plateau_rule([0, 10, 20, 30, 40, 50], [0.60, 0.66, 0.665, 0.66, 0.655, 0.66], patience=40)
+    assert r["fired"] and r["best_step"] == 10 and r["stalled_steps"] == 40 and round(r["gained"], 3) == 0.06
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(patience=0), "patience"), (dict(min_delta=-0.1), "min_delta"),
+                                          (dict(min_delta=float("nan")), "min_delta"), (dict(gain=True), "gain")])
 def test_plateau_rule_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        E.plateau_reached([0.1, 0.2], **kwargs)
+        E.plateau_reached([0, 10], [0.1, 0.2], **kwargs)
 
 
 def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
@@ -99,8 +117,8 @@ def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
         cfg = E.plateau_config(tasks=["gcd"], steps=6, eval_every=2, checkpoint_every=2, eval_prompts=4,
                                eval_samples=2, prompts_per_step=4, rollouts_per_prompt=4, optimizer_steps_per_step=1,
                                max_new_tokens=6, max_resample_rounds=1, run_dir=str(tmp_path / f"runs{k}"))
-        # min_delta 1.0 can never be met: the rule fires as soon as the window is full (second evaluation)
-        res = E.train_plateau(cfg, out=tmp_path / f"model{k}", window=1, min_delta=1.0, progress=False)
+        # gain 0 and a min_delta of 1.0 that is never met: the rule fires 2 steps in (second evaluation)
+        res = E.train_plateau(cfg, out=tmp_path / f"model{k}", gain=0.0, min_delta=1.0, patience=2, progress=False)
         assert res.plateaued and res.steps == 2 and list(res.curve["step"]) == [0, 2]
         outs.append(res.out)
     files = {p.name for p in outs[0].iterdir()}
@@ -121,7 +139,7 @@ def test_train_plateau_reports_a_missing_plateau_honestly(tmp_path):
     cfg = E.plateau_config(tasks=["gcd"], steps=2, eval_every=1, checkpoint_every=1, eval_prompts=4, eval_samples=2,
                            prompts_per_step=4, rollouts_per_prompt=4, optimizer_steps_per_step=1, max_new_tokens=6,
                            max_resample_rounds=1, run_dir=str(tmp_path / "runs"))
-    res = E.train_plateau(cfg, out=tmp_path / "model", window=5, min_delta=0.0, progress=False)
+    res = E.train_plateau(cfg, out=tmp_path / "model", gain=1.0, patience=1, progress=False)  # +100 points: never
     assert not res.plateaued and res.steps == 2
     assert "did NOT fire" in (tmp_path / "model" / "PLATEAU.md").read_text()
 

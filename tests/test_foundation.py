@@ -68,7 +68,26 @@ def test_config_roundtrip_and_unknown_key_suggestion():
 
 
 def test_sqrt_lr_rule():
-    # BroRL: lr_new = lr_0 * sqrt(B_new / B_0) with B in samples per step
-    assert scaled_lr(1e-6, 512 * 128, 16 * 512, "sqrt") == pytest.approx(1e-6 * 8 ** 0.5)
-    cfg = Config(lr=1e-4, lr_scaling="sqrt", lr_reference_samples=64, rollouts_per_prompt=64, prompts_per_step=4)
+    # BroRL: lr_new = lr_0 * sqrt(B_new / B_0) with B in samples per step ...
+    assert scaled_lr(1e-6, 512 * 128, 16 * 512, "sqrt_samples") == pytest.approx(1e-6 * 8 ** 0.5)
+    cfg = Config(lr=1e-4, lr_scaling="sqrt_samples", lr_reference_samples=64, rollouts_per_prompt=64,
+                 prompts_per_step=4)
     assert cfg.effective_lr == pytest.approx(2e-4)
+    # ... or in prompts per step: BroRL's arm has 4x fewer prompts than ProRL's, so its lr halves
+    cfg = cfg.replace(lr_scaling="sqrt_prompts", lr_reference_prompts=16)
+    assert cfg.effective_lr == pytest.approx(0.5e-4)
+    assert cfg.replace(lr_scaling="none").effective_lr == 1e-4
+
+
+def test_lr_warmup_and_sample_reset_schedule():
+    cfg = Config(lr=1e-4, lr_warmup_steps=4)
+    assert [cfg.lr_at(s) for s in (1, 2, 4, 9)] == pytest.approx([2.5e-5, 5e-5, 1e-4, 1e-4])
+    assert Config(lr=1e-4).lr_at(1) == 1e-4
+    # 256 vs 2048 samples per step, reset every 4096 samples: the small arm at steps 16, 32; the large at 2, 4
+    small = Config(rollouts_per_prompt=16, prompts_per_step=16, reset_every_samples=4096)
+    large = small.replace(rollouts_per_prompt=512, prompts_per_step=4)
+    assert [s for s in range(1, 33) if small.reset_due(s)] == [16, 32]
+    assert [s for s in range(1, 5) if large.reset_due(s)] == [2, 4]
+    assert [s for s in range(1, 7) if Config(reset_every=3).reset_due(s)] == [3, 6]
+    with pytest.raises(ConfigError, match="reset_every_samples"):
+        Config(reset_every=3, reset_every_samples=100)

@@ -42,7 +42,8 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_no
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PLACEMENTS = ("loss", "reward")
 IS_CORRECTIONS = ("none", "truncate", "icepop_mask")
-LR_SCALINGS = ("none", "sqrt")
+LR_SCALINGS = ("none", "sqrt_samples", "sqrt_prompts")
+REWARDS = ("correct", "score")  # which field of a task's RewardResult the policy is trained on
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOGPROB_LAYOUTS = ("auto", "shared_prefix", "packed")  # brorl_lab.rl.logprobs: same numbers, different cost
@@ -87,9 +88,15 @@ class Config:
                                        "same numbers. 'auto' shares when the model's KV cache allows. Not in the papers.")
     lr: float = knob(1e-4, "AdamW learning rate before scaling. ProRL v1: 2e-6 constant; ProRL v2 configs: 1e-6. "
                            "The tiny default model needs far more.")
-    lr_scaling: str = knob("none", "'sqrt': BroRL's rule lr = lr * sqrt(B / lr_reference_samples), B = samples per step "
-                                   "(prompts_per_step * rollouts_per_prompt). 'none': use lr as given.")
-    lr_reference_samples: int = knob(128, "Samples per step (prompts x N) at which `lr` was tuned, for lr_scaling='sqrt'.")
+    lr_scaling: str = knob("none", "BroRL's rule lr = lr * sqrt(B / B_0) (Sec. 5; the paper does not say which unit B "
+                                   "counts): 'sqrt_samples' B = samples per step (prompts_per_step * rollouts_per_prompt), "
+                                   "B_0 = lr_reference_samples; 'sqrt_prompts' B = prompts_per_step, B_0 = "
+                                   "lr_reference_prompts; 'none': use lr as given.")
+    lr_reference_samples: int = knob(128, "Samples per step (prompts x N) at which `lr` was tuned, for "
+                                          "lr_scaling='sqrt_samples'.")
+    lr_reference_prompts: int = knob(8, "Prompts per step at which `lr` was tuned, for lr_scaling='sqrt_prompts'.")
+    lr_warmup_steps: int = knob(0, "Linear lr warm-up over the first K training steps (lr x step/K); 0 = none. "
+                                   "ProRL/BroRL: not reported (constant lr); verl default 0.")
     adam_betas: list = knob([0.9, 0.999], "AdamW betas. Not reported by ProRL/BroRL (verl default (0.9, 0.999)).")
     weight_decay: float = knob(0.0, "AdamW weight decay. ProRL: not reported (verl default 0.01); 0 here.")
     grad_clip: float = knob(1.0, "Global grad-norm clip. verl default 1.0; not reported by the papers.")
@@ -121,6 +128,9 @@ class Config:
     icepop_low: float = knob(0.5, "Lower edge of the ICE-POP band for is_correction='icepop_mask'. ProRL v2: 0.5.")
     icepop_high: float = knob(5.0, "Upper edge of the ICE-POP band for is_correction='icepop_mask'. ProRL v2: 5.")
     entropy_coef: float = knob(0.0, "Entropy bonus coefficient. ProRL: 0 (entropy kept by clip-higher instead).")
+    reward: str = knob("score", "Training reward: 'score' (the verifier's score, partial credit where reasoning-gym "
+                                "gives it; ProRL v1 on Reasoning Gym: continuous scores) or 'correct' (binary exact "
+                                "answer, what pass@k counts; ProRL/BroRL math and STEM: binary).")
 
     # ---- dynamic sampling (DAPO) --------------------------------------------------------------------------------
     dynamic_sampling: bool = knob(True, "Drop groups whose `correct` is all equal (DAPO; ProRL and BroRL use it).")
@@ -130,6 +140,10 @@ class Config:
     # ---- reference reset (ProRL) --------------------------------------------------------------------------------
     reset_every: int = knob(0, "Reset the reference to the policy every K steps; 0 = never. ProRL v1: when validation "
                                "stalls (no schedule); ProRL v2: every 200-500 steps.")
+    reset_every_samples: int = knob(0, "Reset every K *trained-batch samples* instead: at the first step where "
+                                       "step * samples_per_step crosses a multiple of K; 0 = never. Arms with different "
+                                       "samples per step then reset at the same sample counts (not in the papers, "
+                                       "which reset on steps or stalls). Exclusive with reset_every.")
     reset_on_kl: float = knob(0.0, "Also reset when the step's KL exceeds this; 0 = off. ProRL v2: on KL spikes.")
     reset_optimizer: bool = knob(True, "Re-initialise the optimizer state at a reset. ProRL v1: True; ProRL v2: False.")
 
@@ -188,7 +202,22 @@ class Config:
 
     @property
     def effective_lr(self) -> float:
-        return scaled_lr(self.lr, self.samples_per_step, self.lr_reference_samples, self.lr_scaling)
+        return scaled_lr(self.lr, self.samples_per_step, self.lr_reference_samples, self.lr_scaling,
+                         prompts_per_step=self.prompts_per_step, reference_prompts=self.lr_reference_prompts)
+
+    def lr_at(self, step: int) -> float:
+        """The lr of training step ``step`` (1-based): effective_lr * min(1, step / lr_warmup_steps)."""
+        return self.effective_lr * (min(1.0, step / self.lr_warmup_steps) if self.lr_warmup_steps else 1.0)
+
+    def reset_due(self, step: int) -> bool:
+        """Whether the reset schedule (reset_every steps, or reset_every_samples trained-batch samples) fires at the
+        end of ``step``: step % K == 0, or floor(step * B / K) > floor((step - 1) * B / K) with B = samples_per_step."""
+        if self.reset_every:
+            return step % self.reset_every == 0
+        if self.reset_every_samples:
+            b, k = self.samples_per_step, self.reset_every_samples
+            return step * b // k > (step - 1) * b // k
+        return False
 
     # ---- validation ---------------------------------------------------------------------------------------------
     def _require(self, name: str, ok: bool, allowed: str) -> None:
@@ -201,10 +230,11 @@ class Config:
             _check_type(f.name, getattr(self, f.name), hints[f.name])
         _positive = ("rollouts_per_prompt", "prompts_per_step", "max_new_tokens", "rollout_chunk_sequences",
                      "optimizer_steps_per_step", "train_micro_batch_tokens", "steps", "eval_samples", "eval_prompts",
-                     "lr_reference_samples", "ray_workers")
+                     "lr_reference_samples", "lr_reference_prompts", "ray_workers")
         for name in _positive:
             _require(name, getattr(self, name) >= 1, "an integer >= 1")
-        for name in ("eval_every", "checkpoint_every", "reset_every", "max_resample_rounds", "torch_threads", "seed"):
+        for name in ("eval_every", "checkpoint_every", "reset_every", "reset_every_samples", "lr_warmup_steps",
+                     "max_resample_rounds", "torch_threads", "seed"):
             _require(name, getattr(self, name) >= 0, "an integer >= 0")
         _require("max_bad_steps", self.max_bad_steps >= 1, "an integer >= 1")
         for name in ("temperature", "eval_temperature"):
@@ -233,6 +263,9 @@ class Config:
         _choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
         _choice("is_correction", self.is_correction, IS_CORRECTIONS)
         _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _choice("reward", self.reward, REWARDS)
+        _require("reset_every_samples", not (self.reset_every and self.reset_every_samples),
+                 f"0 when reset_every={self.reset_every} is set (one reset schedule: steps or samples)")
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
         _choice("template", self.template, ("auto", "plain", "chat"))
@@ -269,10 +302,20 @@ class Config:
                      "an existing HF model directory (with config.json), 'default' or a hub id")
 
 
-def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: str = "sqrt") -> float:
-    """BroRL's learning-rate rule: lr_new = lr_0 * sqrt(B_new / B_0), with B = samples (prompts x N) per step."""
+def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: str = "sqrt_samples", *,
+              prompts_per_step: Optional[int] = None, reference_prompts: Optional[int] = None) -> float:
+    """BroRL's learning-rate rule lr_new = lr_0 * sqrt(B_new / B_0). ``rule`` says what B counts: 'sqrt_samples'
+    samples per step (prompts x N; B_0 = ``reference_samples``), 'sqrt_prompts' prompts per step (B_0 =
+    ``reference_prompts``); 'none' returns ``lr``."""
     _choice("lr_scaling", rule, LR_SCALINGS)
-    return lr * math.sqrt(samples_per_step / reference_samples) if rule == "sqrt" else lr
+    if rule == "sqrt_samples":
+        return lr * math.sqrt(samples_per_step / reference_samples)
+    if rule == "sqrt_prompts":
+        if not prompts_per_step or not reference_prompts:
+            raise ConfigError("config field 'lr_scaling': 'sqrt_prompts' needs prompts_per_step and reference_prompts; "
+                              "allowed: pass both (Config does)")
+        return lr * math.sqrt(prompts_per_step / reference_prompts)
+    return lr
 
 
 # ---- small validation helpers ---------------------------------------------------------------------------------

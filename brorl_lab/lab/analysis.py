@@ -186,7 +186,7 @@ def boundary_summary(pooled: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---- BroRL vs ProRL arms: comparisons at equal budgets and the verdict -------------------------------------------
-X_AXES = {"cum_samples": "generated samples", "cum_wall_s": "training wall time (s)"}
+X_AXES = {"cum_samples": "generated samples", "cum_updates": "optimizer updates", "cum_wall_s": "training wall time (s)"}
 
 
 def families_of(df: pd.DataFrame) -> list[str]:
@@ -302,8 +302,10 @@ def verdict(df: pd.DataFrame, *, tie_points: float = 0.5) -> str:
     bro, pro = _arm_label(df, "brorl"), _arm_label(df, "prorl")
     seeds = int(df[df["arm"].isin(ARMS)].groupby("arm")["seed"].nunique().min())
     heads, body = [], []
-    for x, what, unit in (("cum_samples", "equal generated samples", "samples per arm"),
-                          ("cum_wall_s", "equal training wall time", "s of training per arm")):
+    axes = (("cum_samples", "equal generated samples", "samples per arm"),
+            ("cum_updates", "equal optimizer updates", "updates per arm"),
+            ("cum_wall_s", "equal training wall time", "s of training per arm"))
+    for x, what, unit in (ax for ax in axes if ax[0] in df.columns):
         cmp_ = compare_arms(df, x)
         budget = cmp_["budget"].iloc[0]
         fams = cmp_[cmp_["family"] != MEAN]
@@ -314,7 +316,7 @@ def verdict(df: pd.DataFrame, *, tie_points: float = 0.5) -> str:
         for r in fams.itertuples():
             groups.setdefault(_side(r.gap, tie_points), []).append(
                 f"{r.family} ({100 * r.gap:+.1f}: {r.brorl:.3f} vs {r.prorl:.3f})")
-        line = (f"At {what} ({budget:,.{0 if x == 'cum_samples' else 1}f} {unit}), BroRL vs ProRL pass@1: "
+        line = (f"At {what} ({budget:,.{1 if x == 'cum_wall_s' else 0}f} {unit}), BroRL vs ProRL pass@1: "
                 + "; ".join(f"{side} on {', '.join(v)}" for side, v in groups.items()))
         if overall is not None:
             line += (f"; mean over families {_side_words(overall['gap'], tie_points)} "

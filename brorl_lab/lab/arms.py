@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from brorl_lab.core.config import Config
+from brorl_lab.core.config import LR_SCALINGS, Config
 from brorl_lab.core.paths import REPO_ROOT
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
 from brorl_lab.lab.analysis import ARM_NAMES
@@ -31,14 +31,19 @@ DEFAULT_ROOT = REPO_ROOT / "runs" / "rollout_scaling"
 # ---- the two arms ------------------------------------------------------------------------------------------------------
 def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 16,
                 prompts_large: Optional[int] = None, samples_ratio: float = 8,
-                lr_scaling: str = "sqrt") -> dict[str, Config]:
+                lr_scaling: str = "none") -> dict[str, Config]:
     """The two arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}``.
 
     ProRL arm: N = ``n_small`` with ``prompts_small`` prompts per step (BroRL: 16 x 512). BroRL arm: N = ``n_large``
     with ``prompts_large`` prompts per step, by default ``samples_ratio`` times the ProRL arm's samples per step
-    (BroRL: 512 x 128, 8x). Both keep ``base.optimizer_steps_per_step`` and use ``lr_scaling="sqrt"`` with
-    ``lr_reference_samples`` = the ProRL arm's samples per step, so the ProRL arm trains at ``base.lr`` and the BroRL
-    arm at ``base.lr * sqrt(ratio)``. ``lr_scaling="none"`` gives both arms ``base.lr`` (an ablation of the rule).
+    (BroRL: 512 x 128, 8x). Both keep ``base.optimizer_steps_per_step``. The ProRL arm is the reference of the lr
+    rule (``lr_reference_samples`` / ``lr_reference_prompts`` = its samples / prompts per step), so it trains at
+    ``base.lr``; the BroRL arm at ``base.lr`` (``lr_scaling="none"``, our default: under Adam the sqrt rule in samples
+    made the tiny model's BroRL arm collapse), ``base.lr * sqrt(ratio)`` (``"sqrt_samples"``, BroRL's rule with B
+    counted in samples) or ``base.lr * sqrt(prompts_large / prompts_small)`` (``"sqrt_prompts"``).
+
+    Resets: ``base.reset_every`` (in ProRL-arm steps) becomes ``reset_every_samples`` for both arms, so the reference
+    and optimizer are reset at the same numbers of trained samples in each arm.
 
     Budget: ``base.steps``, ``base.eval_every`` and ``base.checkpoint_every`` count BroRL-arm steps; the ProRL arm
     gets ``ratio`` times as many (rounded), so both arms train on the same nominal number of samples and are
@@ -67,9 +72,11 @@ def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_
     def scaled(k: int) -> int:
         return max(1, round(k * ratio)) if k else 0
 
-    if lr_scaling not in ("sqrt", "none"):
-        raise ValueError(f"lr_scaling: got {lr_scaling!r}; allowed: 'sqrt' (BroRL's rule) or 'none'")
-    common = dict(lr_scaling=lr_scaling, lr_reference_samples=small)
+    if lr_scaling not in LR_SCALINGS:
+        raise ValueError(f"lr_scaling: got {lr_scaling!r}; allowed: {', '.join(LR_SCALINGS)}")
+    common = dict(lr_scaling=lr_scaling, lr_reference_samples=small, lr_reference_prompts=prompts_small)
+    if base.reset_every:  # one schedule in samples for both arms
+        common.update(reset_every=0, reset_every_samples=base.reset_every * small)
     return {
         "prorl": base.replace(**common, rollouts_per_prompt=n_small, prompts_per_step=prompts_small,
                               steps=scaled(base.steps), eval_every=scaled(base.eval_every),
@@ -127,7 +134,8 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
                         progress: bool = True, **arm_options) -> pd.DataFrame:
     """Run both arms of :func:`arm_configs` (``arm_options``: n_small, n_large, prompts_small, ...) for each seed from
     ``base.model``, in run directories ``root/<arm>_s<seed>``; returns one long DataFrame of every metrics row with
-    columns ``arm``, ``seed``, ``rollouts_per_prompt``, ``prompts_per_step`` and ``cum_trained_samples`` added.
+    columns ``arm``, ``seed``, ``rollouts_per_prompt``, ``prompts_per_step``, ``cum_trained_samples`` and
+    ``cum_updates`` (optimizer updates) added.
 
     Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
     run with different settings is an error rather than a silent mix. Ctrl-C stops after the current step (the
@@ -168,6 +176,8 @@ def _label(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFrame:
     kept = df["kept_groups"].fillna(0) if "kept_groups" in df else pd.Series(0.0, index=df.index)
     skipped = df["skipped"].eq(True) if "skipped" in df else pd.Series(False, index=df.index)
     df["cum_trained_samples"] = (kept * cfg.rollouts_per_prompt).where(~skipped, 0).cumsum()
+    trained = df["step"].gt(0) & ~skipped  # row 0 is the evaluation before training
+    df["cum_updates"] = (trained * cfg.optimizer_steps_per_step).cumsum()  # optimizer updates so far
     return df
 
 

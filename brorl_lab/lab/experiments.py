@@ -28,6 +28,7 @@ from brorl_lab.lab.analysis import (ARM_NAMES, ARMS, X_AXES, arm_display_names, 
                                     summarize, verdict)
 from brorl_lab.lab.arms import (DEFAULT_ROOT, PAPER_ARMS, arm_configs, arms_table, experiment_root,  # noqa: F401
                                 run_arm, run_rollout_scaling, save_outputs)
-from brorl_lab.lab.plateau import (MODEL_ALIASES, RECIPE, PlateauResult, eval_curve, hard_families,  # noqa: F401
-                                   plateau_config, plateau_families, plateau_markdown, plateau_reached,
-                                   recipe_config, resolve_experiment_model, save_plateau_model, train_plateau)
+from brorl_lab.lab.plateau import (  # noqa: F401
+    FLAGSHIP_RECIPE, MODEL_ALIASES, PLATEAU_FAMILIES, PLATEAU_RULE, RECIPE, RECIPES, PlateauResult, eval_curve,
+    hard_families, plateau_config, plateau_families, plateau_markdown, plateau_reached, plateau_rule, recipe_config,
+    resolve_experiment_model, save_plateau_model, train_plateau)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,20 +17,30 @@ import pandas as pd
 
 from brorl_lab.core.config import Config
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, repo_relative
-from brorl_lab.core.validation import check_int, is_number
+from brorl_lab.core.validation import check_int, is_finite_number, is_number
 
 MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
 PASS1 = "pass@1"
 MEAN = "mean"
 
-# The ProRL recipe at small N (RECIPES.md): GRPO with group-std normalisation, DAPO clip-higher, a k3 KL penalty to
-# a reference that is reset (with the optimizer, as in ProRL v1) every `reset_every` steps, dynamic sampling.
-# lr and the batch sizes are ours: the tiny default model needs a far larger lr than a 1.5B one.
+# The ProRL recipes at small N (docs/RECIPES.md). lr and the batch sizes are ours: the tiny default model needs a far
+# larger lr than a 1.5B one. v1 (ProRL paper): GRPO with group-std normalisation, DAPO clip-higher 0.2/0.28, a k3 KL
+# penalty to a reference reset with the optimizer every `reset_every` steps, verifier scores as reward. v2 (ProRL v2,
+# what BroRL continues): REINFORCE++-baseline advantages (group mean removed, then normalised over the global
+# batch), k2 KL, clip 0.2/0.27, optimizer state kept on reset, binary `correct` reward.
 RECIPE = dict(rollouts_per_prompt=16, prompts_per_step=16, optimizer_steps_per_step=2, advantage="grpo",
               adv_std_norm=True, policy_loss="ppo_clip", loss_agg="token_mean", eps_low=0.2, eps_high=0.28,
               kl_beta=1e-3, kl_estimator="k3", dynamic_sampling=True, max_resample_rounds=4, reset_every=50,
               reset_optimizer=True, temperature=1.0, top_p=1.0, lr=3e-4, template="plain", eval_temperature=0.6,
-              eval_top_p=0.95, eval_k=[1], eval_samples=8)
+              eval_top_p=0.95, eval_k=[1], eval_samples=8, reward="score")
+RECIPES = {"prorl_v1": RECIPE,
+           "prorl_v2": {**RECIPE, "advantage": "reinforce_pp_baseline", "kl_estimator": "k2", "eps_high": 0.27,
+                        "reset_optimizer": False, "reward": "correct"}}
+FLAGSHIP_RECIPE = "prorl_v2"  # the branch's default; "prorl_v1" is one knob away
+PLATEAU_RECIPE = "prorl_v1"  # the plateau run: the ProRL paper's recipe (what the shipped checkpoint was trained with)
+# RL learns on these with the default model (+12 points in 460 steps, then stalls); on chain_sum, gcd, products and
+# simple_equations together it moved mean held-out pass@1 by under 1 point in 50 steps (PLATEAU.md).
+PLATEAU_FAMILIES = ["spell_backward", "gcd"]
 
 
 # ---- models and families ---------------------------------------------------------------------------------------------
@@ -73,13 +82,15 @@ def hard_families(report: str | Path | None = None, *, max_pass: float = 0.5, te
     return fams
 
 
-def recipe_config(**overrides) -> Config:
-    """The ProRL recipe (module constant ``RECIPE``) as a validated Config, with ``overrides`` applied.
+def recipe_config(recipe: str = FLAGSHIP_RECIPE, **overrides) -> Config:
+    """A ProRL recipe (``RECIPES[recipe]``: 'prorl_v2' or 'prorl_v1') as a validated Config, ``overrides`` applied.
 
     ``model='plateau'`` names the shipped plateau checkpoint; ``tasks`` defaults to the plateau model's families
     (read from its plateau.json) when the model is the plateau checkpoint, else to :func:`hard_families`.
     """
-    d = {**RECIPE, **overrides}
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe: got {recipe!r}; allowed: {', '.join(RECIPES)}")
+    d = {**RECIPES[recipe], **overrides}
     d["model"] = resolve_experiment_model(d.get("model", "default"))
     if "tasks" not in overrides or overrides["tasks"] is None:
         d["tasks"] = plateau_families(d["model"]) or hard_families()
@@ -98,25 +109,50 @@ def plateau_families(model: str) -> Optional[list[str]]:
 def plateau_config(**overrides) -> Config:
     """The plateau run: the ProRL recipe on the default model, evaluated on every eval item often enough for the
     plateau rule to see the curve (``steps`` is only a cap; the rule decides when to stop)."""
-    base = dict(model="default", steps=400, eval_every=10, eval_prompts=200, checkpoint_every=10,
-                run_name="plateau", run_dir=str(REPO_ROOT / "runs"), torch_threads=1)
-    return recipe_config(**{**base, **overrides})
+    base = dict(model="default", steps=800, eval_every=10, eval_prompts=200, eval_samples=32, checkpoint_every=10,
+                run_name="plateau", run_dir=str(REPO_ROOT / "runs"), torch_threads=1, tasks=PLATEAU_FAMILIES)
+    overrides = {k: v for k, v in overrides.items() if not (k == "tasks" and v is None)}
+    return recipe_config(PLATEAU_RECIPE, **{**base, **overrides})
 
 
-def plateau_reached(curve: Sequence[float], window: int = 5, min_delta: float = 0.01) -> bool:
-    """The plateau rule: the last ``window`` evaluations all failed to beat the best earlier one by ``min_delta``.
+PLATEAU_RULE = dict(gain=0.05, min_delta=0.01, patience=100)  # issue 14: +5 points, then 100 steps without +1 point
 
-    ``curve`` is held-out pass@1 at successive evaluations (the first is the starting point). With window 5 and
-    min_delta 0.01 (evaluating every 10 steps): no gain of one point or more over the best earlier evaluation in the
-    last 50 steps.
+
+def plateau_rule(steps: Sequence[int], curve: Sequence[float], *, gain: float = 0.05, min_delta: float = 0.01,
+                 patience: int = 100) -> dict:
+    """The plateau rule, "learned, then stalled", on held-out pass@1 ``curve`` at training ``steps`` (the first entry
+    is the starting checkpoint): an evaluation is a *new best* when it beats every earlier one by >= ``min_delta``;
+    the rule fires once the best is >= start + ``gain`` and no new best came for >= ``patience`` steps since.
+
+    With the defaults (0.05, 0.01, 100): the run gained at least 5 points of pass@1, then went 100 steps without
+    beating its best by 1 point. Returns the rule's numbers: fired, start, best, best_step (the last new best),
+    gained, stalled_steps (steps since the last new best), and the arguments.
     """
-    check_int('window', window, 1)
-    if not (isinstance(min_delta, (int, float)) and math.isfinite(min_delta) and min_delta >= 0):
-        raise ValueError(f"min_delta: got {min_delta!r}; allowed: a finite float >= 0")
-    curve = [float(c) for c in curve]
-    if len(curve) <= window:
-        return False
-    return max(curve[-window:]) < max(curve[:-window]) + min_delta
+    for name, v in (("gain", gain), ("min_delta", min_delta)):
+        if not (is_finite_number(v) and v >= 0):
+            raise ValueError(f"{name}: got {v!r}; allowed: a finite float >= 0")
+    check_int("patience", patience, 1)
+    steps, curve = [int(s) for s in steps], [float(c) for c in curve]
+    if len(steps) != len(curve):
+        raise ValueError(f"steps: got {len(steps)} steps for {len(curve)} evaluations; allowed: one step per evaluation")
+    out = dict(gain=gain, min_delta=min_delta, patience=patience, fired=False, start=None, best=None, best_step=None,
+               gained=None, stalled_steps=None)
+    if not curve:
+        return out
+    best, best_step, top = curve[0], steps[0], curve[0]
+    for s, c in zip(steps[1:], curve[1:]):
+        if c >= top + min_delta:
+            best, best_step = c, s
+        top = max(top, c)
+    stalled = steps[-1] - best_step
+    out.update(start=curve[0], best=best, best_step=best_step, gained=best - curve[0], stalled_steps=stalled,
+               fired=bool(best - curve[0] >= gain - 1e-12 and stalled >= patience))
+    return out
+
+
+def plateau_reached(steps: Sequence[int], curve: Sequence[float], **rule) -> bool:
+    """Whether :func:`plateau_rule` fires on this curve."""
+    return plateau_rule(steps, curve, **rule)["fired"]
 
 
 @dataclass
@@ -140,8 +176,9 @@ def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics.loc[metrics[f"eval/{MEAN}/{PASS1}"].notna(), keep].reset_index(drop=True)
 
 
-def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLATEAU_MODEL_DIR, window: int = 5,
-                  min_delta: float = 0.01, progress: bool = True, command: Optional[str] = None) -> PlateauResult:
+def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLATEAU_MODEL_DIR, gain: float = 0.05,
+                  min_delta: float = 0.01, patience: int = 100, progress: bool = True,
+                  command: Optional[str] = None) -> PlateauResult:
     """Train ``cfg`` (default :func:`plateau_config`) in chunks of ``eval_every`` steps until :func:`plateau_reached`
     fires on held-out mean pass@1 or ``cfg.steps`` is reached, then save the policy as an HF model directory
     (``save_pretrained`` + tokenizer, safetensors) with PLATEAU.md and plateau.json beside it.
@@ -156,7 +193,8 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
         raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config (see plateau_config)")
     if cfg.eval_every < 1:
         raise ValueError(f"cfg.eval_every: got {cfg.eval_every}; allowed: >= 1 (the plateau rule reads the eval curve)")
-    plateau_reached([], window, min_delta)  # validate the rule's arguments before any work
+    rule = dict(gain=gain, min_delta=min_delta, patience=patience)
+    plateau_rule([], [], **rule)  # validate the rule's arguments before any work
     if out is not None:
         _check_model_out(Path(out))
     trainer = open_trainer(cfg, progress=False)
@@ -165,7 +203,7 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
     try:
         while True:
             curve = eval_curve(trainer.metrics)
-            plateaued = plateau_reached(curve[f"eval/{MEAN}/{PASS1}"], window, min_delta)
+            plateaued = plateau_reached(curve["step"], curve[f"eval/{MEAN}/{PASS1}"], **rule)
             if plateaued or trainer.step_idx >= cfg.steps:
                 break
             before = trainer.step_idx
@@ -176,8 +214,10 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
             if trainer.run_dir.read_status().get("status") == "interrupted":  # Ctrl-C: the checkpoint stays
                 raise KeyboardInterrupt(f"plateau run interrupted at step {trainer.step_idx}; run again to resume "
                                         f"from {trainer.run_dir.checkpoint_dir}")
-        rule = {"window": window, "min_delta": min_delta, "metric": f"eval/{MEAN}/{PASS1}"}
-        res = PlateauResult(curve, trainer.step_idx, plateaued, None, trainer.run_dir.path, rule)
+        curve = eval_curve(trainer.metrics)
+        numbers = plateau_rule(curve["step"], curve[f"eval/{MEAN}/{PASS1}"], **rule)
+        res = PlateauResult(curve, trainer.step_idx, plateaued, None, trainer.run_dir.path,
+                            {**numbers, "metric": f"eval/{MEAN}/{PASS1}"})
         if out is not None:
             res.out = save_plateau_model(trainer, Path(out), res, command=command)
         return res
@@ -258,9 +298,9 @@ def plateau_markdown(meta: dict) -> str:
     curve = pd.DataFrame(meta["curve"])
     fams = [c.split("/")[1] for c in curve.columns if c.startswith("eval/") and c.endswith(PASS1)]
     rule = meta["rule"]
-    best = curve[rule["metric"]].cummax().shift(1)
+    best = curve[rule["metric"]].cummax().shift(1)  # the "best before" column
     lines = ["# data/plateau_model: the default model trained with the ProRL recipe until held-out pass@1 stalled", "",
-             f"Command: `{meta['command'] or 'python -m brorl_lab.lab.experiments plateau'}` (seed {meta['seed']}).", "",
+             f"Command: `{meta['command'] or 'python -m brorl_lab plateau'}` (seed {meta['seed']}).", "",
              f"Base: {meta['base_model']} (model.safetensors sha256 {meta.get('base_model_sha256')}).", "",
              f"Families: {', '.join(meta['families'])}. Steps: {meta['steps']}. Recipe (config fields): "
              + ", ".join(f"{k}={meta['config'][k]}" for k in (
@@ -276,18 +316,22 @@ def plateau_markdown(meta: dict) -> str:
         vals = " | ".join(f"{r[f'eval/{f}/{PASS1}']:.3f}" for f in fams)
         prev = "" if pd.isna(best.iloc[i]) else f"{best.iloc[i]:.3f}"
         lines.append(f"| {int(r['step'])} | {int(r.get('cum_samples', 0)):,} | {vals} | {prev} |")
-    w, d = rule["window"], rule["min_delta"]
     first, last = curve.iloc[0], curve.iloc[-1]
     moves = ", ".join(f"{f} {100 * (last[f'eval/{f}/{PASS1}'] - first[f'eval/{f}/{PASS1}']):+.1f}" for f in fams)
+    g, d, k = rule["gain"], rule["min_delta"], rule["patience"]
+    text = (f"\"gained >= {100 * g:g} points of {rule['metric']} over the start, then no new best (an evaluation "
+            f"beating every earlier one by >= {100 * d:g} point) for >= {k} steps\"")
     if meta["plateaued"]:
-        recent, before = curve[rule["metric"]].iloc[-w:].max(), curve[rule["metric"]].iloc[:-w].max()
-        why = (f"Why this counts as a plateau: the rule is \"the last {w} evaluations all stay below the best earlier "
-               f"{rule['metric']} + {d}\" and it fired at step {meta['steps']}: the best of the last {w} evaluations "
-               f"is {recent:.3f} < {before:.3f} + {d} = {before + d:.3f}.")
+        why = (f"Why this counts as a plateau: the rule is {text} (brorl_lab.lab.plateau.plateau_rule). It fired at "
+               f"step {meta['steps']}: start {rule['start']:.3f}, last new best {rule['best']:.3f} at step "
+               f"{rule['best_step']} (+{100 * rule['gained']:.1f} points), then {rule['stalled_steps']} steps "
+               f"without a new best.")
     else:
-        why = (f"The rule (\"the last {w} evaluations all stay below the best earlier {rule['metric']} + {d}\") did "
-               f"NOT fire within the step cap of {meta['steps']} steps: this checkpoint is not a measured plateau.")
-    lines += ["", why, "", f"Change from the first to the last evaluation, in points (0.01 pass@1): {moves}.", "",
+        why = (f"The rule ({text}) did NOT fire within the step cap of {meta['steps']} steps: this checkpoint is not "
+               "a measured plateau.")
+    tried = meta.get("tried")
+    lines += ["", why, "", *([f"What was tried before this recipe: {tried}", ""] if tried else []),
+              f"Change from the first to the last evaluation, in points (0.01 pass@1): {moves}.", "",
               "Load it with `Config(model=\"data/plateau_model\")` (from the repository root) or "
               "`brorl_lab.lab.experiments.recipe_config(model=\"plateau\")`.", ""]
     return "\n".join(lines)

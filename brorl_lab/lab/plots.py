@@ -173,7 +173,8 @@ def budget_figure(budget: pd.DataFrame, *, title: str = "Fixed budget of draws: 
 # with a message drawn in it when there is nothing to plot, so a notebook on an empty or partial runs root renders.
 
 DASHBOARD_METRICS = ("reward_mean", "ds_pass_rate", "entropy", "kl", "eval/mean/pass@1")
-X_AXES = {"step": "step", "cum_samples": "samples generated", "cum_wall_s": "training time (s, eval excluded)"}
+X_AXES = {"step": "step", "cum_samples": "samples generated", "cum_updates": "optimizer updates",
+          "cum_wall_s": "training time (s, eval excluded)"}
 METRIC_LABELS = {"reward_mean": "mean reward", "pass_at_1": "train pass@1", "ds_pass_rate": "dynamic-sampling pass rate",
                  "entropy": "entropy (nats/token)", "kl": "KL to reference", "approx_kl": "KL to rollout policy",
                  "clipfrac_high": "clipped share (upper)", "clipfrac_low": "clipped share (lower)",

@@ -170,7 +170,7 @@ class Trainer:
             batch = S.rollout(self.engine, items, c.rollouts_per_prompt, self.sampling(step, rnd),
                               template=self.template, tokenizer=self.tokenizer)
             t1 = time.perf_counter()
-            batch = S.score(batch, template=self.template)
+            batch = S.score(batch, template=self.template, reward=c.reward)
             t2 = time.perf_counter()
             seen.append(batch)
             gen_s += batch.meta.get("generation_seconds", t1 - t0)
@@ -209,6 +209,8 @@ class Trainer:
         c = self.cfg
         step = self.step_idx + 1
         t_start = time.perf_counter()
+        for group in self.optimizer.param_groups:  # lr warm-up (cfg.lr_warmup_steps); constant after it
+            group["lr"] = c.lr_at(step)
         row: dict = {"step": step, "lr": self.optimizer.param_groups[0]["lr"]}
 
         batch, info = self.collect(step)                                                   # 1. rollout/score/filter
@@ -272,8 +274,9 @@ class Trainer:
     def _maybe_reset(self, step: int, row: dict) -> bool:
         c = self.cfg
         reason = None
-        if c.reset_every and step % c.reset_every == 0:
-            reason = f"every {c.reset_every} steps"
+        if c.reset_due(step):
+            reason = (f"every {c.reset_every} steps" if c.reset_every
+                      else f"every {c.reset_every_samples:,} samples ({step * c.samples_per_step:,} so far)")
         elif c.reset_on_kl and row.get("kl", 0.0) > c.reset_on_kl:
             reason = f"kl {row['kl']:.4g} > {c.reset_on_kl}"
         if reason:

@@ -31,10 +31,12 @@ def score_response(response: str, item: TaskItem, template: str = "plain") -> Re
     return TASKS.get(item.family).score(response, item, template)
 
 
-def score(batch: RolloutBatch, *, template: str = "plain") -> RolloutBatch:
+def score(batch: RolloutBatch, *, template: str = "plain", reward: str = "score") -> RolloutBatch:
     """A copy of ``batch`` with ``rewards`` [P*N] float32 and ``correct`` [P*N] bool filled from ``batch.items``.
 
     The input batch is not modified (``dataclasses.replace``); ``meta['reward_template']`` records the template.
+    ``reward='score'`` trains on the verifier's score (partial credit where a family gives it); ``reward='correct'``
+    on the binary exact answer (``rewards = correct``), what pass@k counts.
     For per-sample verifier notes ("wrong", "no answer found", ...) call :func:`score_response` directly.
     """
     if batch.items is None or len(batch.items) == 0:
@@ -44,8 +46,11 @@ def score(batch: RolloutBatch, *, template: str = "plain") -> RolloutBatch:
         raise ValueError(f"batch.items: got {len(batch.items)} items for {batch.num_prompts} prompts; "
                          "allowed: exactly one TaskItem per prompt")
     check_template(template)
+    if reward not in ("score", "correct"):
+        raise ValueError(f"reward: got {reward!r}; allowed: 'score' or 'correct'")
     results = [score_response(text, batch.items[b // batch.n], template) for b, text in enumerate(batch.texts)]
-    rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)  # [P*N]
+    rewards = torch.tensor([float(r.correct) if reward == "correct" else r.reward for r in results],
+                           dtype=torch.float32)  # [P*N]
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool)  # [P*N]
     return replace(batch, rewards=rewards, correct=correct, meta={**batch.meta, "reward_template": template})
 
