@@ -1,4 +1,4 @@
-"""``python -m brorl_lab <command>``: demo, train, eval, sweep, bench, plateau, scaling, make-data, train-default.
+"""``python -m brorl_lab <command>``: demo, train, eval, sweep, iso-compute, bench, plateau, scaling, make-data, train-default.
 
 Every Config field is a ``train`` option (``--rollouts-per-prompt 512``), and ``--config run.yaml`` reads a file
 of the same fields; options override the file. Everything is validated before any work starts, and a bad value
@@ -17,6 +17,7 @@ from typing import Any, Optional
 from collections.abc import Sequence
 
 from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.rundir import atomic_write_text
 from brorl_lab.core.paths import NOTEBOOK_DIR, REPO_ROOT
 
 FLAGSHIP = "02_rollout_scaling.ipynb"
@@ -158,10 +159,7 @@ def cmd_demo(args) -> int:
 
     nb = NOTEBOOK_DIR / (FLAGSHIP if (NOTEBOOK_DIR / FLAGSHIP).exists() else THEORY)
     out = Path(args.out)
-    params = {}
-    for kv in args.param or []:
-        k, _, v = kv.partition("=")
-        params[k] = _literal(v)
+    params = _params(args.param)
     print(f"running {nb.name} under papermill -> {out}/ (progress below; this takes a while on a CPU)")
     status = run_notebook(nb, out, params, progress=True)
     print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else ""))
@@ -188,14 +186,45 @@ def cmd_sweep(args) -> int:
         if not v:
             raise ConfigError(f"--grid: got {kv!r}; allowed: name=v1,v2,...")
         grid[k] = [_literal(x) for x in v.split(",")]
-    base = {}
-    for kv in args.param or []:
-        k, _, v = kv.partition("=")
-        base[k] = _literal(v)
-    df = run_sweep(nb, grid or {"seed": [0]}, out=args.out, parallel=args.parallel, base=base)
+    df = run_sweep(nb, grid or {"seed": [0]}, out=args.out, parallel=args.parallel, base=_params(args.param))
     print(df.to_string(index=False))
     print(f"index: {Path(args.out) / 'index.parquet'}")
     return 0 if (df["status"] == "finished").all() else 1
+
+
+def _params(pairs: Optional[Sequence[str]]) -> dict:
+    """``--param NAME=VALUE`` pairs as a dict, values read as Python literals where they parse."""
+    out = {}
+    for kv in pairs or []:
+        k, _, v = kv.partition("=")
+        if not k or not _:
+            raise ConfigError(f"--param: got {kv!r}; allowed: NAME=VALUE")
+        out[k] = _literal(v)
+    return out
+
+
+def cmd_iso_compute(args) -> int:
+    from brorl_lab.lab.analysis import iso_compute_summary
+    from brorl_lab.lab.plots import iso_compute_figure
+    from brorl_lab.lab.sweep import run_iso_compute
+    from brorl_lab.lab.tracking import load_runs
+
+    index = run_iso_compute(args.samples_per_step, args.n, seeds=args.seeds, out=args.out, parallel=args.parallel,
+                            params=_params(args.param))
+    print(index[["run", "status", "wall_s"]].to_string(index=False))
+    done = index.loc[index["status"] == "finished", "run"]
+    runs = load_runs(args.out)
+    runs = runs[runs["run"].str.split("/").str[0].isin(set(done))] if not runs.empty else runs
+    if runs.empty:
+        print("no finished runs to summarise")
+        return 1
+    summary = iso_compute_summary(runs)
+    out = Path(args.out)
+    atomic_write_text(out / "iso_compute_summary.csv", summary.to_csv(index=False))
+    iso_compute_figure(summary).write_html(out / "iso_compute.html", include_plotlyjs=True)
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    print(f"summary: {out / 'iso_compute_summary.csv'}; figure: {out / 'iso_compute.html'}")
+    return 0 if (index["status"] == "finished").all() else 1
 
 
 def cmd_bench(args) -> int:
@@ -270,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True,
-                         metavar="{demo,train,eval,sweep,bench,plateau,scaling,make-data,train-default}")
+                         metavar="{demo,train,eval,sweep,iso-compute,bench,plateau,scaling,make-data,train-default}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -299,6 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/sweeps/sweep", help="sweep directory")
     s.add_argument("--parallel", type=int, default=1, help="runs at a time (each gets cores // parallel threads)")
     s.set_defaults(func=cmd_sweep)
+
+    i = sub.add_parser("iso-compute", help="sweep N at a fixed number of samples per step (notebook 05, papermill)")
+    i.add_argument("--samples-per-step", type=int, default=512, help="prompts x N, the same for every N")
+    i.add_argument("--n", type=int, nargs="+", default=[4, 16, 64, 256, 512], help="rollouts per prompt to try")
+    i.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    i.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
+                   help="a fixed notebook parameter (steps, eval_every, eval_k, model, ...)")
+    i.add_argument("--out", default="runs/iso_compute", help="sweep directory")
+    i.add_argument("--parallel", type=int, default=1, help="runs at a time (each gets cores // parallel threads)")
+    i.set_defaults(func=cmd_iso_compute)
 
     b = sub.add_parser("bench", help="benchmarks: ratios against peers, measured side by side")
     b.add_argument("--only", nargs="+", help="run only these figures")

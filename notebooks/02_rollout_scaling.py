@@ -32,40 +32,54 @@
 # the same prompt use the hardware better. Notebook 01 explains the theory: with more rollouts per prompt, fewer
 # likely tokens go unsampled, and the update's harmful "unsampled" term shrinks.
 #
-# **The miniature.** The same experiment on a laptop: the tiny shipped model, first trained with the ProRL recipe
-# until its held-out pass@1 stopped improving (`data/plateau_model`, see its PLATEAU.md), then branched into a ProRL
-# arm and a BroRL arm with BroRL's recipe: the same optimizer updates per step, 8x the samples per step for BroRL
-# (4x fewer prompts, 32x more rollouts each), lr scaled by √8. Both arms train on the same nominal number of
-# samples (prompts x N x steps); since dynamic sampling discards and regenerates a different share in each arm, we
-# compare them at equal *generated* samples and at equal wall time, reading each arm's curve where both have data.
+# **The miniature.** The same experiment on a laptop. First the tiny shipped model is trained with the ProRL recipe
+# at N = 16 until its held-out pass@1 has **learned, then stalled** (`data/plateau_model`, see its PLATEAU.md: +7.9
+# points, then 100 steps without a new best: `brorl_lab.lab.plateau.plateau_rule`). From there two arms branch with
+# the same recipe (ProRL v2 by default: REINFORCE++-baseline advantages, k2 KL, clip 0.2 / 0.27, binary reward,
+# reference resets at the same sample counts in both arms) and differ only in how each step's samples are spent:
+# the ProRL arm N = 16 x 16 prompts, the BroRL arm N = 512 x 4 prompts (8x the samples per step), with the same
+# optimizer updates per step. Both train on the same nominal number of samples, and we compare them at equal
+# *generated* samples, at equal *optimizer updates* and at equal *wall time*, over **three seeds** (the bands are the
+# range over seeds).
 #
-# **What it can show:** the mechanics: how the dynamic-sampling pass rate and samples/s change with N, and whether,
-# on this model, the BroRL arm's held-out pass@1 is ahead at equal samples or equal time. **What it cannot:** a 1.5B
-# reasoning model with 16k-token answers, a 3,000-step plateau, or GPU economics. Here the responses are a few tokens,
-# so generation is cheap and the *update* dominates each step's time, the opposite of a GPU cluster; a 1-million
-# parameter model may be stuck because it lacks capacity, which no amount of exploration fixes; and a default run
-# with one seed cannot separate a gap of a point or two from noise (set `full_size = True` for 3 seeds).
+# Then the notebook explains what it found: **ablations** (lr rule x prompts per step, advantage estimator), and
+# the **mechanism** measured directly: which training prompts carry a learning signal at N = 16 and at N = 512, and
+# whether those that only N = 512 reaches are the ones the BroRL arm improves.
+#
+# **What it cannot show:** a 1.5B reasoning model with 16k-token answers, a 3,000-step plateau, or GPU economics.
+# Here the responses are a few tokens, so generation is cheap and the *update* dominates each step's time, the
+# opposite of a GPU cluster; and a 1-million parameter model may lack the capacity that exploration could unlock.
 
 # %% tags=["parameters"]
 # Sizes (papermill overrides this cell; no "=" in these comments: papermill skips such lines). `steps` and
-# `eval_every` count BroRL-arm steps; the ProRL arm gets
-# (samples-per-step ratio) times as many, so both train on the same number of samples and are evaluated at the
-# same sample counts.
+# `eval_every` count BroRL-arm steps; the ProRL arm gets (samples-per-step ratio) times as many, so both train on
+# the same number of samples and are evaluated at the same sample counts.
 model = "plateau"               # "plateau" is data/plateau_model (shipped); or "default", or an HF model directory
 families = None                 # None: the families the plateau model was trained on (its plateau.json)
-steps = 24                      # BroRL-arm steps (the ProRL arm: 192)
+recipe = "prorl_v2"             # the arms' recipe (lab.plateau.RECIPES): "prorl_v2" (BroRL's base) or "prorl_v1"
+steps = 12                      # BroRL-arm steps (the ProRL arm: 96)
 eval_every = 4                  # BroRL-arm steps between held-out evaluations
-seeds = [0]
+seeds = [0, 1, 2]
 n_small = 16                    # ProRL arm: rollouts per prompt
 n_large = 512                   # BroRL arm: rollouts per prompt
 prompts_small = 16              # ProRL arm: prompts per step
 prompts_large = 4               # BroRL arm: prompts per step (16 x 16 -> 256 vs 512 x 4 -> 2048 samples: 8x)
 optimizer_steps_per_step = 2    # the same in both arms (BroRL keeps the number of PPO mini-batches)
-lr = 3e-4                       # the ProRL arm's learning rate; BroRL's is lr * sqrt(2048 / 256)
-lr_scaling = "sqrt"             # BroRL's rule; "none" gives the BroRL arm the same lr (an ablation)
+lr = 3e-4                       # the ProRL arm's learning rate (the tiny model needs far more than a 1.5B one)
+lr_scaling = "none"             # the BroRL arm's lr rule: "none", "sqrt_samples" (x sqrt 8), "sqrt_prompts" (x 1/2)
+lr_warmup_steps = 0             # linear lr warm-up (steps of each arm)
+reward = "correct"              # the training reward: "correct" (binary, what pass@1 counts) or "score" (partial)
 eval_prompts = 64               # per family, from the frozen eval sets
 eval_samples = 8                # samples per eval prompt (pass@1 is their mean)
-full_size = False               # True: 3 seeds and 3x the steps, for a result one can trust (an hour or more)
+run_ablations = True            # run the ablations (section 5)
+ablation_seeds = [0]            # seeds of each ablation (the main comparison above uses `seeds`)
+ablation_lr_rules = ["none", "sqrt_samples"]    # crossed with ablation_prompts: the 2x2 of lr rule x prompts
+ablation_prompts = [4, 8]                       # BroRL-arm prompts per step (its steps shrink to keep the samples)
+ablation_advantages = ["grpo"]                  # estimators tried on both arms of the main setting
+measure_mechanism = True        # measure which prompts carry a signal at each N (section 6)
+mechanism_prompts = 64          # training prompts measured (mixed over the families)
+mechanism_draws = 512           # samples per measured prompt (groups of n_small are read off the same draws)
+full_size = False               # True: 3x the steps and 3 seeds for the ablations too (about an hour)
 run_dir = None                  # metrics, figures, summary and the arm runs go here; None: runs/rollout_scaling/
 torch_threads = 1               # 2 is faster on an idle 2-core machine, but two threads thrash when others compete
 export_png = True               # write the figures as PNG into run_dir (needs Chromium; skipped with a note if absent)
@@ -73,10 +87,14 @@ export_png = True               # write the figures as PNG into run_dir (needs C
 # %%
 import logging
 
+import pandas as pd
 import transformers
 from IPython.display import display
 
-from brorl_lab.lab import experiments, plots
+from brorl_lab.core.models import load_policy
+from brorl_lab.lab import ablations as A
+from brorl_lab.lab import experiments, mechanism, plots
+from brorl_lab.rl.steps import sample_prompts
 
 # Quiet: math-verify warns on every call that its signal timeout is off (it must be outside the main thread),
 # and transformers draws a bar per model load.
@@ -84,99 +102,158 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()
 
 if full_size:
-    seeds = sorted(set(seeds) | {0, 1, 2})
     steps, eval_every = 3 * steps, 3 * eval_every
-base = experiments.recipe_config(model=model, tasks=families, steps=steps, eval_every=eval_every,
+    ablation_seeds = sorted(set(ablation_seeds) | {0, 1, 2})
+base = experiments.recipe_config(recipe, model=model, tasks=families, steps=steps, eval_every=eval_every,
                                  checkpoint_every=eval_every, optimizer_steps_per_step=optimizer_steps_per_step,
-                                 lr=lr, eval_prompts=eval_prompts, eval_samples=eval_samples,
-                                 torch_threads=torch_threads)
+                                 lr=lr, lr_warmup_steps=lr_warmup_steps, reward=reward, eval_prompts=eval_prompts,
+                                 eval_samples=eval_samples, torch_threads=torch_threads)
 arm_options = dict(n_small=n_small, n_large=n_large, prompts_small=prompts_small, prompts_large=prompts_large,
                    lr_scaling=lr_scaling)
 arms = experiments.arm_configs(base, **arm_options)
 root = experiments.experiment_root(base, run_dir, **arm_options)
-print(f"model: {base.model}\nfamilies: {base.tasks}\nseeds: {seeds}\narm runs: {root}")
+print(f"model: {base.model}\nfamilies: {base.tasks}\nrecipe: {recipe}\nseeds: {seeds}\narm runs: {root}")
 experiments.arms_table(arms)
 
 # %% [markdown]
 # ## 1 · The recipe, side by side
 #
-# Both arms start from the same checkpoint and use ProRL's recipe: GRPO advantages, PPO clipping with DAPO's
-# clip-higher (ε 0.2 / 0.28), a small k3 KL penalty to a reference policy that is reset every 50 steps, and dynamic
-# sampling (groups whose samples are all right or all wrong are dropped and refilled, up to 4 extra rounds). They
-# differ only in how each step's sample budget is spent: many prompts with few rollouts, or few prompts with many.
+# Both arms start from the same checkpoint with the same recipe: advantages, PPO clipping with clip-higher, a small
+# KL penalty to a reference policy, dynamic sampling (groups whose samples are all right or all wrong are dropped
+# and refilled, up to 4 extra rounds) and reference resets **at the same numbers of trained samples** in both arms.
+# They differ only in how each step's sample budget is spent: many prompts with few rollouts, or few prompts with
+# many. Note the last rows: at equal samples the BroRL arm takes 8x fewer optimizer updates.
 #
-# Next, both arms train (for each seed). Each arm is an ordinary `Trainer` run with its own directory and
-# checkpoints: interrupting the kernel stops after the current step, and running the cell again resumes; a finished
-# arm is read back, not re-run.
+# Each arm is an ordinary `Trainer` run with its own directory and checkpoints: interrupting the kernel stops after
+# the current step, and running the cell again resumes; a finished arm is read back, not re-run.
 
 # %%
 df = experiments.run_rollout_scaling(base, seeds=seeds, root=root, **arm_options)
 labels = experiments.arm_display_names(df)
 print(f"{len(df)} metrics rows from {df['run'].nunique()} runs")
-df.groupby("arm")[["step", "cum_samples", "cum_trained_samples", "cum_wall_s"]].max()
+df.groupby("arm")[["step", "cum_samples", "cum_trained_samples", "cum_updates", "cum_wall_s"]].max()
 
 # %% [markdown]
-# ## 2 · Held-out pass@1 at equal samples
+# ## 2 · Held-out pass@1 at equal samples, equal updates and equal time
 #
-# BroRL's Fig. 1 plots accuracy against training progress. Here the x axis is the number of **generated samples**
-# (every rollout, including those dynamic sampling threw away). Each panel is one task family's frozen eval set; the
-# last is their mean. With two or more seeds the shaded band is the range over seeds.
+# BroRL's Fig. 1 plots accuracy against training progress. Here the x axis is, in turn, the number of **generated
+# samples** (every rollout, including those dynamic sampling threw away), the number of **optimizer updates**, and
+# **training wall time** (evaluation excluded; on a shared machine time is noisier than a count). Each panel is one
+# task family's frozen eval set; the last is their mean. The shaded band is the range over seeds.
 
 # %%
 fig_samples = plots.arm_pass_at_1_figure(df, x="cum_samples", labels=labels)
 fig_samples
 
-# %% [markdown]
-# ## 3 · ... and at equal wall time
-#
-# The same curves against **training wall time** (evaluation excluded). On a GPU, large N mostly buys cheaper
-# generation; on this CPU the backward pass over every kept sample dominates, so compare with care: time measured on
-# a shared machine is also noisier than a sample count.
+# %%
+fig_updates = plots.arm_pass_at_1_figure(df, x="cum_updates", labels=labels)
+fig_updates
 
 # %%
 fig_time = plots.arm_pass_at_1_figure(df, x="cum_wall_s", labels=labels)
 fig_time
 
 # %% [markdown]
-# ## 4 · Why the arms differ: pass rate, entropy, KL, length, throughput
+# ## 3 · What each arm's steps looked like: pass rate, entropy, KL, length, throughput
 #
 # * **Dynamic-sampling pass rate**: informative groups / generated groups. BroRL reports 41% at N = 16 and 62% at
 #   N = 512. With N samples a prompt that the model solves with probability p is informative with probability
 #   1 - p^N - (1-p)^N: for a hard prompt (small p) that is close to N·p at N = 16 and close to 1 at N = 512.
-# * **Entropy** of the policy's next-token distribution: clip-higher and the KL term are there to keep it from
-#   collapsing.
-# * **KL to the reference policy** (k3 estimate; the reference is reset every 50 steps): how far each arm moves per
-#   step. BroRL scales the learning rate by √(samples ratio), a heuristic from large-batch training; if one arm's KL
-#   runs far above the other's, its steps are too large for this model, and its held-out pass@1 usually shows it.
-#   Try the `lr` parameter, or `lr_scaling = "none"`.
-# * **Response length** in tokens.
-# * **Generation samples/s**: the rollout engine's throughput (BroRL: 36.5 -> 72.4 samples/s). The per-arm means
-#   are in the summary table below (`gen_samples_per_s`; `samples_per_s` there is end to end, update included).
+# * **Entropy** of the policy's next-token distribution, **KL to the reference policy** (reset at the same sample
+#   counts in both arms), **response length** in tokens.
+# * **Generation samples/s**: the rollout engine's throughput (BroRL: 36.5 -> 72.4 samples/s).
 
 # %%
 fig_diag = plots.arm_diagnostics_figure(df, x="cum_samples", labels=labels)
 fig_diag
 
 # %% [markdown]
-# ## 5 · Summary and verdict
+# ## 4 · Summary and verdict
 #
 # `compare_arms` reads both arms at the same budget (the largest one every run reached), interpolating each run's
-# eval curve; the verdict below is computed from those numbers, whatever they say. One point is 0.01 pass@1.
+# eval curve; with three seeds it pairs them and says whether a gap exceeds twice its standard error over seeds.
+# The verdict below is computed from those numbers, whatever they say. One point is 0.01 pass@1.
 
 # %%
-display(experiments.compare_arms(df, "cum_samples").round(4))
-experiments.compare_arms(df, "cum_wall_s").round(4)
+for x in experiments.X_AXES:
+    display(experiments.compare_arms(df, x).round(4))
 
 # %%
 summary = experiments.summarize(df)
 text = experiments.verdict(df)
-if run_dir:
-    figures = {"pass_at_1_vs_samples": fig_samples, "pass_at_1_vs_time": fig_time, "diagnostics": fig_diag}
-    written = experiments.save_outputs(run_dir, df, figures, summary=summary, verdict_text=text,
-                                       export_png=export_png)
-    print("wrote:", ", ".join(str(p) for p in [written["metrics"], written["summary"], written["verdict"],
-                                                  *written["png"]]))
-    if written["png_note"]:
-        print(written["png_note"])
 display(summary.T)
 print(text)
+
+# %% [markdown]
+# ## 5 · Ablations: which knob explains the gap
+#
+# The same branch, re-run with one change at a time (`brorl_lab.lab.ablations`): the BroRL arm's **lr rule**
+# crossed with its **prompts per step** (more prompts means fewer steps at the same samples, so the ProRL arm and
+# the sample budget stay exactly as above), and the **advantage estimator** (GRPO's per-group std instead of
+# REINFORCE++-baseline) on both arms. Every variant is compared with its own ProRL arm at equal samples, equal
+# updates and equal time; runs with identical configs are shared, so the ProRL arm above is not re-run. In the
+# default size each ablation has one seed (`ablation_seeds`): read its gap against the seed spread of `main`.
+
+# %%
+if run_ablations:
+    variants = A.ablation_grid(lr_rules=ablation_lr_rules, prompts=ablation_prompts,
+                               advantages=ablation_advantages, main_lr=lr_scaling, main_prompts=prompts_large)
+    abl = pd.concat([  # main with every seed (its runs are the ones above, read back), the rest with ablation_seeds
+        A.run_ablations(base, {A.MAIN: {}}, seeds=seeds, root=root, **arm_options),
+        A.run_ablations(base, {k: v for k, v in variants.items() if k != A.MAIN}, seeds=ablation_seeds,
+                        root=root, **arm_options)], ignore_index=True)
+    ablation_table = A.ablation_table(abl)
+    fig_ablations = plots.ablation_figure(ablation_table)
+    display(ablation_table.round(3))
+    display(fig_ablations)
+
+# %% [markdown]
+# ## 6 · The mechanism: which prompts carry a signal at N = 16 and at N = 512
+#
+# BroRL's Table 2 (dynamic-sampling pass rate 41% -> 62%) in miniature, measured per prompt instead of assumed:
+# `mechanism.prompt_pass_rates` draws 512 samples of each of `mechanism_prompts` training prompts from the branch
+# point (the plateau checkpoint) and reads both group sizes off the same draws. A prompt is **"only N=512"** when
+# a typical group of 16 is all right or all wrong (no signal) but the group of 512 is mixed. Then the same prompts
+# are measured again under each arm's final policy (seed `seeds[0]`): if broadening exploration works as BroRL
+# says, the BroRL arm should gain most on exactly the "only N=512" prompts.
+
+# %%
+if measure_mechanism:
+    items = sample_prompts(base.tasks, mechanism_prompts, seed=12345)  # training distribution, fixed set
+    policy0, tok0 = load_policy(base.model)
+    before = mechanism.prompt_pass_rates(policy0, tok0, items, base, n_draws=mechanism_draws, n_small=n_small)
+    after = {}
+    for arm in ("prorl", "brorl"):
+        pol, tok = mechanism.load_run_policy(root / f"{arm}_s{seeds[0]}")
+        after[labels[arm]] = mechanism.prompt_pass_rates(pol, tok, items, base, n_draws=mechanism_draws,
+                                                         n_small=n_small)
+    reach = mechanism.reach_summary(before)
+    change = mechanism.reach_change(before, after)
+    fig_mechanism = plots.reach_figure(before, change, n_small=n_small, n_large=mechanism_draws)
+    display(reach.round(3))
+    display(change.round(4))
+    display(fig_mechanism)
+
+# %% [markdown]
+# ## 7 · Saved outputs
+#
+# The long metrics table, the summary, the verdict, the ablation and mechanism tables and the figures (PNG) go into
+# `run_dir` when one is given (`make demo` gives `runs/demo`).
+
+# %%
+if run_dir:
+    figures = {"pass_at_1_vs_samples": fig_samples, "pass_at_1_vs_updates": fig_updates,
+               "pass_at_1_vs_time": fig_time, "diagnostics": fig_diag}
+    tables = {}
+    if run_ablations:
+        figures["ablations"] = fig_ablations
+        tables["ablations"] = ablation_table
+    if measure_mechanism:
+        figures["mechanism"] = fig_mechanism
+        tables.update(mechanism_reach=reach, mechanism_change=change)
+    written = experiments.save_outputs(run_dir, df, figures, summary=summary, verdict_text=text,
+                                       export_png=export_png, tables=tables)
+    print("wrote:", ", ".join(str(p) for p in [written["metrics"], written["summary"], written["verdict"],
+                                                  *written["tables"], *written["png"]]))
+    if written["png_note"]:
+        print(written["png_note"])

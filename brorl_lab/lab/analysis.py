@@ -345,3 +345,27 @@ def _side_words(gap: float, tie_points: float) -> str:
     if side == "level":
         return f"level with ProRL ({100 * gap:+.1f} points, within ±{tie_points:g})"
     return f"{side} by {abs(100 * gap):.1f} points"
+
+
+# ---- iso-compute sweep over N: where larger N stops paying ----------------------------------------------------------
+def iso_compute_summary(df: pd.DataFrame, *, family: str = MEAN) -> pd.DataFrame:
+    """Per N (``cfg.rollouts_per_prompt``) and k, over the seeds of an iso-compute sweep (the same samples per step
+    for every N, :func:`brorl_lab.lab.sweep.iso_compute_plan`): held-out pass@k of ``family`` at the last
+    evaluation (``final``, mean and std over seeds), its ``gain`` over the first evaluation (mean, std) and the
+    number of seeds. Columns: N, prompts_per_step, k, seeds, final, final_std, gain, gain_std. A gain that grows with
+    k says a larger N widens the reasoning boundary; one that shrinks with k says it only sharpens pass@1."""
+    need = ("cfg.rollouts_per_prompt", "cfg.prompts_per_step")
+    if not isinstance(df, pd.DataFrame) or df.empty or any(c not in df for c in need):
+        raise ValueError(f"df: allowed: load_runs() of an iso-compute sweep (columns run, {', '.join(need)}, "
+                         "eval/<family>/pass@k)")
+    per_run = df.groupby("run")[list(need)].first()
+    table = pass_at_k_table(df, family=family, labels=per_run["cfg.rollouts_per_prompt"].astype(int))
+    if table.empty:
+        raise ValueError(f"df: no eval/{family}/pass@k columns; allowed: runs evaluated with eval_k")
+    table = table.rename(columns={"arm": "N"})
+    g = table.groupby(["N", "k"], sort=True)
+    out = g.agg(seeds=("run", "nunique"), final=("final", "mean"), final_std=("final", "std"),
+                gain=("gain", "mean"), gain_std=("gain", "std")).reset_index()
+    out.insert(1, "prompts_per_step", out["N"].map(per_run.groupby("cfg.rollouts_per_prompt")
+                                                   ["cfg.prompts_per_step"].first()).astype(int))
+    return out

@@ -74,14 +74,14 @@ def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_
 
     if lr_scaling not in LR_SCALINGS:
         raise ValueError(f"lr_scaling: got {lr_scaling!r}; allowed: {', '.join(LR_SCALINGS)}")
-    common = dict(lr_scaling=lr_scaling, lr_reference_samples=small, lr_reference_prompts=prompts_small)
+    common = dict(lr_reference_samples=small, lr_reference_prompts=prompts_small)
     if base.reset_every:  # one schedule in samples for both arms
         common.update(reset_every=0, reset_every_samples=base.reset_every * small)
-    return {
-        "prorl": base.replace(**common, rollouts_per_prompt=n_small, prompts_per_step=prompts_small,
+    return {  # the ProRL arm is the lr rule's reference point: base.lr under any rule, so it is written as "none"
+        "prorl": base.replace(**common, lr_scaling="none", rollouts_per_prompt=n_small, prompts_per_step=prompts_small,
                               steps=scaled(base.steps), eval_every=scaled(base.eval_every),
                               checkpoint_every=scaled(base.checkpoint_every), run_name="prorl"),
-        "brorl": base.replace(**common, rollouts_per_prompt=n_large, prompts_per_step=prompts_large,
+        "brorl": base.replace(**common, lr_scaling=lr_scaling, rollouts_per_prompt=n_large, prompts_per_step=prompts_large,
                               run_name="brorl"),
     }
 
@@ -157,7 +157,7 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     for arm, seed, cfg in bar:
         bar.set_postfix_str(f"{arm} seed {seed}")
         df, finished = run_arm(cfg, progress=progress)
-        frames.append(_label(df, arm, seed, cfg))
+        frames.append(label_arm(df, arm, seed, cfg))
         if not finished:
             warnings.warn(f"run_rollout_scaling interrupted in {arm} seed {seed} at step {int(df['step'].max())} of "
                           f"{cfg.steps}; call again with the same arguments to resume", stacklevel=2)
@@ -166,7 +166,7 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     return pd.concat(frames, ignore_index=True)
 
 
-def _label(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFrame:
+def label_arm(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFrame:
     df = df.copy()
     df.insert(0, "seed", seed)
     df.insert(0, "arm", arm)
@@ -182,10 +182,12 @@ def _label(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFrame:
 
 
 def save_outputs(run_dir: str | Path, df: pd.DataFrame, figures: dict, *, summary: Optional[pd.DataFrame] = None,
-                 verdict_text: Optional[str] = None, export_png: bool = True) -> dict:
+                 verdict_text: Optional[str] = None, export_png: bool = True,
+                 tables: Optional[dict] = None) -> dict:
     """Write the experiment's results into ``run_dir``: metrics.parquet (the long table), summary.csv, verdict.txt,
-    and each figure of ``figures`` ({name: go.Figure}) as <name>.png with kaleido, all in one batch. PNG export
-    needs Chromium; when it fails the reason is returned under "png_note" and nothing else is affected."""
+    each of ``tables`` ({name: DataFrame}) as <name>.csv, and each figure of ``figures`` ({name: go.Figure}) as
+    <name>.png with kaleido, all in one batch. PNG export needs Chromium; when it fails the reason is returned
+    under "png_note" and nothing else is affected."""
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {"metrics": atomic_write(out / "metrics.parquet", lambda f: df.to_parquet(f, index=False))}
@@ -193,6 +195,7 @@ def save_outputs(run_dir: str | Path, df: pd.DataFrame, figures: dict, *, summar
         written["summary"] = atomic_write_text(out / "summary.csv", summary.to_csv())
     if verdict_text is not None:
         written["verdict"] = atomic_write_text(out / "verdict.txt", verdict_text + "\n")
+    written["tables"] = [atomic_write_text(out / f"{name}.csv", t.to_csv()) for name, t in (tables or {}).items()]
     written["png"], written["png_note"] = [], None
     if export_png and figures:
         import plotly.io as pio

@@ -242,3 +242,28 @@ def iso_compute_plan(samples_per_step: int, n_values: Sequence[int]) -> pd.DataF
                      "samples_per_step": samples_per_step if ok else None,
                      "note": "" if ok else f"N={n} does not divide {samples_per_step}"})
     return pd.DataFrame(rows)
+
+
+ISO_COMPUTE_NOTEBOOK = "05_iso_compute.ipynb"
+
+
+def run_iso_compute(samples_per_step: int, n_values: Sequence[int], *, seeds: Sequence[int] = (0, 1, 2),
+                    out: str | os.PathLike, notebook: str | os.PathLike | None = None, parallel: int = 1,
+                    params: Optional[dict] = None, progress: bool = True) -> pd.DataFrame:
+    """The iso-compute sweep over N: every (N, prompts per step) pair of :func:`iso_compute_plan` with the same
+    ``samples_per_step``, for each seed, as one run of ``notebook`` (default notebooks/05_iso_compute.ipynb; fixed
+    ``params`` such as steps or eval_k) through :func:`run_sweep`. Resumable: finished runs are skipped and a
+    partial run resumes from its checkpoint. Returns the sweep index; read the results with
+    ``analysis.iso_compute_summary(load_runs(out))``. Pairs where N does not divide the budget are an error."""
+    from brorl_lab.core.paths import REPO_ROOT
+
+    plan = iso_compute_plan(samples_per_step, n_values)
+    bad = plan[plan["prompts_per_step"].isna()]
+    if not bad.empty:
+        raise ValueError(f"n_values: {'; '.join(bad['note'])}; allowed: divisors of samples_per_step")
+    if not seeds or any(not is_int(s) or s < 0 for s in seeds):
+        raise ValueError(f"seeds: got {list(seeds)!r}; allowed: a non-empty list of integers >= 0")
+    grid = [{"rollouts_per_prompt": int(r.rollouts_per_prompt), "prompts_per_step": int(r.prompts_per_step),
+             "seed": int(s)} for r in plan.itertuples() for s in seeds]
+    nb = Path(notebook) if notebook else REPO_ROOT / "notebooks" / ISO_COMPUTE_NOTEBOOK
+    return run_sweep(nb, grid, out=out, parallel=parallel, base=params, progress=progress)

@@ -1,0 +1,167 @@
+"""The ablations that explain the flagship's result: the BroRL-vs-ProRL branch re-run with one knob changed.
+
+A *variant* is a dict of overrides on the main experiment. Keys that :func:`brorl_lab.lab.arms.arm_configs` takes
+(``lr_scaling``, ``prompts_large``, ``n_large``, ...) change the arms; any other key is a Config field applied to the
+base (so to both arms), e.g. ``{"advantage": "grpo"}``. When a variant changes the BroRL arm's samples per step
+(``prompts_large``), its BroRL-arm steps and eval interval are rescaled so that the ProRL arm, and the nominal
+number of trained samples, stay exactly those of the main experiment.
+
+Every distinct arm config runs once: a run in ``root`` with the same config (whatever its name, e.g. the main
+experiment's ``prorl_s0``) is read back instead of re-run, so the ablations of the BroRL arm share the ProRL arm of
+the main experiment. Each variant is then compared to its own ProRL arm at equal generated samples, equal optimizer
+updates and equal training wall time (:func:`brorl_lab.lab.analysis.compare_arms`)::
+
+    variants = ablation_grid(lr_rules=("none", "sqrt_samples"), prompts=(4, 8), advantages=("grpo",))
+    df = run_ablations(base, variants, seeds=[0], root="runs/demo/arms", prompts_large=4, lr_scaling="none")
+    ablation_table(df)            # one row per variant: BroRL - ProRL mean pass@1 at each budget
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
+from pathlib import Path
+
+import pandas as pd
+
+from brorl_lab.core.config import Config
+from brorl_lab.core.rundir import RunDir
+from brorl_lab.core.validation import is_int
+from brorl_lab.lab.analysis import MEAN, X_AXES, compare_arms
+from brorl_lab.lab.arms import arm_configs, label_arm, run_arm
+from brorl_lab.lab.plateau import IGNORED_FIELDS
+
+ARM_OPTIONS = ("n_small", "n_large", "prompts_small", "prompts_large", "samples_ratio", "lr_scaling")
+MAIN = "main"
+
+
+def ablation_grid(*, lr_rules: Sequence[str] = ("none", "sqrt_samples"), prompts: Sequence[int] = (4, 8),
+                  advantages: Sequence[str] = ("grpo",), main_lr: str = "none", main_prompts: int = 4
+                  ) -> dict[str, dict]:
+    """Variants for :func:`run_ablations`: ``main`` (no overrides: the flagship as configured, whose BroRL arm has
+    lr rule ``main_lr`` and ``main_prompts`` prompts per step), every other cell of the grid lr rule x BroRL-arm
+    prompts per step, and each estimator in ``advantages`` on both arms of the main setting. Names read as what
+    differs from main, e.g. ``"lr_scaling=sqrt_samples, prompts_large=8"``."""
+    main = {"lr_scaling": main_lr, "prompts_large": main_prompts}
+    out: dict[str, dict] = {MAIN: {}}
+    for rule in lr_rules:
+        for p in prompts:
+            cell = {"lr_scaling": rule, "prompts_large": p}
+            if cell != main:
+                out[", ".join(f"{k}={v}" for k, v in cell.items() if v != main[k])] = cell
+    for adv in advantages:
+        out[f"advantage={adv}"] = {"advantage": adv}
+    return out
+
+
+def variant_arms(base: Config, variant: Mapping, **arm_options) -> dict[str, Config]:
+    """The two arm configs of one variant (module docstring): ``arm_options`` are the main experiment's (all of
+    them: its ``prompts_large`` and ``lr_scaling`` too), the variant's arm keys override them, its other keys
+    override ``base``; BroRL-arm steps are rescaled when the variant changes the samples-per-step ratio, so the
+    ProRL arm keeps the main experiment's steps."""
+    unknown = [k for k in variant if k not in ARM_OPTIONS and k not in Config.field_names()]
+    if unknown:
+        raise ValueError(f"variant: unknown keys {unknown}; allowed: arm options {', '.join(ARM_OPTIONS)} or Config "
+                         "fields")
+    main = arm_configs(base, **arm_options)
+    opts = {**arm_options, **{k: v for k, v in variant.items() if k in ARM_OPTIONS}}
+    vbase = base.replace(**{k: v for k, v in variant.items() if k not in ARM_OPTIONS})
+    arms = arm_configs(vbase, **opts)
+    factor = Fraction(main["prorl"].steps, arms["prorl"].steps) if arms["prorl"].steps else Fraction(1)
+    if factor != 1:
+        fields = {}
+        for name in ("steps", "eval_every", "checkpoint_every"):
+            v = getattr(vbase, name) * factor
+            if v.denominator != 1:
+                raise ValueError(f"variant {dict(variant)}: {name}={getattr(vbase, name)} rescaled by {factor} is not "
+                                 f"a whole number of BroRL-arm steps; allowed: a base {name} divisible accordingly")
+            fields[name] = int(v)
+        arms = arm_configs(vbase.replace(**fields), **opts)
+    return arms
+
+
+def _config_key(cfg: Config) -> str:
+    d = {k: v for k, v in cfg.to_dict().items() if k not in (*IGNORED_FIELDS, "run_name")}
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _finished_runs(root: Path) -> dict[str, Path]:
+    """{config key: run dir} of the finished runs directly under ``root``."""
+    out = {}
+    for cfg_path in sorted(root.glob("*/config.yaml")) if root.is_dir() else []:
+        run = RunDir(cfg_path.parent)
+        try:
+            cfg = Config.from_dict(run.read_config())
+        except Exception:  # noqa: BLE001 - a foreign or damaged directory is not a run to reuse
+            continue
+        st = run.read_status()
+        if st.get("status") == "finished" and st.get("step") == cfg.steps:
+            out.setdefault(_config_key(cfg), cfg_path.parent)
+    return out
+
+
+def run_ablations(base: Config, variants: Mapping[str, Mapping], *, seeds: Iterable[int] = (0,),
+                  root: str | Path, progress: bool = True, **arm_options) -> pd.DataFrame:
+    """Run both arms of every variant for each seed in ``root`` (resumable; identical configs run once, see the
+    module docstring) and return the long metrics table of :func:`brorl_lab.lab.arms.run_rollout_scaling` with a
+    ``variant`` column (a run shared by several variants appears once per variant)."""
+    from tqdm.auto import tqdm
+
+    if not isinstance(variants, Mapping) or not variants:
+        raise ValueError("variants: got nothing; allowed: a mapping name -> overrides (see ablation_grid)")
+    seeds = list(seeds)
+    if not seeds or any(not is_int(s) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
+        raise ValueError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
+    root = Path(root)
+    plan = []  # (variant, arm, seed, cfg), every config validated before anything runs
+    for name, variant in variants.items():
+        for arm, cfg in variant_arms(base, variant, **arm_options).items():
+            for seed in seeds:
+                plan.append((name, arm, seed, cfg.replace(seed=seed, run_dir=str(root))))
+    done: dict[str, pd.DataFrame] = {}
+    frames = []
+    bar = tqdm(plan, desc="ablations", disable=not progress)
+    for name, arm, seed, cfg in bar:
+        key = _config_key(cfg)
+        bar.set_postfix_str(f"{name}: {arm} seed {seed}")
+        if key not in done:
+            existing = _finished_runs(root).get(key)
+            cfg = cfg.replace(run_name=existing.name if existing else f"{arm}_{key}")
+            df, finished = run_arm(cfg, progress=progress)
+            if not finished:
+                warnings.warn(f"run_ablations interrupted in {name} ({arm} seed {seed}); call again to resume",
+                              stacklevel=2)
+                break
+            done[key] = label_arm(df, arm, seed, cfg)
+        frames.append(done[key].assign(variant=name))
+    bar.close()
+    return pd.concat(frames, ignore_index=True)
+
+
+def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per variant: the BroRL arm's settings (N, prompts per step, lr), then for each budget axis
+    (generated samples, optimizer updates, training wall time) the mean-over-families pass@1 of each arm at the
+    largest budget both reached, the gap BroRL - ProRL in points (0.01 pass@1), and with >= 2 seeds the spread (std)
+    of the per-seed gaps. Read a variant against ``main``: which knob closes or opens the gap, and on which axis."""
+    if "variant" not in df.columns:
+        raise ValueError("df: no 'variant' column; allowed: the DataFrame run_ablations returns")
+    rows = []
+    for name, g in df.groupby("variant", sort=False):
+        bro = g[g["arm"] == "brorl"]
+        row = {"variant": name, "N": int(bro["rollouts_per_prompt"].iloc[0]),
+               "prompts_per_step": int(bro["prompts_per_step"].iloc[0]), "seeds": int(g["seed"].nunique())}
+        if "lr" in bro:
+            row["brorl_lr"] = float(bro["lr"].dropna().max())
+        for x in X_AXES:
+            if x not in g:
+                continue
+            m = compare_arms(g.drop(columns="variant"), x)
+            m = m[m["family"] == MEAN].iloc[0] if (m["family"] == MEAN).any() else m.mean(numeric_only=True)
+            short = x.replace("cum_", "")
+            row.update({f"{short}: budget": m["budget"], f"{short}: brorl": m["brorl"], f"{short}: prorl": m["prorl"],
+                        f"{short}: gap (points)": 100 * m["gap"], f"{short}: seed spread": 100 * m["gap_spread"]})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("variant")

@@ -1,0 +1,140 @@
+"""BroRL's mechanism made visible: which training prompts carry a learning signal at N = 16 and at N = 512.
+
+Dynamic sampling keeps a prompt's group of N samples only when it is *informative*: some samples right and some
+wrong (0 < K < N correct). For a prompt the policy solves with probability p, a group of N is informative with
+probability
+
+    s_N(p) = 1 - p^N - (1 - p)^N,
+
+so the expected dynamic-sampling pass rate at N is the mean of s_N(p) over the training distribution (BroRL Table 2:
+41% at N = 16, 62% at N = 512). This module measures it per prompt instead of assuming p: it draws ``n_draws``
+(512) samples of each prompt once, counts the correct ones (K of 512), and reads both sizes off the same draws:
+
+    signal at N = 512   = 1[0 < K < 512]                               (the one group of 512)
+    signal at N = 16    = share of the 32 disjoint groups of 16 with 0 < k < 16
+    reach               = "both" if signal16 >= 1/2, "only N=512" if signal16 < 1/2 and signal512,
+                          "neither" otherwise (all 512 right, or all wrong)
+
+"Only N=512" prompts are the ones a typical N = 16 group throws away but an N = 512 group keeps: the prompts
+broadening exploration adds to the update. :func:`reach_change` then asks whether *those* prompts are the ones whose
+pass rate rises in the BroRL arm (pass rates of the same prompts before and after each arm's training).
+
+    rates  = prompt_pass_rates(policy, tok, items, cfg)            # one row per prompt: K, p, signal16, ...
+    reach_summary(rates)                                           # share of prompts in each reach class
+    after  = {arm: prompt_pass_rates(load_run_policy(d)[0], ...) for arm, d in runs.items()}
+    reach_change(rates, after)                                     # mean change of p per reach class and arm
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from brorl_lab.core.config import Config
+from brorl_lab.core.validation import check_int
+from brorl_lab.rl import steps as S
+from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.tasks import TaskItem
+
+REACH = ("both", "only N=512", "neither")  # display order of the reach classes
+
+
+def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskItem], cfg: Config, *,
+                      n_draws: int = 512, n_small: int = 16, seed: int = 0, chunk_prompts: int = 8) -> pd.DataFrame:
+    """Draw ``n_draws`` samples of each item with the training sampler (``cfg.temperature``, ``top_p``,
+    ``max_new_tokens``, ``template``) and return one row per item: family, uid, correct (K), p = K / n_draws,
+    ``signal_small`` (share of the n_draws / n_small disjoint groups of ``n_small`` that are informative),
+    ``signal_large`` (whether the whole group of n_draws is informative) and ``reach`` (module docstring)."""
+    check_int("n_draws", n_draws, 2)
+    check_int("n_small", n_small, 1)
+    if n_draws % n_small:
+        raise ValueError(f"n_small: got {n_small} for n_draws={n_draws}; allowed: a divisor of n_draws")
+    if not items:
+        raise ValueError("items: got no items; allowed: a non-empty list of TaskItem (steps.sample_prompts)")
+    engine = make_engine("torch", policy, tokenizer)
+    rows = []
+    try:
+        for start in range(0, len(items), chunk_prompts):
+            chunk = list(items[start:start + chunk_prompts])
+            sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                                      seed=seed + start)
+            batch = S.score(S.rollout(engine, chunk, n_draws, sampling, template=cfg.template,
+                                      tokenizer=tokenizer), template=cfg.template)
+            correct = batch.grouped(batch.correct).to(torch.int64)  # [P, n_draws]
+            k_small = correct.view(len(chunk), -1, n_small).sum(-1)  # [P, n_draws / n_small] correct per small group
+            informative_small = ((k_small > 0) & (k_small < n_small)).double().mean(1)  # [P]
+            k = correct.sum(1)  # [P]
+            for item, kk, sig in zip(chunk, k.tolist(), informative_small.tolist()):
+                rows.append({"family": item.family, "uid": item.uid, "correct": kk, "p": kk / n_draws,
+                             "signal_small": sig, "signal_large": 0 < kk < n_draws})
+    finally:
+        engine.close()
+    df = pd.DataFrame(rows)
+    df["reach"] = [reach_class(s, big) for s, big in zip(df["signal_small"], df["signal_large"])]
+    return df
+
+
+def reach_class(signal_small: float, signal_large: bool) -> str:
+    """The reach class of one prompt (module docstring): 'both', 'only N=512' or 'neither'."""
+    if signal_small >= 0.5:
+        return "both"
+    return "only N=512" if signal_large else "neither"
+
+
+def reach_summary(rates: pd.DataFrame) -> pd.DataFrame:
+    """Per family and over all prompts: number of prompts, the expected dynamic-sampling pass rate at the small N
+    (mean ``signal_small``) and at the large N (share with ``signal_large``), and the share in each reach class."""
+    _check_rates(rates, "rates")
+    out = []
+    for fam, g in [*rates.groupby("family", sort=True), ("all", rates)]:
+        row = {"family": fam, "prompts": len(g), "pass_rate_small": g["signal_small"].mean(),
+               "pass_rate_large": g["signal_large"].mean(), "mean_p": g["p"].mean()}
+        row.update({f"share {r}": (g["reach"] == r).mean() for r in REACH})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def reach_change(before: pd.DataFrame, after: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Mean change of each prompt's pass rate p from ``before`` (the branch point) to ``after[arm]`` (the same
+    prompts under each arm's final policy), per reach class of the *branch point*, with the prompt count. A
+    mechanism that works as BroRL says shows the BroRL arm gaining most on the 'only N=512' class."""
+    _check_rates(before, "before")
+    if not isinstance(after, Mapping) or not after:
+        raise ValueError("after: got nothing; allowed: a mapping arm -> prompt_pass_rates of the same items")
+    rows = []
+    for arm, a in after.items():
+        _check_rates(a, f"after[{arm!r}]")
+        merged = before.merge(a[["uid", "p"]], on="uid", suffixes=("", "_after"), validate="one_to_one")
+        if len(merged) != len(before):
+            raise ValueError(f"after[{arm!r}]: covers {len(merged)} of {len(before)} prompts; allowed: the same items")
+        merged["dp"] = merged["p_after"] - merged["p"]
+        for r in REACH:
+            g = merged[merged["reach"] == r]
+            rows.append({"arm": arm, "reach": r, "prompts": len(g), "p_before": g["p"].mean(),
+                         "p_after": g["p_after"].mean(), "change": g["dp"].mean()})
+    return pd.DataFrame(rows)
+
+
+def load_run_policy(run_dir: str | Path):
+    """The policy (eval mode) and tokenizer of a Trainer run's last checkpoint (``<run>/checkpoint/state.pt``)."""
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.core.rundir import RunDir
+    from brorl_lab.rl.trainer import CHECKPOINT_FILE
+
+    run = RunDir(run_dir)
+    ckpt = run.checkpoint_dir / CHECKPOINT_FILE
+    if not ckpt.is_file():
+        raise ValueError(f"run_dir: {run.path} has no checkpoint ({ckpt} missing); allowed: a Trainer run directory")
+    cfg = Config.from_dict(run.read_config())
+    policy, tok = load_policy(cfg.model)
+    policy.load_state_dict(torch.load(ckpt, weights_only=False)["policy"])
+    return policy.eval(), tok
+
+
+def _check_rates(df, name: str) -> None:
+    need = {"family", "uid", "p", "signal_small", "signal_large", "reach"}
+    if not isinstance(df, pd.DataFrame) or not need <= set(df.columns):
+        raise ValueError(f"{name}: allowed: the DataFrame prompt_pass_rates returns (columns {sorted(need)})")
