@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -160,6 +161,7 @@ def cmd_demo(args) -> int:
     nb = NOTEBOOK_DIR / (FLAGSHIP if (NOTEBOOK_DIR / FLAGSHIP).exists() else THEORY)
     out = Path(args.out)
     params = _params(args.param)
+    params.setdefault("torch_threads", max(1, min(2, os.cpu_count() or 1)))  # the demo runs alone: use the cores
     print(f"running {nb.name} under papermill -> {out}/ (progress below; this takes a while on a CPU)")
     status = run_notebook(nb, out, params, progress=True)
     print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else ""))
