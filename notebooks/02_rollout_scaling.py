@@ -235,7 +235,19 @@ if measure_mechanism:
     display(fig_mechanism)
 
 # %% [markdown]
-# ## 7 · Saved outputs
+# ## 7 · What the study says
+#
+# The reading below is computed from the tables above (`ablations.findings`): the main gap on each budget with its
+# seed spread, what each ablation changed, the setting where the BroRL arm did best, and whether the prompts only
+# N = 512 reaches are where it gained. The README records the last `make demo` and what we concluded from it.
+
+# %%
+findings = A.findings(ablation_table if run_ablations else pd.DataFrame(),
+                      reach if measure_mechanism else None, change if measure_mechanism else None)
+print(findings)
+
+# %% [markdown]
+# ## 8 · Saved outputs
 #
 # The long metrics table, the summary, the verdict, the ablation and mechanism tables and the figures (PNG) go into
 # `run_dir` when one is given (`make demo` gives `runs/demo`).
@@ -251,7 +263,7 @@ if run_dir:
     if measure_mechanism:
         figures["mechanism"] = fig_mechanism
         tables.update(mechanism_reach=reach, mechanism_change=change)
-    written = experiments.save_outputs(run_dir, df, figures, summary=summary, verdict_text=text,
+    written = experiments.save_outputs(run_dir, df, figures, summary=summary, verdict_text=text + "\n\n" + findings,
                                        export_png=export_png, tables=tables)
     print("wrote:", ", ".join(str(p) for p in [written["metrics"], written["summary"], written["verdict"],
                                                   *written["tables"], *written["png"]]))

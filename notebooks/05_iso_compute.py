@@ -33,6 +33,7 @@ families = None                # None: the families the plateau model was traine
 rollouts_per_prompt = 16       # N
 prompts_per_step = 32          # prompts x N is the fixed samples per step of the sweep
 steps = 20
+optimizer_steps_per_step = 1   # the same for every N (512 samples of 1 prompt cannot split into more mini-batches)
 eval_every = 10
 seed = 0
 eval_prompts = 64              # per family, from the frozen eval sets
@@ -48,12 +49,14 @@ import transformers
 from IPython.display import display
 
 from brorl_lab.lab import experiments
+from brorl_lab.lab.plateau import open_trainer
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()
 
 cfg = experiments.recipe_config(model=model, tasks=families, rollouts_per_prompt=rollouts_per_prompt,
                                 prompts_per_step=prompts_per_step, steps=steps, eval_every=eval_every,
+                                optimizer_steps_per_step=optimizer_steps_per_step,
                                 checkpoint_every=eval_every, seed=seed, eval_prompts=eval_prompts,
                                 eval_samples=eval_samples, eval_k=eval_k, torch_threads=torch_threads,
                                 run_dir=run_dir or "../runs/iso_compute/one", run_name="run")
@@ -65,7 +68,7 @@ print(f"N={cfg.rollouts_per_prompt} x {cfg.prompts_per_step} prompts = {cfg.samp
 # evaluation.
 
 # %%
-with experiments.open_trainer(cfg, progress=True) as trainer:
+with open_trainer(cfg, progress=True) as trainer:
     trainer.run()
     metrics = trainer.metrics
 cols = [c for c in metrics.columns if c.startswith("eval/mean/pass@")]

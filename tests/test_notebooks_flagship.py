@@ -88,7 +88,9 @@ def test_rollout_scaling_notebook_is_a_study_with_bands_ablations_and_mechanism(
     df = pd.read_parquet(run_dir / "metrics.parquet")
     assert set(df["arm"]) == {"prorl", "brorl"} and set(df["seed"]) == {0, 1}
     assert df.groupby("arm")["step"].max().to_dict() == {"brorl": 2, "prorl": 4}
-    assert (run_dir / "verdict.txt").read_text().strip() in text
+    verdict_part, findings_part = (run_dir / "verdict.txt").read_text().strip().split("\n\n- ", 1)
+    assert verdict_part in text and findings_part in text  # the verdict, then the study's computed reading
+    assert "Best BroRL setting at equal samples" in findings_part and "reached only by the large N" in findings_part
     abl = pd.read_csv(run_dir / "ablations.csv", index_col="variant")
     assert list(abl.index) == ["main", "prompts_large=4", "lr_scaling=sqrt_samples",
                                "lr_scaling=sqrt_samples, prompts_large=4", "advantage=grpo"]

@@ -143,3 +143,10 @@ def test_iso_compute_sweep_runs_resumes_and_summarises(tmp_path):
     again = run_iso_compute(8, [2, 8], seeds=[0], out=tmp_path / "iso", params=params, progress=False)
     assert (again["status"] == "finished").all()
     assert {p: p.stat().st_mtime for p in mtimes} == mtimes  # finished runs are skipped, not re-run
+
+
+def test_iso_compute_notebook_pair_is_in_sync():
+    from helpers_notebooks import assert_notebook_pair_in_sync
+
+    assert_notebook_pair_in_sync("05_iso_compute", ["rollouts_per_prompt", "prompts_per_step", "steps", "seed",
+                                                    "eval_k", "run_dir", "optimizer_steps_per_step"])

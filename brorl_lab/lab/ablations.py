@@ -165,3 +165,40 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
                         f"{short}: gap (points)": 100 * m["gap"], f"{short}: seed spread": 100 * m["gap_spread"]})
         rows.append(row)
     return pd.DataFrame(rows).set_index("variant")
+
+
+def findings(table: pd.DataFrame, reach: pd.DataFrame | None = None, change: pd.DataFrame | None = None) -> str:
+    """Plain-words reading of the ablation table (and, when given, of the mechanism's ``reach_summary`` and
+    ``reach_change``), computed from the numbers: each variant's gap against main at equal samples, the setting
+    where the BroRL arm does best on each budget, the share of prompts only the large N reaches, and whether
+    those prompts are where the BroRL arm gained. Single-seed variants are read against main's seed spread."""
+    lines = []
+    if MAIN in table.index:
+        m = table.loc[MAIN]
+        spread = m.get("samples: seed spread")
+        noise = f" (main's seed spread {spread:.1f})" if spread is not None and pd.notna(spread) else ""
+        lines.append(f"Main setting: BroRL - ProRL = {m['samples: gap (points)']:+.1f} points at equal samples, "
+                     f"{m['updates: gap (points)']:+.1f} at equal updates, {m['wall_s: gap (points)']:+.1f} at equal "
+                     f"wall time{noise}.")
+        for name, r in table.drop(index=MAIN).iterrows():
+            d = r["samples: gap (points)"] - m["samples: gap (points)"]
+            lines.append(f"{name} ({r['seeds']} seed{'s' * (r['seeds'] != 1)}): {r['samples: gap (points)']:+.1f} "
+                         f"points at equal samples ({d:+.1f} vs main), {r['updates: gap (points)']:+.1f} at equal "
+                         f"updates.")
+    for ax, what in (("samples", "equal samples"), ("updates", "equal updates"), ("wall_s", "equal wall time")):
+        col = f"{ax}: gap (points)"
+        if col in table and table[col].notna().any():
+            best = table[col].idxmax()
+            lines.append(f"Best BroRL setting at {what}: {best} ({table.loc[best, col]:+.1f} points).")
+    if reach is not None and not reach.empty:
+        a = reach[reach["family"] == "all"].iloc[0]
+        lines.append(f"Signal: {a['pass_rate_small']:.0%} of groups informative at the small N vs "
+                     f"{a['pass_rate_large']:.0%} at the large N; {a['share only N=512']:.0%} of the measured "
+                     f"prompts are reached only by the large N, {a['share neither']:.0%} by neither.")
+    if change is not None and not change.empty:
+        only = change[change["reach"] == "only N=512"].set_index("arm")["change"]
+        both = change[change["reach"] == "both"].set_index("arm")["change"]
+        parts = [f"{arm}: {only.get(arm, float('nan')):+.3f} on 'only N=512' prompts, {both.get(arm, float('nan')):+.3f} "
+                 "on prompts both reach" for arm in only.index]
+        lines.append("Change of per-prompt pass rate by the end of each arm (seed 0): " + "; ".join(parts) + ".")
+    return "\n".join(f"- {line}" for line in lines)
