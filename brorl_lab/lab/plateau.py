@@ -17,6 +17,7 @@ import pandas as pd
 
 from brorl_lab.core.config import Config
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, repo_relative
+from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int, is_finite_number, is_number
 
 MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
@@ -296,7 +297,7 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
 def plateau_markdown(meta: dict) -> str:
     """PLATEAU.md: command, seed, steps, the eval curve as a table and the plateau rule applied to it."""
     curve = pd.DataFrame(meta["curve"])
-    fams = [c.split("/")[1] for c in curve.columns if c.startswith("eval/") and c.endswith(PASS1)]
+    fams = [eval_key(c)[0] for c in curve.columns if c.startswith("eval/") and c.endswith(PASS1)]
     rule = meta["rule"]
     best = curve[rule["metric"]].cummax().shift(1)  # the "best before" column
     lines = ["# data/plateau_model: the default model trained with the ProRL recipe until held-out pass@1 stalled", "",
