@@ -51,8 +51,8 @@ def test_the_notebook_stack_is_the_lab_extra_not_a_dependency():
 
 
 def test_a_checkout_finds_its_data_dir_and_the_cache_follows_the_environment(tmp_path, monkeypatch):
-    if not (ROOT / "brorl_lab" / "_data").exists():  # a checkout: data/ at the top
-        assert paths.DATA_DIR == ROOT / "data"
+    if not (ROOT / "brorl_lab" / "_data").exists():  # a checkout: data/ at the top, runs/ beside it
+        assert paths.DATA_DIR == ROOT / "data" and paths.IN_CHECKOUT and paths.RUNS_DIR == ROOT / "runs"
     assert (paths.DEFAULT_MODEL_DIR / "config.json").is_file() and (paths.EVAL_DIR / "gcd.jsonl").is_file()
     monkeypatch.setenv("BRORL_LAB_CACHE", str(tmp_path / "c"))
     assert paths.cache_dir() == tmp_path / "c"
@@ -94,11 +94,12 @@ def test_a_wheel_installed_without_the_checkout_runs_eval_default(tmp_path):
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
                BRORL_LAB_CACHE=str(tmp_path / "cache"))
     where = subprocess.run([str(py), "-c", "import json, sys, brorl_lab, brorl_lab.core.paths as p; print(json.dumps("
-                            "{'file': brorl_lab.__file__, 'data': str(p.DATA_DIR), 'path': sys.path}))"],
+                            "{'file': brorl_lab.__file__, 'data': str(p.DATA_DIR), 'runs': str(p.RUNS_DIR), 'path': sys.path}))"],
                            cwd=work, env=env, check=True, capture_output=True, text=True)
     info = json.loads(where.stdout)
     assert Path(info["file"]).is_relative_to(site) and Path(info["data"]) == site / "brorl_lab" / "_data"
     assert not any(p and Path(p).resolve() == ROOT for p in info["path"]), "the checkout is on sys.path"
+    assert info["runs"] == "runs"  # experiments write under the working directory, never into site-packages
 
     out = subprocess.run([str(py), "-X", "importtime", "-m", "brorl_lab", "eval", "--model", "default",
                           "--tasks", "chain_sum", "--prompts", "4", "--samples", "2", "--k", "1",

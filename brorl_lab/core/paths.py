@@ -4,8 +4,8 @@ The shipped data (the default model, the plateau model and the frozen eval sets)
 the checkout, and a built wheel carries the same folder as package data, ``brorl_lab/_data/`` (pyproject's
 ``[tool.setuptools]`` maps ``data/`` there). :data:`DATA_DIR` is whichever exists: the wheel's copy, found through
 ``importlib.resources`` so an installed package never needs a checkout, else the checkout's ``data/`` (an
-editable install or ``PYTHONPATH`` on a checkout). The checkout-only folders (``notebooks/``, ``runs/``) stay
-relative to :data:`REPO_ROOT`.
+editable install or ``PYTHONPATH`` on a checkout). The checkout-only folder ``notebooks/`` stays relative to
+:data:`REPO_ROOT`; :data:`RUNS_DIR` is the checkout's ``runs/``, or ``./runs`` for an installed package.
 
 Eval sets that brorl_lab generates for user-named tasks (``rg:<dataset>``, ``local:<file>``) are not package
 data: they go to :func:`cache_dir` (``$BRORL_LAB_CACHE``, else ``$XDG_CACHE_HOME/brorl_lab``, else
@@ -36,6 +36,10 @@ EVAL_DIR = DATA_DIR / "eval"  # frozen eval sets, one jsonl per task family
 DEFAULT_MODEL_DIR = DATA_DIR / "default_model"
 PLATEAU_MODEL_DIR = DATA_DIR / "plateau_model"
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file() and NOTEBOOK_DIR.is_dir()
+# Default parent of the experiments' run directories: the checkout's runs/, or ./runs for an installed package
+# (never site-packages).
+RUNS_DIR = REPO_ROOT / "runs" if IN_CHECKOUT else Path("runs")
 
 
 def cache_dir() -> Path:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from brorl_lab.core.config import Config
-from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, repo_relative
+from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, RUNS_DIR, repo_relative
 from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int, is_finite_number, is_number
 
@@ -111,7 +111,7 @@ def plateau_config(**overrides) -> Config:
     """The plateau run: the ProRL recipe on the default model, evaluated on every eval item often enough for the
     plateau rule to see the curve (``steps`` is only a cap; the rule decides when to stop)."""
     base = dict(model="default", steps=800, eval_every=10, eval_prompts=200, eval_samples=32, checkpoint_every=10,
-                run_name="plateau", run_dir=str(REPO_ROOT / "runs"), torch_threads=1, tasks=PLATEAU_FAMILIES)
+                run_name="plateau", run_dir=str(RUNS_DIR), torch_threads=1, tasks=PLATEAU_FAMILIES)
     overrides = {k: v for k, v in overrides.items() if not (k == "tasks" and v is None)}
     return recipe_config(PLATEAU_RECIPE, **{**base, **overrides})
 
