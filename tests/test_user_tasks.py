@@ -191,3 +191,18 @@ def test_cli_eval_takes_user_tasks_and_their_configs(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["eval", "--tasks", RG, "--task-configs", "[1]"])
     assert e.value.code == 2 and "JSON object" in capsys.readouterr().err
+
+
+def test_metric_keys_of_a_family_with_slashes_parse_back():
+    from brorl_lab.core.rundir import eval_key
+    from brorl_lab.lab.analysis import families_of
+    from brorl_lab.lab.plots import metric_label
+    from brorl_lab.rl.evaluation import EvalResult
+
+    key = "eval/local:data/qa.jsonl/pass@4"
+    assert eval_key(key) == ("local:data/qa.jsonl", "pass@4") and eval_key("loss") is None
+    assert metric_label(key) == "local:data/qa.jsonl pass@4 (eval)"
+    table = EvalResult({key: 0.5, "eval/gcd/pass@4": 0.25}, pd.DataFrame()).table()
+    assert table.loc["local:data/qa.jsonl", "pass@4"] == 0.5 and table.loc["gcd", "pass@4"] == 0.25
+    cols = ["eval/local:data/qa.jsonl/pass@1", "eval/mean/pass@1", "eval/gcd/pass@1"]
+    assert families_of(pd.DataFrame(columns=cols)) == ["local:data/qa.jsonl", "gcd", "mean"]
