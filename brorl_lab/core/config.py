@@ -69,7 +69,8 @@ class Config:
     eval_tasks: Optional[list] = knob(None, "Families evaluated on their frozen eval sets; None = the training tasks.")
     task_configs: dict = knob({}, "Per-task settings for user-named tasks, {task name: {setting: value}}: for "
                                   "'rg:<dataset>' (any reasoning-gym dataset) the dataset's config kwargs, e.g. "
-                                  "{'rg:knights_knaves': {'n_people': 2}}; for 'local:<file.jsonl|.parquet>' "
+                                  "{'rg:knights_knaves': {'n_people': 2}}; for 'local:<file.jsonl|.parquet>' (a path "
+                                  "relative to the working directory) "
                                   "question_column, answer_column, eval_fraction, answer_after. Built-in families "
                                   "take none (their frozen eval sets fix their config).")
     template: str = knob("auto", "Prompt template: 'auto' (chat when the tokenizer has a chat template, else "

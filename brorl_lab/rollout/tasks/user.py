@@ -157,13 +157,19 @@ def _read_columns(path: str, mtime_ns: int, size: int) -> tuple[dict, str]:
     """All columns of a jsonl/parquet file as lists, read with ``datasets`` (cached per file version), and the
     sha256 of its bytes (the key of its held-out eval set in the cache)."""
     from datasets import load_dataset
+    from datasets import utils as ds_utils
 
     builder = FORMATS[Path(path).suffix.lower()]
+    quiet = ds_utils.are_progress_bars_disabled()
+    ds_utils.disable_progress_bars()  # a config check should not draw "Generating train split" bars
     try:
         ds = load_dataset(builder, data_files=path, split="train", cache_dir=str(cache_dir() / "datasets"))
     except Exception as e:  # malformed json, not parquet, ...
         raise ValueError(f"could not be read as {builder} ({_one_line(e)}); allowed: a {builder} file with "
                          "one question/answer record per row") from None
+    finally:
+        if not quiet:
+            ds_utils.enable_progress_bars()
     return ds.to_dict(), hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
