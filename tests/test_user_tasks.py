@@ -131,6 +131,10 @@ def test_local_split_ignores_row_order_and_honours_eval_fraction_and_answer_afte
     ev_b = {(i.question, i.answer) for i in eval_set(f"local:{b}")}
     assert ev_a == ev_b and 20 < len(ev_a) < 61  # about half of 81, whatever the row order
     assert all(ans.isdigit() for _, ans in ev_a)  # the reference is what follows '####'
+    # the file edited since: the next configure reads it again
+    b.write_text("\n".join(lines[:40]) + "\n")
+    Config(tasks=[f"local:{b}"], task_configs={f"local:{b}": conf})
+    assert sum(len(rows) for rows in TASKS[f"local:{b}"].splits.values()) == 40
 
 
 def test_local_files_fail_with_the_field_and_what_is_allowed(tmp_path):

@@ -302,7 +302,6 @@ class Config:
             _require("model", path.is_dir() and (path / "config.json").exists(),
                      "an existing HF model directory (with config.json), 'default' or a hub id")
 
-
     def _validate_tasks(self) -> None:
         """Task names, then task_configs. A user-named task (``rg:``/``local:``) is built here with its config and
         becomes what the task registry returns for that name, so a bad dataset kwarg, a missing file or column

@@ -8,6 +8,7 @@ by the package root, so :mod:`brorl_lab.core.config` validates names without imp
 
 from __future__ import annotations
 
+import copy
 import importlib
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -104,12 +105,12 @@ class Registry:
 
     def configure(self, name: str, config: Optional[dict] = None) -> Any:
         """Build ``name`` with ``config`` and make it what :meth:`get` returns (registered names: returned as is)."""
-        config = dict(config or {})
+        config = copy.deepcopy(dict(config or {}))  # a notebook editing its dict later must not edit this one
         if name in self._items and not config:
             return self._items[name]
         cached = self._built.get(name)
-        if cached is not None and cached[0] == config:
-            return cached[1]
+        if cached is not None and cached[0] == config and not getattr(cached[1], "is_stale", lambda: False)():
+            return cached[1]  # built objects may say their source changed (a local file edited since)
         obj = self.build(name, config)
         self._built[name] = (config, obj)
         return obj

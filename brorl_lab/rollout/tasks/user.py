@@ -226,17 +226,26 @@ def build_local(spec: str, config: dict) -> "LocalFamily":
             raise ValueError(f"{spec}: eval_fraction={conf['eval_fraction']} leaves no {split} rows of {len(rows)}; "
                              f"allowed: a file with enough distinct questions, or another eval_fraction "
                              f"({LOCAL_ALLOWED})")
-    return LocalFamily(spec, conf, splits, sha)
+    return LocalFamily(spec, conf, splits, sha, (stat.st_mtime_ns, stat.st_size))
 
 
 class LocalFamily(MathVerifyFamily):
     """A question/answer file (``local:<path>``), answers checked by math-verify, rows split by question hash."""
 
-    def __init__(self, spec: str, config: dict, splits: dict[str, list[tuple[int, str, str]]], sha256: str):
+    def __init__(self, spec: str, config: dict, splits: dict[str, list[tuple[int, str, str]]], sha256: str,
+                 version: tuple[int, int] = (0, 0)):
         super().__init__(f"local:{spec}", None, config,
                          f"{spec}: {len(splits['train'])} train / {len(splits['eval'])} held-out rows, verified "
                          "by math-verify")
-        self.splits, self.sha256 = splits, sha256
+        self.spec, self.splits, self.sha256, self.version = spec, splits, sha256, version
+
+    def is_stale(self) -> bool:
+        """True when the file changed since it was read (the registry then reads it again on the next configure)."""
+        try:
+            stat = Path(self.spec).expanduser().resolve().stat()
+        except OSError:
+            return True
+        return (stat.st_mtime_ns, stat.st_size) != self.version
 
     def _item(self, row: int, question: str, answer: str) -> TaskItem:
         return TaskItem(family=self.name, uid=f"{self.name}:{row}", question=question, answer=answer,
