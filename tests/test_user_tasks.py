@@ -73,6 +73,11 @@ def test_an_rg_eval_set_is_built_once_into_the_cache_and_disjoint_from_training(
     configure_tasks([RG], {RG: {**EASY, "operators": ["-"]}})
     other = eval_path(RG)
     assert other != path and all(" - " in i.question for i in eval_set(RG, limit=10))
+    # a stream with no held-out question is one clear error, not an empty eval set
+    tiny = TASKS.build(RG, EASY)
+    tiny.stream_len = 3
+    with pytest.raises(ValueError, match="no eval question in 3 draws.*allowed"):
+        tiny.eval_file()
 
 
 def test_config_validates_rg_names_and_their_config_naming_the_field():

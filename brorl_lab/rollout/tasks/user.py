@@ -124,8 +124,15 @@ class RgFamily(GymFamily):
         path = cache_dir() / "eval" / f"rg_{self.dataset}-{key}.jsonl"
         if not path.is_file():
             # at most 8x USER_EVAL_SIZE eval draws (make-data's budget); small question spaces give fewer items
-            items = _first_distinct(self.iter_items(seed=USER_EVAL_SEED, split="eval"), USER_EVAL_SIZE,
-                                    8 * USER_EVAL_SIZE)
+            try:
+                items = _first_distinct(self.iter_items(seed=USER_EVAL_SEED, split="eval"), USER_EVAL_SIZE,
+                                        8 * USER_EVAL_SIZE)
+            except RuntimeError:  # the stream ran out: no question of this config hashes into the eval split
+                items = []
+            if not items:
+                raise ValueError(f"task {self.name!r} with config {self.config!r}: no eval question in "
+                                 f"{self.stream_len} draws (its question space is too small to hold some out); "
+                                 "allowed: a config with more distinct questions, or eval_every=0")
             write_items(items, path)
         return path
 
