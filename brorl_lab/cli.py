@@ -34,6 +34,20 @@ def _none_or(cast):
     return parse
 
 
+def _json_dict(s: str) -> dict:
+    """A dict option (``--task-configs '{"rg:knights_knaves": {"n_people": 2}}'``), as JSON."""
+    try:
+        value = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{s!r} is not JSON ({e.msg}); allowed: a JSON object") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{s!r} is a JSON {type(value).__name__}; allowed: a JSON object")
+    return value
+
+
+_json_dict.__name__ = "JSON object"
+
+
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(Config)
     group = parser.add_argument_group("config fields (see brorl_lab/config.py; each help cites its paper)")
@@ -46,6 +60,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
         if hint is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif hint is dict:
+            group.add_argument(flag, type=_json_dict, metavar="JSON", **kw)
         elif hint is list:
             elem = type(f.default_factory()[0]) if f.default_factory is not dataclasses.MISSING else str  # type: ignore
             group.add_argument(flag, nargs="+", type=elem, metavar=elem.__name__.upper(), **kw)
@@ -58,7 +74,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 #: ``python -m brorl_lab eval`` samples exactly as a training run's evaluation does (eval_temperature 0.6, ...).
 EVAL_OPTIONS = {"model": "model", "engine": "engine", "samples": "eval_samples", "k": "eval_k",
                 "prompts": "eval_prompts", "temperature": "eval_temperature", "top_p": "eval_top_p",
-                "max_new_tokens": "max_new_tokens", "template": "template", "seed": "seed"}
+                "max_new_tokens": "max_new_tokens", "template": "template", "seed": "seed",
+                "task_configs": "task_configs"}
 
 
 def add_eval_options(parser: argparse.ArgumentParser) -> None:
@@ -71,14 +88,20 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
         kw: dict[str, Any] = {"dest": dest, "default": defaults[name], "help": helptext}
         if hint is list:
             kw.update(nargs="+", type=type(defaults[name][0]))
+        elif hint is dict:
+            kw.update(type=_json_dict, metavar="JSON")
         else:
             kw["type"] = {int: int, float: float}.get(hint, str)
         parser.add_argument("--" + dest.replace("_", "-"), **kw)
 
 
 def eval_config(args: argparse.Namespace) -> Config:
-    """The eval options as a validated Config (one error naming the field for a bad value)."""
-    return Config.from_dict({name: getattr(args, dest) for dest, name in EVAL_OPTIONS.items()})
+    """The eval options (and ``--tasks`` when given) as a validated Config: one error naming the field for a bad
+    value; user-named tasks are built with their ``--task-configs``."""
+    fields = {name: getattr(args, dest) for dest, name in EVAL_OPTIONS.items()}
+    if getattr(args, "tasks", None):
+        fields["tasks"] = list(args.tasks)
+    return Config.from_dict(fields)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -128,11 +151,10 @@ def cmd_eval(args) -> int:
     from brorl_lab.rollout.engines.base import SamplingParams
     from brorl_lab.rl.evaluation import evaluate
     from brorl_lab.core.models import load_policy
-    from brorl_lab.rollout.tasks import TASKS
+    from brorl_lab.rollout.tasks import configure_tasks
 
-    eval_config(args)  # validate every option against its config field before loading anything
-    for t in args.tasks:
-        TASKS.get(t)  # one clear error for an unknown family
+    cfg = eval_config(args)  # validate every option against its config field before loading anything
+    configure_tasks(cfg.tasks, cfg.task_configs)
     policy, tok = load_policy(args.model)
     engine = make_engine(args.engine, policy, tok)
     from brorl_lab.rollout.tasks.templates import resolve_template

@@ -67,7 +67,7 @@ SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_p
 
 def test_the_specification_covers_every_field():
     covered = set(INT_MIN) | set(FLOAT_RANGE) | set(CHOICES) | set(BOOLS) | {
-        "model", "ray_address", "tasks", "eval_tasks", "adam_betas", "eval_k", "run_dir", "run_name"}
+        "model", "ray_address", "tasks", "eval_tasks", "task_configs", "adam_betas", "eval_k", "run_dir", "run_name"}
     assert covered == set(FIELDS), f"new fields need a bad-input spec here: {set(FIELDS) - covered}"
 
 
@@ -77,6 +77,8 @@ def test_the_specification_covers_every_field():
     dict(seed=0, eval_every=0),
     dict(prompts_per_step=12, optimizer_steps_per_step=4), dict(eval_samples=4, eval_k=[1, 4]),
     dict(tasks=("gcd", "chain_sum")), dict(adam_betas=[0, 0.5]), dict(lr=0.5, temperature=1e-3),
+    dict(tasks=["rg:basic_arithmetic"], task_configs={"rg:basic_arithmetic": {"min_terms": 2, "max_terms": 2}}),
+    dict(tasks=["gcd"], eval_tasks=["rg:basic_arithmetic"], task_configs={}),
 ])
 def test_boundary_values_are_accepted(kw):
     """The validator must not over-reject: the edges of each allowed range are allowed."""
@@ -108,7 +110,8 @@ def _unknown_name(allowed):
 @st.composite
 def bad_field(draw, python_objects: bool = True):
     """(field, bad value, extra valid fields the error depends on)."""
-    kind = draw(st.sampled_from(["int", "float", "choice", "bool", "list", "model", "run_name", "cross"]))
+    kind = draw(st.sampled_from(["int", "float", "choice", "bool", "list", "model", "run_name", "cross",
+                                 "task_configs"]))
     extra: dict = {}
     if kind == "int":
         name = draw(st.sampled_from(sorted(INT_MIN)))
@@ -148,6 +151,15 @@ def bad_field(draw, python_objects: bool = True):
                                st.text("abcxyz", min_size=1, max_size=8).map(lambda s: f"/nonexistent/{s}"),
                                st.text("abcxyz", min_size=1, max_size=8).map(lambda s: f"./no_such_model_{s}"),
                                WRONG_FOR_STR))
+    elif kind == "task_configs":
+        # task_configs: a dict {user-named task of tasks/eval_tasks: dict of settings}; here tasks are built-in, so
+        # any entry is bad, as is anything but a dict
+        name = "task_configs"
+        value = draw(st.one_of(
+            st.dictionaries(st.sampled_from(names_of("task") + ["rg:gcd", "local:x.jsonl", ""]),
+                            st.one_of(st.dictionaries(st.text(max_size=4), st.integers(), max_size=2), st.integers()),
+                            min_size=1, max_size=2),
+            st.lists(st.text(max_size=3), max_size=2), st.text(max_size=5), st.integers(), st.booleans()))
     elif kind == "run_name":
         name = "run_name"
         value = draw(st.one_of(st.sampled_from(["", ".", "..", "/abs", "a/b", "../up"]),

@@ -92,7 +92,7 @@ def test_eval_set_errors_name_the_task_and_the_fix(tmp_path, monkeypatch):
         eval_set("gcdd")
     with pytest.raises(ValueError, match=r"^limit: got -1"):
         eval_set("gcd", limit=-1)
-    monkeypatch.setattr(tasks.sets, "EVAL_DIR", tmp_path)
+    monkeypatch.setattr(tasks.base, "EVAL_DIR", tmp_path)
     with pytest.raises(ValueError, match=r"eval set for task 'gcd'.*make-data --families gcd"):
         eval_set("gcd")
 

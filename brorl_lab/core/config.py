@@ -63,8 +63,16 @@ class Config:
     seed: int = knob(0, "Seed for task sampling, rollouts and initialisation.")
 
     # ---- tasks ------------------------------------------------------------------------------------------------
-    tasks: list = knob(["chain_sum"], "Training task families (names from brorl_lab.rollout.tasks.TASKS), mixed uniformly.")
+    tasks: list = knob(["chain_sum"], "Training task families, mixed uniformly: names from brorl_lab.rollout.tasks.TASKS, "
+                                      "'rg:<reasoning-gym dataset>' or 'local:<path to a .jsonl/.parquet file of "
+                                      "question/answer rows>' (settings for these in task_configs).")
     eval_tasks: Optional[list] = knob(None, "Families evaluated on their frozen eval sets; None = the training tasks.")
+    task_configs: dict = knob({}, "Per-task settings for user-named tasks, {task name: {setting: value}}: for "
+                                  "'rg:<dataset>' (any reasoning-gym dataset) the dataset's config kwargs, e.g. "
+                                  "{'rg:knights_knaves': {'n_people': 2}}; for 'local:<file.jsonl|.parquet>' (a path "
+                                  "relative to the working directory) "
+                                  "question_column, answer_column, eval_fraction, answer_after. Built-in families "
+                                  "take none (their frozen eval sets fix their config).")
     template: str = knob("auto", "Prompt template: 'auto' (chat when the tokenizer has a chat template, else "
                                    "plain), 'plain', 'chat'.")
 
@@ -288,18 +296,44 @@ class Config:
         if getattr(registry_of("advantage").get(self.advantage), "needs_group", True):
             _require("rollouts_per_prompt", self.rollouts_per_prompt >= 2,
                      f"an integer >= 2 for the group estimator advantage='{self.advantage}'")
-        known = names_of("task")
-        for name, value in (("tasks", self.tasks), ("eval_tasks", self.eval_tasks)):
-            if value is None and name == "eval_tasks":
-                continue
-            _require(name, len(value) >= 1 and all(isinstance(t, str) for t in value), "a non-empty list of task names")
-            for t in value:
-                _choice(name, t, known)
-            _require(name, len(set(value)) == len(value), "a list of distinct task names")
+        self._validate_tasks()
         if self.model != "default" and (self.model.startswith((".", "/", "~")) or Path(self.model).exists()):
             path = Path(self.model).expanduser()
             _require("model", path.is_dir() and (path / "config.json").exists(),
                      "an existing HF model directory (with config.json), 'default' or a hub id")
+
+    def _validate_tasks(self) -> None:
+        """Task names, then task_configs. A user-named task (``rg:``/``local:``) is built here with its config and
+        becomes what the task registry returns for that name, so a bad dataset kwarg, a missing file or column
+        fails now, before any model loads."""
+        registry = registry_of("task")
+        known = registry.names()
+        for name, value in (("tasks", self.tasks), ("eval_tasks", self.eval_tasks)):
+            if value is None and name == "eval_tasks":
+                continue
+            self._require(name, len(value) >= 1 and all(isinstance(t, str) for t in value),
+                          "a non-empty list of task names")
+            for t in value:
+                if ":" in t:
+                    try:
+                        registry.check_name(t)
+                    except ValueError as e:
+                        raise ConfigError(f"config field '{name}': {e}") from None  # e names the value
+                elif t not in known:
+                    raise ConfigError(f"config field '{name}': got {t!r}{did_you_mean(t, known)}; "
+                                      f"allowed: {registry.allowed()}")
+            self._require(name, len(set(value)) == len(value), "a list of distinct task names")
+        named = list(dict.fromkeys([*self.tasks, *(self.eval_tasks or [])]))
+        user = [t for t in named if ":" in t]
+        allowed = (f"a dict from user-named tasks of tasks/eval_tasks ({', '.join(user) or 'none here'}) to dicts of "
+                   "settings (built-in families take none)")
+        for t, conf in self.task_configs.items():
+            self._require("task_configs", t in user and isinstance(conf, dict), allowed)
+        for t in user:
+            try:
+                registry.configure(t, self.task_configs.get(t))
+            except ValueError as e:
+                raise ConfigError(f"config field 'task_configs': got {self.task_configs!r}; {e}") from None
 
 
 def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: str = "sqrt_samples", *,

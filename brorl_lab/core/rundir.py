@@ -27,6 +27,15 @@ from collections.abc import Callable, Iterable
 import pandas as pd
 
 
+def eval_key(key: str) -> Optional[tuple[str, str]]:
+    """``"eval/<family>/<metric>"`` -> ``(family, metric)``, else None. A family name may hold ``/`` (a
+    ``local:data/qa.jsonl`` task), so the metric is what follows the last ``/``."""
+    if not isinstance(key, str) or not key.startswith("eval/") or key.count("/") < 2:
+        return None
+    family, _, metric = key[len("eval/"):].rpartition("/")
+    return family, metric
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
     """Write ``path`` atomically: ``write(f)`` fills a temp file, which is fsynced and renamed over ``path``."""
     path = Path(path)

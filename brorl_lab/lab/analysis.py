@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int, is_finite_number
 
 # Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
@@ -191,7 +192,7 @@ X_AXES = {"cum_samples": "generated samples", "cum_updates": "optimizer updates"
 
 def families_of(df: pd.DataFrame) -> list[str]:
     """Families with a held-out pass@1 column (``eval/<family>/pass@1``), the mean over families last."""
-    fams = [c.split("/")[1] for c in df.columns if c.startswith("eval/") and c.endswith(f"/{PASS1}")]
+    fams = [eval_key(c)[0] for c in df.columns if c.startswith("eval/") and c.endswith(f"/{PASS1}")]
     return [f for f in fams if f != MEAN] + ([MEAN] if MEAN in fams else [])
 
 

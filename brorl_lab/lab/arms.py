@@ -19,13 +19,13 @@ from collections.abc import Iterable
 import pandas as pd
 
 from brorl_lab.core.config import LR_SCALINGS, Config
-from brorl_lab.core.paths import REPO_ROOT
+from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
 from brorl_lab.lab.analysis import ARM_NAMES
 from brorl_lab.lab.plateau import IGNORED_FIELDS, check_same_config, open_trainer
 from brorl_lab.core.validation import check_int, is_int, is_number
 
-DEFAULT_ROOT = REPO_ROOT / "runs" / "rollout_scaling"
+DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 
 
 # ---- the two arms ------------------------------------------------------------------------------------------------------

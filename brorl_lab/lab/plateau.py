@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import pandas as pd
 
 from brorl_lab.core.config import Config
-from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, repo_relative
+from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, RUNS_DIR, repo_relative
+from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int, is_finite_number, is_number
 
 MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
@@ -117,7 +118,7 @@ def plateau_config(**overrides) -> Config:
     """The plateau run: the ProRL recipe on the default model, evaluated on every eval item often enough for the
     plateau rule to see the curve (``steps`` is only a cap; the rule decides when to stop)."""
     base = dict(model="default", steps=800, eval_every=10, eval_prompts=200, eval_samples=32, checkpoint_every=10,
-                run_name="plateau", run_dir=str(REPO_ROOT / "runs"), torch_threads=1, tasks=PLATEAU_FAMILIES)
+                run_name="plateau", run_dir=str(RUNS_DIR), torch_threads=1, tasks=PLATEAU_FAMILIES)
     overrides = {k: v for k, v in overrides.items() if not (k == "tasks" and v is None)}
     return recipe_config(PLATEAU_RECIPE, **{**base, **overrides})
 
@@ -304,7 +305,7 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
 def plateau_markdown(meta: dict) -> str:
     """PLATEAU.md: command, seed, steps, the eval curve as a table and the plateau rule applied to it."""
     curve = pd.DataFrame(meta["curve"])
-    fams = [c.split("/")[1] for c in curve.columns if c.startswith("eval/") and c.endswith(PASS1)]
+    fams = [eval_key(c)[0] for c in curve.columns if c.startswith("eval/") and c.endswith(PASS1)]
     rule = meta["rule"]
     best = curve[rule["metric"]].cummax().shift(1)  # the "best before" column
     lines = ["# data/plateau_model: the default model trained with the ProRL recipe until held-out pass@1 stalled", "",

@@ -26,6 +26,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from brorl_lab.core.rundir import eval_key
+
 TERM_LABELS = {"sampled_correct": "sampled correct", "sampled_incorrect": "sampled incorrect",
                "unsampled": "unsampled", "total": "total"}
 TERM_COLORS = {"sampled_correct": "#2ca02c", "sampled_incorrect": "#1f77b4", "unsampled": "#d62728",
@@ -189,9 +191,9 @@ NOT_METRICS = ("step", "run", "skipped", "reset", "samples", "tokens", "kept_gro
 
 def metric_label(metric: str) -> str:
     """A readable axis title: "eval/chain_sum/pass@4" -> "chain_sum pass@4 (eval)"."""
-    parts = metric.split("/")
-    if len(parts) == 3 and parts[0] == "eval":
-        return f"{parts[1]} {parts[2]} (eval)"
+    parts = eval_key(metric)
+    if parts is not None:
+        return f"{parts[0]} {parts[1]} (eval)"
     return METRIC_LABELS.get(metric, metric)
 
 
@@ -419,7 +421,7 @@ def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum
 def arm_pass_at_1_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: Optional[Mapping[str, str]] = None,
                          title: Optional[str] = None) -> go.Figure:
     """Held-out pass@1 of each family (and their mean) against ``x`` for both arms: BroRL's Fig. 1 in miniature."""
-    fams = sorted({c.split("/")[1] for c in df.columns if c.startswith("eval/") and c.endswith("/pass@1")},
+    fams = sorted({eval_key(c)[0] for c in df.columns if c.startswith("eval/") and c.endswith("/pass@1")},
                   key=lambda f: (f == "mean", f))
     return arm_panels_figure(df, [f"eval/{f}/pass@1" for f in fams], x=x, titles=[f"{f} pass@1" for f in fams],
                              labels=labels, title=title or f"Held-out pass@1 against {X_AXES.get(x, x)}")

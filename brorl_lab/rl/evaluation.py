@@ -20,6 +20,7 @@ from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rl.steps import rollout
 from brorl_lab.rollout.tasks import eval_set
+from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int
 
 
@@ -32,7 +33,7 @@ class EvalResult:
         """pass@k per family as a small table (families x k)."""
         rows = {}
         for key, v in self.metrics.items():
-            _, fam, metric = key.split("/")
+            fam, metric = eval_key(key)
             rows.setdefault(fam, {})[metric] = v
         return pd.DataFrame(rows).T
 

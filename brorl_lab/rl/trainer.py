@@ -20,6 +20,7 @@ the current step and leaves a resumable checkpoint.
 from __future__ import annotations
 
 import errno
+import re
 import random
 import signal
 import threading
@@ -60,8 +61,11 @@ class CheckpointError(RuntimeError):
 
 
 def _check_eval_sets(cfg: Config) -> None:
-    from brorl_lab.rollout.tasks import eval_path
+    """Build the config's user-named tasks with its task_configs, then check every evaluated task has a frozen eval
+    set (user-named tasks build theirs into the cache here, on first use)."""
+    from brorl_lab.rollout.tasks import configure_tasks, eval_path
 
+    configure_tasks([*cfg.tasks, *(cfg.eval_tasks or [])], cfg.task_configs)
     for t in (cfg.eval_tasks or cfg.tasks) if cfg.eval_every else ():
         if not eval_path(t).is_file():
             raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
@@ -70,7 +74,11 @@ def _check_eval_sets(cfg: Config) -> None:
 
 
 def default_run_name(cfg: Config) -> str:
-    return f"{'-'.join(cfg.tasks)}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}_s{cfg.seed}"
+    """``<tasks>_N<rollouts>_P<prompts>_s<seed>``; a ``local:`` task counts by its file's stem, and characters a
+    directory name should not hold become ``_`` (one directory under run_dir, whatever the task names)."""
+    names = [f"local-{Path(t.partition(':')[2]).stem}" if t.startswith("local:") else t for t in cfg.tasks]
+    tasks = re.sub(r"[^A-Za-z0-9_.:+-]", "_", "-".join(names)).lstrip(".")[:120]
+    return f"{tasks}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}_s{cfg.seed}"
 
 
 class Trainer:

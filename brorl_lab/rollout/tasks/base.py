@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
+from brorl_lab.core.paths import EVAL_DIR
 from brorl_lab.core.registry import Registry
 
 
@@ -50,11 +52,19 @@ class TaskFamily(ABC):
     def score(self, response: str, item: TaskItem, template: str = "plain") -> RewardResult:
         """Verify one response. Never raises; malformed output gets reward 0 and correct False."""
 
+    def eval_file(self) -> Path:
+        """The family's frozen eval set (jsonl of TaskItems). Built-in families ship theirs in ``data/eval/`` (made
+        by ``make-data``, so a missing file is an error to fix there); user-named families build theirs into the
+        cache on first use and return that path."""
+        return EVAL_DIR / f"{self.name}.jsonl"
+
     def __repr__(self) -> str:
         return f"<task family {self.name!r}: {self.description}>"
 
 
-TASKS = Registry("task")  # every family, by name; filled when the family modules are imported
+# Every family, by name; filled when the family modules are imported. Prefixed names (``rg:<dataset>``,
+# ``local:<file>``) are built on demand by :mod:`.user`.
+TASKS = Registry("task")
 
 
 def register_task(family: TaskFamily) -> TaskFamily:

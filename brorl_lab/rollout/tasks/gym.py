@@ -17,10 +17,12 @@ credit when the reference appears inside a longer answer), ``correct = reward ==
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import zlib
 from typing import Any, Optional
+from collections.abc import Iterator
 
 from brorl_lab.rollout.tasks.base import register_task, RewardResult, TaskFamily, TaskItem
 from brorl_lab.rollout.tasks.templates import CHAT_ANSWER_TAGS, MAX_ANSWER_CHARS, check_template, extract_answer, format_prompt
@@ -73,6 +75,8 @@ class GymFamily(TaskFamily):
 
     chat_instruction = CHAT_ANSWER_TAGS
 
+    stream_len = STREAM_LEN  # dataset size per stream; user-named datasets use fewer (some build eagerly)
+
     def __init__(self, name: str, dataset: str, config: dict, description: str):
         self.name, self.dataset, self.config, self.description = name, dataset, dict(config), description
         self._scorer = None
@@ -81,23 +85,23 @@ class GymFamily(TaskFamily):
     def _make_dataset(self, seed: int):
         import reasoning_gym  # imported lazily: ~1.5 s, and config validation imports this module
 
-        return reasoning_gym.create_dataset(self.dataset, seed=seed, size=STREAM_LEN, **self.config)
+        return reasoning_gym.create_dataset(self.dataset, seed=seed, size=self.stream_len, **self.config)
+
+    def iter_items(self, *, seed: int, split: str = "train") -> Iterator[TaskItem]:
+        """The items of stream ``(name, split, seed)`` one by one, in the order :meth:`sample` returns them."""
+        check_sample_args(0, seed, split)
+        ds = self._make_dataset(stream_seed(self.name, split, seed))
+        for idx in range(self.stream_len):
+            entry = ds[idx]
+            if split_of(entry["question"]) == split:
+                yield TaskItem(family=self.name, uid=f"{self.name}:{split}:{seed}:{idx}",
+                               question=entry["question"], answer=str(entry["answer"]),
+                               meta={"entry": _jsonable(entry)})
+        raise RuntimeError(f"task {self.name!r}: question space exhausted after {self.stream_len} draws")
 
     def sample(self, count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
         check_sample_args(count, seed, split)
-        ds = self._make_dataset(stream_seed(self.name, split, seed))
-        items: list[TaskItem] = []
-        idx = 0
-        while len(items) < count:
-            if idx >= STREAM_LEN:
-                raise RuntimeError(f"task {self.name!r}: question space exhausted after {idx} draws")
-            entry = ds[idx]
-            if split_of(entry["question"]) == split:
-                items.append(TaskItem(family=self.name, uid=f"{self.name}:{split}:{seed}:{idx}",
-                                      question=entry["question"], answer=str(entry["answer"]),
-                                      meta={"entry": _jsonable(entry)}))
-            idx += 1
-        return items
+        return list(itertools.islice(self.iter_items(seed=seed, split=split), count)) if count else []
 
     def format_prompt(self, item: TaskItem, template: str = "plain", tokenizer: Any = None) -> str:
         return format_prompt(item.question, template, tokenizer, chat_instruction=self.chat_instruction)

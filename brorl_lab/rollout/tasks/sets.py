@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 from collections.abc import Sequence
 
-from brorl_lab.core.paths import EVAL_DIR
 from brorl_lab.rollout.tasks.base import TASKS, TaskItem
 from brorl_lab.rollout.tasks.gym import check_sample_args
 from brorl_lab.core.validation import is_int
@@ -46,15 +46,16 @@ def sample_items(names: str | Sequence[str], count: int, *, seed: int, split: st
 
 
 def eval_path(name: str) -> Path:
-    TASKS.get(name)
-    return EVAL_DIR / f"{name}.jsonl"
+    """The frozen eval set of family ``name``: ``data/eval/<name>.jsonl`` for the built-in families; for
+    ``rg:``/``local:`` tasks a file in the cache, built on first use (see :mod:`.user`)."""
+    return TASKS.get(name).eval_file()
 
 
 def eval_set(name: str, limit: Optional[int] = None) -> list[TaskItem]:
-    """The frozen eval items of family ``name`` (``data/eval/<name>.jsonl``), the first ``limit`` of them if given."""
-    path = eval_path(name)
+    """The frozen eval items of family ``name`` (see :func:`eval_path`), the first ``limit`` of them if given."""
     if limit is not None and (not is_int(limit) or limit < 0):
         raise ValueError(f"limit: got {limit!r}; allowed: None or an integer >= 0")
+    path = eval_path(name)
     if not path.is_file():
         raise ValueError(f"eval set for task {name!r}: {path} does not exist; generate it with "
                          f"`python -m brorl_lab make-data --families {name}`")
@@ -69,10 +70,14 @@ def eval_set(name: str, limit: Optional[int] = None) -> list[TaskItem]:
 
 
 def write_items(items: Sequence[TaskItem], path: Path) -> Path:
-    """Write items as jsonl (one ``TaskItem`` per line), the format :func:`eval_set` reads."""
+    """Write items as jsonl (one ``TaskItem`` per line), the format :func:`eval_set` reads. The file appears
+    whole (written beside it, then renamed), so a reader in a parallel sweep never sees half an eval set."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
         for item in items:
             f.write(json.dumps(asdict(item), sort_keys=True) + "\n")
+    os.replace(tmp, path)
     return path
 
