@@ -30,7 +30,7 @@ _EXPORTS = {
     "Config": "core.config", "ConfigError": "core.config", "scaled_lr": "core.config",
     "RolloutBatch": "core.batch",
     "load_policy": "core.models", "make_reference": "core.models",
-    "SamplingParams": "rollout.engines.base", "make_engine": "rollout.engines", "ENGINES": "rollout.engines",
+    "RolloutSampling": "rollout.engines.base", "make_engine": "rollout.engines", "ENGINES": "rollout.engines",
     "TASKS": "rollout.tasks", "sample_items": "rollout.tasks", "eval_set": "rollout.tasks",
     "sample_prompts": "rl.steps", "rollout": "rl.steps", "score": "rl.steps", "filter_groups": "rl.steps",
     "advantages": "rl.steps", "update": "rl.steps", "sync": "rl.steps",
@@ -43,8 +43,15 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+#: Public names that were renamed: the old name fails with one error naming the new one (not a silent alias, which
+#: would keep shadowing ``vllm.SamplingParams`` in notebooks that import both).
+RENAMED = {"SamplingParams": "RolloutSampling"}
+
 
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in RENAMED:
+        raise AttributeError(f"brorl_lab.{name} was renamed brorl_lab.{RENAMED[name]} (so it no longer shadows "
+                             f"vllm.{name}); use bl.{RENAMED[name]}")
     raise AttributeError(f"module 'brorl_lab' has no attribute {name!r}")

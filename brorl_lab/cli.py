@@ -123,7 +123,7 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from brorl_lab.rollout.engines import make_engine
-    from brorl_lab.rollout.engines.base import SamplingParams
+    from brorl_lab.rollout.engines.base import RolloutSampling
     from brorl_lab.rl.evaluation import evaluate
     from brorl_lab.core.models import load_policy
     from brorl_lab.rollout.tasks import TASKS
@@ -138,7 +138,7 @@ def cmd_eval(args) -> int:
     template = resolve_template(args.template, args.model, tok)
     try:
         res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
-                       sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                       sampling=RolloutSampling(temperature=args.temperature, top_p=args.top_p,
                                                max_new_tokens=args.max_new_tokens, seed=args.seed),
                        template=template)
     finally:

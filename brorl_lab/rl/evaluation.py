@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from brorl_lab.rl.algo import pass_at_k
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rl.steps import rollout
 from brorl_lab.rollout.tasks import eval_set
@@ -41,7 +41,7 @@ class EvalResult:
 
 
 def evaluate(engine: RolloutEngine, families: Sequence[str], *, samples: int = 8, k: Sequence[int] = (1,),
-             prompts: int = 64, sampling: SamplingParams | None = None, template: str = "plain",
+             prompts: int = 64, sampling: RolloutSampling | None = None, template: str = "plain",
              chunk_prompts: int = 64) -> EvalResult:
     """Sample ``samples`` responses for the first ``prompts`` items of each family's frozen eval set and score them.
 
@@ -51,7 +51,7 @@ def evaluate(engine: RolloutEngine, families: Sequence[str], *, samples: int = 8
     bad_k = [x for x in k if not (isinstance(x, int) and 1 <= x <= samples)]
     if not k or bad_k:
         raise ValueError(f"k: got {list(k)!r}; allowed: integers in [1, samples={samples}]")
-    sampling = sampling or SamplingParams(temperature=0.6, top_p=0.95)
+    sampling = sampling or RolloutSampling(temperature=0.6, top_p=0.95)
     rows = []
     for fam in families:
         items = eval_set(fam, limit=prompts)

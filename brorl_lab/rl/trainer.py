@@ -37,7 +37,7 @@ from brorl_lab.rl import steps as S
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.rollout.engines import make_engine
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rl.evaluation import evaluate
 from brorl_lab.rl.logprobs import compute_logprobs
 from brorl_lab.core.seeding import derive_seed
@@ -149,9 +149,9 @@ class Trainer:
             kw.update(workers=c.ray_workers, worker_engine=c.ray_worker_engine, address=c.ray_address)
         return make_engine(c.engine, self.policy, self.tokenizer, **kw)
 
-    def sampling(self, step: int, rnd: int) -> SamplingParams:
+    def sampling(self, step: int, rnd: int) -> RolloutSampling:
         c = self.cfg
-        return SamplingParams(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
+        return RolloutSampling(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
                               seed=derive_seed(c.seed, "rollout", step, rnd))
 
     # ---- stage 1: rollout + score + dynamic sampling ---------------------------------------------------------------
@@ -295,7 +295,7 @@ class Trainer:
     # ---- evaluation -----------------------------------------------------------------------------------------------------
     def evaluate(self, step: Optional[int] = None):
         c = self.cfg
-        sampling = SamplingParams(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
+        sampling = RolloutSampling(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
                                   seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
         return evaluate(self.engine, c.eval_tasks or c.tasks, samples=c.eval_samples, k=c.eval_k,
                         prompts=c.eval_prompts, sampling=sampling, template=self.template)
