@@ -36,7 +36,10 @@ def small_cfg(root: Path, name: str, **kw) -> Config:
 def run(tmp_path_factory) -> Trainer:
     """A finished two-step run on the shipped default model (its policy moved away from the default), reporting to
     TensorBoard and W&B (offline)."""
-    cfg = small_cfg(tmp_path_factory.mktemp("runs"), "hf", report_to=["tensorboard", "wandb"])
+    import importlib.util
+
+    wandb = ["wandb"] if importlib.util.find_spec("wandb") else []  # the `track` extra
+    cfg = small_cfg(tmp_path_factory.mktemp("runs"), "hf", report_to=["tensorboard", *wandb])
     with Trainer(cfg, progress=False) as t:
         t.run()
     return t
@@ -188,6 +191,7 @@ def test_tensorboard_and_wandb_hold_the_metrics_rows(run):
     got = {(r.tag, int(r.step)): r.value for r in tb.itertuples()}
     assert got.keys() == want.keys() and len(tb) == len(got)  # each value once
     assert all(got[k] == pytest.approx(v, rel=1e-6) for k, v in want.items())  # float32 in event files
+    pytest.importorskip("wandb")
     wb = read_wandb(run.run_dir.path)
     assert wb["_step"].tolist() == [0, 1, 2]
     for (tag, step), v in _expected(metrics).items():  # W&B keeps the column names as they are
@@ -218,6 +222,16 @@ def test_report_to_names_are_checked_before_anything_runs():
         Config(report_to=["wandb", "wandb"])
     assert cli.config_from_args(cli.build_parser().parse_args(["train", "--report-to", "tensorboard"])).report_to == [
         "tensorboard"]
+
+
+def test_a_tracker_without_its_package_fails_before_the_run_starts(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"'report_to': 'wandb' needs the wandb package.*brorl_lab\[track\]"):
+        Trainer(small_cfg(tmp_path, "no_wandb", report_to=["wandb"]), progress=False)
+    assert not (tmp_path / "no_wandb").exists()
 
 
 def test_a_resumed_run_replaces_the_steps_its_crashed_process_logged(tmp_path):

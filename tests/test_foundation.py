@@ -22,7 +22,8 @@ def _norm(req: str) -> tuple[str, str]:
 def test_environment_yml_matches_pyproject():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = py["optional-dependencies"]
-    expected = {_norm(r) for r in py["dependencies"] + extras["vllm"] + extras["ray"] + extras["dev"] + extras["bench"]}
+    expected = {_norm(r) for r in py["dependencies"] + extras["vllm"] + extras["ray"] + extras["dev"] + extras["bench"]
+                                   + extras["track"]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = {_norm(r) for r in pip if not r.startswith(("-", "--"))}

@@ -56,6 +56,7 @@ class Tracker:
     """
 
     name = ""
+    requires = ""  # the module it writes with, and the pip requirement that brings it
 
     def __init__(self, run_dir: str | Path, config: dict, *, first_step: int = 0):
         self.run_dir, self.config, self.first_step = Path(run_dir), config, first_step
@@ -75,6 +76,7 @@ class TensorBoardTracker(Tracker):
     """Event files in ``<run>/tensorboard/`` (tensorboardX), flushed after every row so a live TensorBoard sees it."""
 
     name = "tensorboard"
+    requires = ("tensorboardX", "tensorboardX")
 
     def __init__(self, run_dir, config, *, first_step=0):
         super().__init__(run_dir, config, first_step=first_step)
@@ -95,6 +97,7 @@ class WandbTracker(Tracker):
     with the config as its config; ``wandb sync <run>/wandb/offline-run-*`` uploads it."""
 
     name = "wandb"
+    requires = ("wandb", "brorl_lab[track]")
 
     def __init__(self, run_dir, config, *, first_step=0):
         super().__init__(run_dir, config, first_step=first_step)
@@ -110,6 +113,19 @@ class WandbTracker(Tracker):
 
     def close(self) -> None:
         self.run.finish()
+
+
+def check_trackers(names: Sequence[str]) -> None:
+    """One ConfigError for a tracker whose package is not installed, before a model is loaded or a run started."""
+    import importlib.util
+
+    from brorl_lab.core.config import ConfigError
+
+    for n in names:
+        module, requirement = TRACKERS.get(n).requires
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"config field 'report_to': {n!r} needs the {module} package, which is not installed; "
+                              f"allowed: pip install '{requirement}', or leave {n!r} out")
 
 
 def make_trackers(names: Sequence[str], run_dir: str | Path, config: dict, *, first_step: int = 0) -> list[Tracker]:

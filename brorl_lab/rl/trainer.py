@@ -40,6 +40,7 @@ from brorl_lab.rollout.engines import make_engine
 from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rl.evaluation import evaluate
 from brorl_lab.rl.logprobs import compute_logprobs
+from brorl_lab.rl.trackers import check_trackers
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.rollout.tasks.templates import resolve_template
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_dir, commit_dir, stage_dir
@@ -155,6 +156,7 @@ class Trainer:
 
         cfg.validate()  # again: a notebook may have edited fields since the Config was built
         _check_eval_sets(cfg)  # fail before the model loads and before the run directory is touched
+        check_trackers(cfg.report_to)
         path = Path(run_dir) if run_dir is not None else Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
         if not (_resuming or overwrite) and RunDir.holds_run(path):
             raise RunExistsError(
