@@ -141,7 +141,7 @@ def cmd_eval(args) -> int:
         res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
                        sampling=RolloutSampling(temperature=args.temperature, top_p=args.top_p,
                                                max_new_tokens=args.max_new_tokens, seed=args.seed),
-                       template=template)
+                       template=template, progress=not args.quiet)
     finally:
         engine.close()
     table = res.table()
@@ -315,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_options(e)
     e.add_argument("--tasks", nargs="+", required=False, default=None)
     e.add_argument("--json", help="also write the metrics as JSON here")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_eval)
 
     x = sub.add_parser("export", help="copy a run's last checkpoint as a Hugging Face model directory")

@@ -293,3 +293,94 @@ def test_from_trl_refuses_what_has_no_equivalent_in_one_error(trl):
     assert len(msg.splitlines()) == 1
     with pytest.raises(ConfigError, match="from_trl: got dict"):
         Config.from_trl({"num_generations": 4})
+
+
+# ---- 6. progress -----------------------------------------------------------------------------------------------------
+class RecordingBar:
+    """Stands in for tqdm.auto.tqdm: records total, updates and postfixes (the real bar writes to a terminal)."""
+
+    made: list = []
+
+    def __init__(self, *a, total=None, disable=False, **kw):
+        self.total, self.disable, self.n, self.postfixes = total, disable, 0, []
+        RecordingBar.made.append(self)
+
+    def update(self, n=1):
+        self.n += n
+
+    def set_postfix(self, d=None, refresh=True, **kw):
+        self.postfixes.append(dict(d or {}, **kw))
+
+    def set_postfix_str(self, s="", refresh=True):
+        self.postfixes.append(s)
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    import tqdm.auto
+
+    RecordingBar.made = []
+    monkeypatch.setattr(tqdm.auto, "tqdm", RecordingBar)
+    return RecordingBar.made
+
+
+def test_evaluation_bar_counts_families_x_chunks_with_pass_at_1_so_far(run, bars):
+    from brorl_lab.rl.evaluation import evaluate
+    from brorl_lab.rollout.engines import make_engine
+
+    engine = make_engine("torch", run.policy, run.tokenizer, device="cpu")
+    res = evaluate(engine, ["chain_sum", "gcd"], samples=2, k=(1,), prompts=5, chunk_prompts=2)
+    (bar,) = bars
+    assert bar.total == bar.n == 6 and not bar.disable  # 2 families x ceil(5 / 2) chunks
+    assert len(bar.postfixes) == 6 and "gcd/pass@1" in bar.postfixes[-1] and "chain_sum/pass@1" in bar.postfixes[2]
+    items = res.per_item
+    assert float(bar.postfixes[-1]["pass@1"]) == pytest.approx(items.correct.sum() / (2 * len(items)), abs=5e-4)
+    assert float(bar.postfixes[-1]["gcd/pass@1"]) == pytest.approx(res.metrics["eval/gcd/pass@1"], abs=5e-4)
+    evaluate(engine, ["gcd"], samples=2, prompts=2, progress=False)
+    assert bars[-1].disable
+
+
+def test_sweep_bar_shows_each_running_runs_step(tmp_path, bars):
+    pytest.importorskip("papermill")
+    from brorl_lab.lab.sweep import progress_text, run_progress, run_sweep
+    from helpers_notebooks import write_notebook
+
+    nb = write_notebook(tmp_path / "nb.ipynb", "run_dir = None\nsteps = 3",
+                        "import time\nfrom brorl_lab.core.rundir import RunDir\n"
+                        "for step in range(steps + 1):\n"
+                        "    RunDir(run_dir).write_status('running', step=step, steps=steps)\n"
+                        "    time.sleep(1.0)")
+    df = run_sweep(nb, {"steps": [3]}, out=tmp_path / "sweep", poll_s=0.2)
+    assert df.status.tolist() == ["finished"]
+    texts = [p for p in bars[0].postfixes if isinstance(p, str)]
+    assert any("step 2/3" in t for t in texts), texts
+    assert bars[0].n == bars[0].total == 1
+    # a run that names its own directory inside the sweep's run_dir (as Trainer(cfg) with run_dir=... does)
+    (tmp_path / "r" / "inner").mkdir(parents=True)
+    assert run_progress(tmp_path / "r") is None and progress_text([tmp_path / "r"]) == "r: starting"
+    (tmp_path / "r" / "inner" / "status.json").write_text('{"status": "running", "step": 4, "steps": 9}')
+    assert run_progress(tmp_path / "r") == (4, 9)
+
+
+def test_trainer_status_counts_steps_for_the_sweep(run):
+    status = json.loads((run.run_dir.path / "status.json").read_text())
+    assert status["status"] == "finished" and status["step"] == 2
+    seen = []
+
+    def record(trainer, row):
+        seen.append(json.loads((trainer.run_dir.path / "status.json").read_text()))
+
+    with Trainer(small_cfg(run.run_dir.path.parent, "status", steps=2, eval_every=0, checkpoint_every=0),
+                 progress=False, callbacks=[record]) as t:
+        t.run()
+    # the status a callback sees after step k says step k-1 (it is written after the row is emitted)
+    assert [(s["status"], s["step"], s["steps"]) for s in seen] == [("running", 0, 2), ("running", 1, 2)]

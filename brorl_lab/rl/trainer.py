@@ -363,7 +363,7 @@ class Trainer:
         sampling = RolloutSampling(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
                                   seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
         return evaluate(self.engine, c.eval_tasks or c.tasks, samples=c.eval_samples, k=c.eval_k,
-                        prompts=c.eval_prompts, sampling=sampling, template=self.template)
+                        prompts=c.eval_prompts, sampling=sampling, template=self.template, progress=self.progress)
 
     # ---- the loop -------------------------------------------------------------------------------------------------------
     def run(self, steps: Optional[int] = None) -> pd.DataFrame:
@@ -378,13 +378,14 @@ class Trainer:
             row["time/eval"] = time.perf_counter() - t0
             self.rows.append(row)
             self._emit(row)
-        self.run_dir.write_status("running", step=self.step_idx)
+        self.run_dir.write_status("running", step=self.step_idx, steps=total)
         bar = tqdm(total=total, initial=self.step_idx, desc=self.run_dir.path.name, disable=not self.progress)
         try:
             with self._interruptible():
                 while self.step_idx < total and not self._stop.is_set():
                     row = self.step()
                     self._emit(row)
+                    self.run_dir.write_status("running", step=self.step_idx, steps=total)  # a sweep's view inside
                     bar.update(1)
                     bar.set_postfix({k: f"{row[k]:.3g}" for k in ("reward_mean", "ds_pass_rate", "kl", "entropy")
                                      if isinstance(row.get(k), float)})
