@@ -79,7 +79,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         try:
             for n in size.ns:
                 batch = S.score(S.rollout(engine, items, n, RolloutSampling(max_new_tokens=size.max_new_tokens,
-                                                                           seed=n)))
+                                                                            seed=n)))
                 batch.meta["temperature"] = 1.0
                 files[n] = Path(tmp) / f"batch_{n}.pt"
                 torch.save(batch, files[n])

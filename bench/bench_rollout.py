@@ -76,8 +76,8 @@ def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:
 
             def go():
                 batch = engine.generate(prompts, n, RolloutSampling(temperature=1.0, top_p=1.0,
-                                                                   max_new_tokens=size.max_new_tokens,
-                                                                   seed=next(seeds)))
+                                                                    max_new_tokens=size.max_new_tokens,
+                                                                    seed=next(seeds)))
                 return batch.size, int(batch.lengths.sum())
             return go
 

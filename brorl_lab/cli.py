@@ -140,7 +140,7 @@ def cmd_eval(args) -> int:
     try:
         res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
                        sampling=RolloutSampling(temperature=args.temperature, top_p=args.top_p,
-                                               max_new_tokens=args.max_new_tokens, seed=args.seed),
+                                                max_new_tokens=args.max_new_tokens, seed=args.seed),
                        template=template, progress=not args.quiet)
     finally:
         engine.close()

@@ -83,7 +83,7 @@ print("the exact prompt the model sees:", repr(TASKS[items[0].family].format_pro
 
 # %%
 sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                          seed=seed)
+                           seed=seed)
 batch = S.rollout(engine, items, n=cfg.rollouts_per_prompt, sampling=sampling, template="plain")
 batch
 

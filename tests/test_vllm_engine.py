@@ -68,7 +68,7 @@ def test_logprobs_match_the_trainer_recomputation(engine, policy, temperature, t
     """The temperature is applied inside vLLM's model (logits scale), so raw logprobs are log softmax(z / tau)
     before top-p, for any top_p."""
     batch = engine.generate(PROMPTS, 16, RolloutSampling(temperature=temperature, top_p=top_p, max_new_tokens=10,
-                                                        seed=3))
+                                                         seed=3))
     diff = logprob_diff(policy[0], batch, temperature)
     print(f"\nvllm logprobs vs compute_logprobs (T={temperature}, top_p={top_p}, {diff.numel()} tokens): "
           f"mean abs diff {float(diff.mean()):.2e}, max {float(diff.max()):.2e}")
@@ -79,7 +79,7 @@ def test_top_p_and_temperature_shape_the_first_token_distribution(engine, policy
     model, tok = policy
     n, temperature, top_p = 1024, 0.8, 0.6
     batch = engine.generate([PROMPTS[0]], n, RolloutSampling(temperature=temperature, top_p=top_p, max_new_tokens=1,
-                                                            seed=7))
+                                                             seed=7))
     with torch.no_grad():
         p = torch.softmax(model(torch.tensor([tok(PROMPTS[0])["input_ids"]])).logits[0, -1] / temperature, -1)
     order = p.argsort(descending=True)

@@ -217,7 +217,7 @@ class Trainer:
     def sampling(self, step: int, rnd: int) -> RolloutSampling:
         c = self.cfg
         return RolloutSampling(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
-                              seed=derive_seed(c.seed, "rollout", step, rnd))
+                               seed=derive_seed(c.seed, "rollout", step, rnd))
 
     # ---- stage 1: rollout + score + dynamic sampling ---------------------------------------------------------------
     def collect(self, step: int) -> tuple[RolloutBatch, dict]:
@@ -361,7 +361,7 @@ class Trainer:
     def evaluate(self, step: Optional[int] = None):
         c = self.cfg
         sampling = RolloutSampling(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
-                                  seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
+                                   seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
         return evaluate(self.engine, c.eval_tasks or c.tasks, samples=c.eval_samples, k=c.eval_k,
                         prompts=c.eval_prompts, sampling=sampling, template=self.template, progress=self.progress)
 
