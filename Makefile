@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(BIN)/python -m pip install -q -c requirements/cpu-lock.txt -e '.[lab,dev,vllm,ray,bench]'
+	$(BIN)/python -m pip install -q -c requirements/cpu-lock.txt -e '.[lab,dev,vllm,ray,bench,track]'
 	-$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/python -c "import torch; assert not torch.version.cuda, 'a CUDA torch was installed: ' + torch.__version__"
 	@touch $@

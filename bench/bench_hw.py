@@ -83,7 +83,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
 
     from brorl_lab.rl import steps as S
     from brorl_lab.core.config import Config
-    from brorl_lab.rollout.engines import SamplingParams, make_engine
+    from brorl_lab.rollout.engines import RolloutSampling, make_engine
     from brorl_lab.rl.logprobs import compute_logprobs
     from brorl_lab.core.models import load_policy, make_reference
 
@@ -97,7 +97,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     P = size.total // size.n
     items = bench_items(P, seed=1)
     prompts = format_prompts(items, tok)
-    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=size.max_new_tokens, seed=0)
+    sampling = RolloutSampling(temperature=1.0, top_p=1.0, max_new_tokens=size.max_new_tokens, seed=0)
     cfg = Config(model=path, rollouts_per_prompt=size.n, prompts_per_step=P, max_new_tokens=size.max_new_tokens,
                  train_micro_batch_tokens=size.micro_batch_tokens, kl_beta=1e-3, lr=1e-5, eval_every=0)
     batch = S.score(S.rollout(engine, items, size.n, sampling), template="plain")

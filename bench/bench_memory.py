@@ -66,7 +66,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     import torch
 
     from brorl_lab.rl import steps as S
-    from brorl_lab.rollout.engines import SamplingParams, make_engine
+    from brorl_lab.rollout.engines import RolloutSampling, make_engine
 
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)
@@ -78,8 +78,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         files = {}
         try:
             for n in size.ns:
-                batch = S.score(S.rollout(engine, items, n, SamplingParams(max_new_tokens=size.max_new_tokens,
-                                                                           seed=n)))
+                batch = S.score(S.rollout(engine, items, n, RolloutSampling(max_new_tokens=size.max_new_tokens,
+                                                                            seed=n)))
                 batch.meta["temperature"] = 1.0
                 files[n] = Path(tmp) / f"batch_{n}.pt"
                 torch.save(batch, files[n])

@@ -58,7 +58,7 @@ def start_engines(path: str, names, threads: int, max_model_len: int) -> tuple[d
 def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:
     from transformers import AutoConfig
 
-    from brorl_lab.rollout.engines import SamplingParams
+    from brorl_lab.rollout.engines import RolloutSampling
 
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)
@@ -75,9 +75,9 @@ def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:
             prompts = pool[: size.total // n]
 
             def go():
-                batch = engine.generate(prompts, n, SamplingParams(temperature=1.0, top_p=1.0,
-                                                                   max_new_tokens=size.max_new_tokens,
-                                                                   seed=next(seeds)))
+                batch = engine.generate(prompts, n, RolloutSampling(temperature=1.0, top_p=1.0,
+                                                                    max_new_tokens=size.max_new_tokens,
+                                                                    seed=next(seeds)))
                 return batch.size, int(batch.lengths.sum())
             return go
 

@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from brorl_lab.rl import steps
     from brorl_lab.core.config import Config
-    from brorl_lab.rollout.engines.base import SamplingParams
+    from brorl_lab.rollout.engines.base import RolloutSampling
     from brorl_lab.rollout.engines.torch_engine import TorchEngine
     from brorl_lab.rl.logprobs import plan_micro_batches, row_token_counts
     from brorl_lab.core.models import make_reference, pick_device, pick_dtype
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> dict:
     save()
     try:
         warm = random_prompts(2, args.prompt_tokens, V, seed=args.seed + 1)
-        engine.generate(warm, 4, SamplingParams(max_new_tokens=min(8, args.new_tokens), seed=0))  # untimed warm-up
+        engine.generate(warm, 4, RolloutSampling(max_new_tokens=min(8, args.new_tokens), seed=0))  # untimed warm-up
 
         update_batch = None
         for n in args.ns:
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> dict:
                 continue
             P = args.total_samples // n
             prompts = random_prompts(P, args.prompt_tokens, V, seed=args.seed + n)
-            sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
+            sampling = RolloutSampling(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
             with Meter(device) as m:
                 batch = engine.generate(prompts, n, sampling)
             tokens = int(batch.lengths.sum())

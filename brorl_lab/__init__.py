@@ -25,26 +25,34 @@ _registry.provide("engine", "brorl_lab.rollout.engines:ENGINES")
 _registry.provide("task", "brorl_lab.rollout.tasks:TASKS")
 _registry.provide("advantage", "brorl_lab.rl.algo:ADVANTAGES")
 _registry.provide("policy_loss", "brorl_lab.rl.algo:POLICY_LOSSES")
+_registry.provide("tracker", "brorl_lab.rl.trackers:TRACKERS")
 
 _EXPORTS = {
     "Config": "core.config", "ConfigError": "core.config", "scaled_lr": "core.config",
     "RolloutBatch": "core.batch",
     "load_policy": "core.models", "make_reference": "core.models",
-    "SamplingParams": "rollout.engines.base", "make_engine": "rollout.engines", "ENGINES": "rollout.engines",
+    "RolloutSampling": "rollout.engines.base", "make_engine": "rollout.engines", "ENGINES": "rollout.engines",
     "TASKS": "rollout.tasks", "sample_items": "rollout.tasks", "eval_set": "rollout.tasks",
     "sample_prompts": "rl.steps", "rollout": "rl.steps", "score": "rl.steps", "filter_groups": "rl.steps",
     "advantages": "rl.steps", "update": "rl.steps", "sync": "rl.steps",
     "compute_logprobs": "rl.logprobs",
     "evaluate": "rl.evaluation",
-    "Trainer": "rl.trainer",
+    "Trainer": "rl.trainer", "TRACKERS": "rl.trackers", "read_tensorboard": "rl.trackers", "read_wandb": "rl.trackers",
     "RunDir": "core.rundir", "load_runs": "lab.tracking", "run_index": "lab.tracking",
     "run_notebook": "lab.sweep", "run_sweep": "lab.sweep", "iso_compute_plan": "lab.sweep",
 }
 
 __all__ = sorted(_EXPORTS)
 
+#: Public names that were renamed: the old name fails with one error naming the new one (not a silent alias, which
+#: would keep shadowing ``vllm.SamplingParams`` in notebooks that import both).
+RENAMED = {"SamplingParams": "RolloutSampling"}
+
 
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in RENAMED:
+        raise AttributeError(f"brorl_lab.{name} was renamed brorl_lab.{RENAMED[name]} (so it no longer shadows "
+                             f"vllm.{name}); use bl.{RENAMED[name]}")
     raise AttributeError(f"module 'brorl_lab' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""``python -m brorl_lab <command>``: demo, train, eval, sweep, iso-compute, bench, plateau, scaling, make-data, train-default.
+"""``python -m brorl_lab <command>``: demo, train, eval, export, tensorboard, sweep, iso-compute, bench, ...
 
 Every Config field is a ``train`` option (``--rollouts-per-prompt 512``), and ``--config run.yaml`` reads a file
 of the same fields; options override the file. Everything is validated before any work starts, and a bad value
@@ -63,7 +63,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         elif hint is dict:
             group.add_argument(flag, type=_json_dict, metavar="JSON", **kw)
         elif hint is list:
-            elem = type(f.default_factory()[0]) if f.default_factory is not dataclasses.MISSING else str  # type: ignore
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else []  # type: ignore
+            elem = type(default[0]) if default else str
             group.add_argument(flag, nargs="+", type=elem, metavar=elem.__name__.upper(), **kw)
         else:
             cast = {int: int, float: float, str: str}.get(hint, str)
@@ -148,7 +149,7 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from brorl_lab.rollout.engines import make_engine
-    from brorl_lab.rollout.engines.base import SamplingParams
+    from brorl_lab.rollout.engines.base import RolloutSampling
     from brorl_lab.rl.evaluation import evaluate
     from brorl_lab.core.models import load_policy
     from brorl_lab.rollout.tasks import configure_tasks
@@ -162,9 +163,9 @@ def cmd_eval(args) -> int:
     template = resolve_template(args.template, args.model, tok)
     try:
         res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
-                       sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                                               max_new_tokens=args.max_new_tokens, seed=args.seed),
-                       template=template)
+                       sampling=RolloutSampling(temperature=args.temperature, top_p=args.top_p,
+                                                max_new_tokens=args.max_new_tokens, seed=args.seed),
+                       template=template, progress=not args.quiet)
     finally:
         engine.close()
     table = res.table()
@@ -174,6 +175,30 @@ def cmd_eval(args) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res.metrics, indent=2))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from brorl_lab.rl.trainer import export_policy
+
+    out = export_policy(args.run, args.out)
+    print(f"Hugging Face model directory: {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    print(f"open it with AutoModelForCausalLM.from_pretrained({str(out)!r}), vLLM, or --model {out}")
+    return 0
+
+
+def cmd_tensorboard(args) -> int:
+    from brorl_lab.rl.trackers import metrics_to_tensorboard
+
+    runs = [Path(r) for r in args.runs]
+    missing = [str(r) for r in runs if not (r / "metrics.parquet").is_file()]
+    if missing:  # check all before writing any
+        raise ConfigError(f"runs: {', '.join(missing)} hold no metrics.parquet; allowed: run directories written by "
+                          "Trainer")
+    for r in runs:
+        print(f"{r}: {metrics_to_tensorboard(r)}")
+    parent = runs[0].parent if len({r.parent for r in runs}) == 1 else "<run parent>"
+    print(f"view with: tensorboard --logdir {parent}")
     return 0
 
 
@@ -323,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True,
-                         metavar="{demo,train,eval,sweep,iso-compute,bench,plateau,scaling,make-data,train-default}")
+                         metavar="{demo,train,eval,export,tensorboard,sweep,iso-compute,bench,plateau,scaling,make-data,"
+                                 "train-default}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -343,7 +369,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_options(e)
     e.add_argument("--tasks", nargs="+", required=False, default=None)
     e.add_argument("--json", help="also write the metrics as JSON here")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_eval)
+
+    x = sub.add_parser("export", help="copy a run's last checkpoint as a Hugging Face model directory")
+    x.add_argument("run", help="run directory (or its policy/)")
+    x.add_argument("out", help="new directory to write (safetensors, tokenizer, generation config)")
+    x.set_defaults(func=cmd_export)
+
+    tb = sub.add_parser("tensorboard", help="write TensorBoard event files (<run>/tensorboard/) from runs' metrics")
+    tb.add_argument("runs", nargs="+", help="run directories (with metrics.parquet)")
+    tb.set_defaults(func=cmd_tensorboard)
 
     s = sub.add_parser("sweep", help="run a notebook over a parameter grid with papermill")
     s.add_argument("notebook", help="notebook path or name under notebooks/")

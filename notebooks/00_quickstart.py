@@ -43,7 +43,7 @@ from IPython.display import display
 
 from brorl_lab.rl import steps as S
 from brorl_lab.core.config import Config
-from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.core.models import load_policy, make_reference
 from brorl_lab.rollout.tasks import TASKS
 from brorl_lab.rl.trainer import Trainer
@@ -82,8 +82,8 @@ print("the exact prompt the model sees:", repr(TASKS[items[0].family].format_pro
 # prompt-major (sample `p * N + s` is sample `s` of prompt `p`). Displayed, it is an HTML table of a few samples.
 
 # %%
-sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                          seed=seed)
+sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                           seed=seed)
 batch = S.rollout(engine, items, n=cfg.rollouts_per_prompt, sampling=sampling, template="plain")
 batch
 

@@ -67,7 +67,8 @@ SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_p
 
 def test_the_specification_covers_every_field():
     covered = set(INT_MIN) | set(FLOAT_RANGE) | set(CHOICES) | set(BOOLS) | {
-        "model", "ray_address", "tasks", "eval_tasks", "task_configs", "adam_betas", "eval_k", "run_dir", "run_name"}
+        "model", "ray_address", "tasks", "eval_tasks", "task_configs", "adam_betas", "eval_k", "run_dir", "run_name",
+        "report_to"}
     assert covered == set(FIELDS), f"new fields need a bad-input spec here: {set(FIELDS) - covered}"
 
 
@@ -79,6 +80,7 @@ def test_the_specification_covers_every_field():
     dict(tasks=("gcd", "chain_sum")), dict(adam_betas=[0, 0.5]), dict(lr=0.5, temperature=1e-3),
     dict(tasks=["rg:basic_arithmetic"], task_configs={"rg:basic_arithmetic": {"min_terms": 2, "max_terms": 2}}),
     dict(tasks=["gcd"], eval_tasks=["rg:basic_arithmetic"], task_configs={}),
+    dict(report_to=[]), dict(report_to=["tensorboard", "wandb"]),
 ])
 def test_boundary_values_are_accepted(kw):
     """The validator must not over-reject: the edges of each allowed range are allowed."""
@@ -126,8 +128,14 @@ def bad_field(draw, python_objects: bool = True):
         name = draw(st.sampled_from(BOOLS))
         value = draw(st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats()))
     elif kind == "list":
-        name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k"]))
-        if name in ("tasks", "eval_tasks"):
+        name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k", "report_to"]))
+        if name == "report_to":  # tracker names: [] is fine (no tracker), unknown / repeated names and non-lists not
+            known = names_of("tracker")
+            value = draw(st.one_of(
+                st.lists(_unknown_name(known), min_size=1, max_size=3),
+                st.lists(st.sampled_from(known), min_size=2, max_size=4).filter(lambda v: len(set(v)) < len(v)),
+                st.lists(st.integers(), min_size=1, max_size=2), st.text(max_size=6), st.integers()))
+        elif name in ("tasks", "eval_tasks"):
             known = names_of("task")
             value = draw(st.one_of(
                 st.just([]), st.lists(_unknown_name(known), min_size=1, max_size=3),

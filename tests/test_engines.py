@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.engines.common import plan_chunks
 from brorl_lab.rollout.engines.torch_engine import TorchEngine
 from brorl_lab.rl.logprobs import compute_logprobs
@@ -100,7 +100,7 @@ def assert_well_formed(batch, engine, prompts, n, max_new):
 def test_batches_are_well_formed(engines, source, kind, n):
     prompts = PROMPTS if n < 512 else PROMPTS[:2]
     eng = engines[kind]
-    batch = eng.generate(prompts, n, SamplingParams(max_new_tokens=8, seed=n))
+    batch = eng.generate(prompts, n, RolloutSampling(max_new_tokens=8, seed=n))
     assert_well_formed(batch, eng, prompts, n, max_new=8)
     if n == 512 and source[2] != "default":
         assert batch.truncated.any() and (~batch.truncated).any() and (batch.lengths < 8).any()
@@ -111,7 +111,7 @@ def test_eos_first_gives_length_one_untruncated_rows(tiny, kind):
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
     bias_token(model, tok.eos_token_id, 40.0)
     eng = build(kind, model, tok)
-    batch = eng.generate(PROMPTS, 8, SamplingParams(max_new_tokens=6, seed=0))
+    batch = eng.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=6, seed=0))
     assert_well_formed(batch, eng, PROMPTS, 8, max_new=6)
     assert batch.response_ids.shape == (24, 1) and (batch.response_ids[:, 0] == tok.eos_token_id).all()
     assert (batch.lengths == 1).all() and not batch.truncated.any() and batch.texts == [""] * 24
@@ -126,7 +126,7 @@ def test_every_eos_of_the_generation_config_stops_a_row(tiny, kind):
     bias_token(model, z_id, 40.0)
     eng = build(kind, model, tok)
     assert eng.eos_ids == [tok.eos_token_id, z_id]
-    batch = eng.generate(PROMPTS, 4, SamplingParams(max_new_tokens=5, seed=0))
+    batch = eng.generate(PROMPTS, 4, RolloutSampling(max_new_tokens=5, seed=0))
     assert_well_formed(batch, eng, PROMPTS, 4, max_new=5)
     assert (batch.lengths == 1).all() and (batch.response_ids[:, 0] == z_id).all() and not batch.truncated.any()
     assert batch.texts == ["Z"] * 12  # "Z" is an ordinary char token: it is a stop token here, not special
@@ -137,7 +137,7 @@ def test_every_eos_of_the_generation_config_stops_a_row(tiny, kind):
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_logprobs_match_the_trainer_recomputation(engines, source, kind, temperature, top_p):
     eng = engines[kind]
-    batch = eng.generate(PROMPTS, 16, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=10, seed=3))
+    batch = eng.generate(PROMPTS, 16, RolloutSampling(temperature=temperature, top_p=top_p, max_new_tokens=10, seed=3))
     ref = compute_logprobs(source[0], batch, temperature=temperature, micro_batch_tokens=256)
     diff = (ref - batch.logprobs).abs()[batch.response_mask]
     assert float(diff.max()) < 1e-4, f"max abs diff {float(diff.max()):.2e}"
@@ -148,7 +148,7 @@ def test_bfloat16_engines_stay_close_to_a_bfloat16_trainer(tiny, kind):
     """bf16 rounding differs between a decode step and a full forward, so only closeness is asserted here."""
     model, tok = tiny
     eng = build(kind, model, tok, dtype="bfloat16")
-    batch = eng.generate(PROMPTS, 16, SamplingParams(temperature=0.8, max_new_tokens=8, seed=0))
+    batch = eng.generate(PROMPTS, 16, RolloutSampling(temperature=0.8, max_new_tokens=8, seed=0))
     assert eng.model.dtype == torch.bfloat16 and batch.logprobs.dtype == torch.float32
     ref = compute_logprobs(copy.deepcopy(model).to(torch.bfloat16), batch, temperature=0.8, micro_batch_tokens=256)
     diff = (ref - batch.logprobs).abs()[batch.response_mask]
@@ -160,7 +160,7 @@ def test_chunked_generation_keeps_prompt_major_rows(source, kind):
     """Tiny chunks (a prompt's 16 samples over 4 chunks): rows must still line up with their prompts."""
     model, tok, _ = source
     eng = build(kind, model, tok, chunk_sequences=5)
-    batch = eng.generate(PROMPTS, 16, SamplingParams(max_new_tokens=6, seed=1))
+    batch = eng.generate(PROMPTS, 16, RolloutSampling(max_new_tokens=6, seed=1))
     assert batch.meta["chunks"] == 3 * 4
     assert_well_formed(batch, eng, PROMPTS, 16, max_new=6)
     ref = compute_logprobs(model, batch, temperature=1.0, micro_batch_tokens=128)
@@ -175,7 +175,7 @@ def test_first_token_frequencies_follow_the_tempered_nucleus(tiny, kind, tempera
     eng = build(kind, model, tok, chunk_sequences=1024)
     prompt = "What is 12+7?"
     n = 2048
-    batch = eng.generate([prompt], n, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=1, seed=7))
+    batch = eng.generate([prompt], n, RolloutSampling(temperature=temperature, top_p=top_p, max_new_tokens=1, seed=7))
     with torch.no_grad():
         z = model(torch.tensor([tok(prompt)["input_ids"]])).logits[0, -1] / temperature
     p = torch.softmax(z, -1)
@@ -197,7 +197,7 @@ def test_tiny_top_p_decodes_greedily(source, kind):
     """top_p -> 0 keeps only the argmax: every sample equals a greedy decode done by full forwards."""
     model, tok, _ = source
     eng = build(kind, model, tok)
-    batch = eng.generate(PROMPTS, 4, SamplingParams(top_p=1e-6, max_new_tokens=8, seed=0))
+    batch = eng.generate(PROMPTS, 4, RolloutSampling(top_p=1e-6, max_new_tokens=8, seed=0))
     for p, prompt in enumerate(PROMPTS):
         x = tok(prompt)["input_ids"]
         greedy = []
@@ -216,10 +216,10 @@ def test_tiny_top_p_decodes_greedily(source, kind):
 @pytest.mark.parametrize("kind", list(ENGINES))
 def test_seed_reproduces_samples(engines, kind):
     eng = engines[kind]
-    a = eng.generate(PROMPTS, 8, SamplingParams(max_new_tokens=8, seed=11))
-    b = eng.generate(PROMPTS, 8, SamplingParams(max_new_tokens=8, seed=11))
-    c = eng.generate(PROMPTS, 8, SamplingParams(max_new_tokens=8, seed=12))
-    d = eng.generate(PROMPTS, 8, SamplingParams(max_new_tokens=8))
+    a = eng.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=11))
+    b = eng.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=11))
+    c = eng.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=12))
+    d = eng.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8))
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs) and a.texts == b.texts
     assert not torch.equal(a.response_ids, c.response_ids)
     assert a.texts != d.texts
@@ -231,7 +231,7 @@ def test_sync_weights_switches_the_sampled_policy(tiny, kind):
     trainer = copy.deepcopy(model)
     eng = build(kind, trainer, tok)
     z_id = tok.convert_tokens_to_ids("Z")
-    sp = SamplingParams(max_new_tokens=6, seed=5)
+    sp = RolloutSampling(max_new_tokens=6, seed=5)
     before = eng.generate(PROMPTS, 16, sp)
     bias_token(trainer, z_id, 30.0)  # the trainer's weights change; the engine holds its own copy
     unsynced = eng.generate(PROMPTS, 16, sp)
@@ -250,7 +250,7 @@ def test_sync_weights_switches_the_sampled_policy(tiny, kind):
 @pytest.mark.parametrize("kind", list(ENGINES))
 def test_bad_inputs_raise_one_clear_value_error(engines, tiny, kind, tmp_path):
     eng = engines[kind]
-    sp = SamplingParams(max_new_tokens=2)
+    sp = RolloutSampling(max_new_tokens=2)
     for prompts, n, match in [([], 2, "empty list"), ("What is 1+1?", 2, "single string"), (["ok", ""], 2, "non-empty"),
                               (PROMPTS, 0, "n \\(rollouts_per_prompt\\)"), (PROMPTS, -3, "n "), (PROMPTS, 1.5, "n "),
                               (PROMPTS, True, "n ")]:
@@ -277,16 +277,16 @@ def test_torch_engine_rejects_bad_kernel_settings(tiny):
 @pytest.mark.parametrize("kind", list(ENGINES))
 def test_close_is_idempotent_and_final(tiny, kind):
     eng = build(kind, *tiny)
-    eng.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=2))
+    eng.generate(PROMPTS[:1], 2, RolloutSampling(max_new_tokens=2))
     eng.close()
     eng.close()
     assert eng.model is None
     with pytest.raises(ValueError, match="closed"):
-        eng.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=2))
+        eng.generate(PROMPTS[:1], 2, RolloutSampling(max_new_tokens=2))
     with pytest.raises(ValueError, match="closed"):
         eng.sync_weights(tiny[0])
     with build(kind, *tiny) as ctx:
-        assert ctx.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=1)).size == 1
+        assert ctx.generate(PROMPTS[:1], 1, RolloutSampling(max_new_tokens=1)).size == 1
     assert ctx.model is None
 
 
@@ -300,7 +300,7 @@ def test_torch_engine_prefills_each_prompt_once(tiny):
         shapes = []
         hook = eng.model.get_decoder().embed_tokens.register_forward_hook(
             lambda m, args, out: shapes.append(tuple(args[0].shape)))
-        eng.generate(PROMPTS, 16, SamplingParams(max_new_tokens=4, seed=0))
+        eng.generate(PROMPTS, 16, RolloutSampling(max_new_tokens=4, seed=0))
         hook.remove()
         seen[kind] = [s for s in shapes if len(s) == 2 and s[1] > 1]  # prompt-length calls
     longest = max(len(tok(p)["input_ids"]) for p in PROMPTS)
@@ -310,7 +310,7 @@ def test_torch_engine_prefills_each_prompt_once(tiny):
 
 def test_kernels_sample_identically_without_compaction(tiny):
     model, tok = tiny
-    sp = SamplingParams(temperature=0.9, max_new_tokens=8, seed=21)
+    sp = RolloutSampling(temperature=0.9, max_new_tokens=8, seed=21)
     a = build("torch", model, tok, drop_finished_fraction=1.0).generate(PROMPTS, 16, sp)
     b = build("torch-hf_cache", model, tok, drop_finished_fraction=1.0).generate(PROMPTS, 16, sp)
     assert a.meta["kernel"] == "shared_prefix" and b.meta["kernel"] == "hf_cache"

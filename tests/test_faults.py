@@ -486,11 +486,11 @@ def test_a_sweep_records_each_failure_completes_the_rest_and_a_rerun_skips_finis
 # ---- engines that are closed -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["torch", "hf"])
 def test_engine_close_is_idempotent_use_after_close_is_one_clear_error_and_it_can_be_recreated(name, tiny_model):
-    from brorl_lab.rollout.engines import SamplingParams, make_engine
+    from brorl_lab.rollout.engines import RolloutSampling, make_engine
     from brorl_lab.core.models import load_policy
 
     policy, tok = load_policy(tiny_model, device="cpu")
-    sp = SamplingParams(max_new_tokens=4, seed=3)
+    sp = RolloutSampling(max_new_tokens=4, seed=3)
     engine = make_engine(name, policy, tok, device="cpu")
     first = engine.generate(["1 + 2 =\nAnswer:"], 2, sp)
     engine.close()

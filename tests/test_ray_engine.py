@@ -15,13 +15,13 @@ import time
 import pytest
 import torch
 
-from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.engines.ray_engine import (RayEngine, generate_sharded, merge_shards, plan_shards, shard_sampling,
                                           state_checksum)
 from helpers_models import bias_token, save_tiny, tiny_qwen2, tiny_tokenizer
 
 PROMPTS = ["12+7=", "abc", "Hello, world", "x"]
-SP = SamplingParams(temperature=1.0, max_new_tokens=12, seed=1234)
+SP = RolloutSampling(temperature=1.0, max_new_tokens=12, seed=1234)
 
 
 def same_batch(a, b) -> None:
@@ -52,7 +52,7 @@ def test_shard_seeds_are_distinct_and_one_shard_keeps_the_seed():
     seeds = [shard_sampling(SP, s, len(shards)).seed for s in shards]
     assert len(set(seeds)) == 4 and SP.seed not in seeds
     assert shard_sampling(SP, shards[0], 1) is SP
-    assert shard_sampling(SamplingParams(seed=None), shards[1], 4).seed is None
+    assert shard_sampling(RolloutSampling(seed=None), shards[1], 4).seed is None
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_pool_returns_the_in_process_batch_for_the_same_seed(pool, local):
         same_batch(pool.generate(prompts, n, SP), batch)  # deterministic in the seed
     halves = batch.response_ids.view(2, 3, -1)
     assert not torch.equal(halves[0], halves[1])  # the two workers' halves of one prompt used different seeds
-    other = pool.generate(PROMPTS[:1], 6, SamplingParams(max_new_tokens=12, seed=99))
+    other = pool.generate(PROMPTS[:1], 6, RolloutSampling(max_new_tokens=12, seed=99))
     assert not torch.equal(other.response_ids, batch.response_ids)
 
 
@@ -197,7 +197,7 @@ def test_dead_or_late_worker_is_one_clear_error_then_recovered(pool, local, mode
     eng.timeout_s = 1e-3
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"ray worker\(s\) \[0\] \(torch engine\) did not answer within"):
-        eng.generate(PROMPTS, 64, SamplingParams(max_new_tokens=64, seed=0))
+        eng.generate(PROMPTS, 64, RolloutSampling(max_new_tokens=64, seed=0))
     assert time.monotonic() - t0 < 10  # reported at the deadline, not after the work
     eng.timeout_s = 120
     same_batch(eng.generate(PROMPTS, 3, SP), local.generate(PROMPTS, 3, SP))  # the late worker was replaced

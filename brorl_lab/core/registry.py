@@ -156,7 +156,8 @@ def provide(kind: str, target: str) -> None:
 
 
 def registry_of(kind: str) -> Registry:
-    """The registry declared for ``kind`` (``'engine'``, ``'advantage'``, ``'policy_loss'``, ``'task'``)."""
+    """The registry declared for ``kind`` (``'engine'``, ``'advantage'``, ``'policy_loss'``, ``'task'``,
+    ``'tracker'``)."""
     if kind not in _PROVIDERS:
         raise ValueError(f"registry kind: got {kind!r}; allowed: {', '.join(_PROVIDERS)}")
     module, _, attr = _PROVIDERS[kind].partition(":")

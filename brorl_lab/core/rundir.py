@@ -7,10 +7,15 @@ Every run writes into ``runs/<name>/``::
     metrics.parquet    one row per step (the DataFrame plots and widgets read)
     events.jsonl       resets, skipped steps, interruptions, failures
     checkpoint/        the last complete checkpoint (see trainer.py)
+    tensorboard/, wandb/   tracker files when Config.report_to names them (see rl/trackers.py)
+    policy/            the same checkpoint's policy as a Hugging Face model directory (safetensors, tokenizer,
+                       generation config): what `AutoModelForCausalLM.from_pretrained`, vLLM and `--model RUN` open
     *.ipynb, *.html, *.png   executed notebooks and figures (papermill runs)
 
 All writes that a crash could tear (metrics, checkpoints, the run index) go through :func:`atomic_write`:
 temp file in the same directory, fsync, rename. A reader sees the old file or the new one, never half of one.
+Directories (``policy/``) are staged whole beside their target and swapped in by renames (:func:`stage_dir`,
+:func:`commit_dir`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,62 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+def stage_dir(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Fill a temp directory beside ``path`` with ``write(tmp)`` and fsync its files; returns it. If ``write`` fails
+    (a full disk) the temp directory is removed and ``path`` is untouched. Put it in place with :func:`commit_dir`."""
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        write(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def commit_dir(staged: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Swap a :func:`stage_dir` directory in for ``path``: old -> ``.NAME.old``, staged -> ``path``, old removed.
+    Renames only (no new space needed). A ``.NAME.old`` left by a crash between the two renames is put back first,
+    so ``path`` is always either the old directory or the new one."""
+    import shutil
+
+    path, staged = Path(path), Path(staged)
+    old = path.parent / f".{path.name}.old"
+    if old.exists():
+        if path.exists():
+            shutil.rmtree(old)
+        else:
+            os.replace(old, path)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(staged, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Write the directory ``path`` atomically: ``write(tmp)`` fills a staged directory that replaces ``path``."""
+    return commit_dir(stage_dir(path, write), path)
+
+
+def hf_model_dir(path: str | os.PathLike) -> Optional[Path]:
+    """The Hugging Face model directory ``path`` stands for: ``path`` itself when it holds ``config.json``, its
+    ``policy/`` when it is a run directory with one (so ``--model runs/NAME`` opens a run's last checkpoint); else
+    None."""
+    path = Path(path).expanduser()
+    for d in (path, path / RunDir.POLICY_DIR):
+        if d.is_dir() and (d / "config.json").is_file():
+            return d
+    return None
 
 
 def environment_info() -> dict:
@@ -118,7 +179,10 @@ class RunDir:
         return cls(Path(root) / name)
 
     #: What a Trainer writes into its run directory; any of them there means the directory holds a run.
-    RUN_FILES = ("config.yaml", "metrics.parquet", "events.jsonl", "checkpoint", "environment.json")
+    RUN_FILES = ("config.yaml", "metrics.parquet", "events.jsonl", "checkpoint", "policy", "environment.json",
+                 "tensorboard", "wandb")
+    #: The Hugging Face export of the last checkpoint's policy (written with every checkpoint).
+    POLICY_DIR = "policy"
 
     @classmethod
     def run_files_in(cls, path: str | os.PathLike) -> list[str]:
@@ -150,6 +214,10 @@ class RunDir:
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / "checkpoint"
+
+    @property
+    def policy_dir(self) -> Path:
+        return self.path / self.POLICY_DIR
 
     def write_config(self, config: dict) -> Path:
         import yaml

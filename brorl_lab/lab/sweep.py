@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Optional
 from collections.abc import Iterable, Mapping, Sequence
@@ -167,15 +168,19 @@ def _export_html(nb_path: Path) -> Optional[str]:
 
 def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | Iterable[dict], *,
               out: str | os.PathLike, parallel: int = 1, base: Optional[dict] = None,
-              skip_finished: bool = True, progress: bool = True) -> pd.DataFrame:
+              skip_finished: bool = True, progress: bool = True, poll_s: float = 2.0) -> pd.DataFrame:
     """Run ``notebook`` once per parameter set (a grid mapping or a list of dicts), ``parallel`` at a time.
 
     Each concurrent run gets ``torch_threads = cores // parallel`` (when the notebook declares it) so runs side
-    by side do not thrash. Returns (and writes) the index: one row per run with its status.
+    by side do not thrash. Returns (and writes) the index: one row per run with its status. ``progress`` shows a
+    bar over runs whose text names each run in flight with its training step (read every ``poll_s`` seconds from
+    the status.json its Trainer writes after every step).
     """
     from tqdm.auto import tqdm
 
     check_int('parallel', parallel, 1)
+    if not is_number(poll_s) or not 0 < poll_s < math.inf:
+        raise ValueError(f"poll_s: got {poll_s!r}; allowed: a number of seconds > 0")
     if isinstance(grid, Mapping):
         sets = expand_grid(grid)
     elif isinstance(grid, Iterable) and not isinstance(grid, (str, bytes)):
@@ -209,10 +214,37 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
             p = {**p, "overwrite": True}
         jobs.append((p, d))
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = [pool.submit(run_notebook, notebook, d, p) for p, d in jobs]
-        for _ in tqdm(as_completed(futures), total=len(futures), desc=f"sweep {out.name}", disable=not progress):
-            pass
+        futures = {pool.submit(run_notebook, notebook, d, p): d for p, d in jobs}
+        pending = set(futures)
+        with tqdm(total=len(futures), desc=f"sweep {out.name}", unit="run", disable=not progress) as bar:
+            while pending:  # the runs in flight show their step counts, read from their status.json
+                done, pending = wait(pending, timeout=poll_s, return_when=FIRST_COMPLETED)
+                bar.update(len(done))
+                bar.set_postfix_str(progress_text([futures[f] for f in pending]), refresh=True)
     return write_index(out, runs)
+
+
+def run_progress(run_dir: str | os.PathLike) -> Optional[tuple[int, int]]:
+    """(step, steps) of the Trainer running in ``run_dir`` (its status.json, or one in a directory below it, as a
+    notebook that names its own run inside the sweep's run_dir writes it); None before its first step is known."""
+    run_dir = Path(run_dir)
+    for p in [run_dir / "status.json", *sorted(run_dir.glob("*/status.json"))]:
+        try:
+            st = json.loads(p.read_text())
+        except (OSError, ValueError):  # not written yet; atomic writes never leave half a file
+            continue
+        if isinstance(st, dict) and is_int(st.get("step")) and is_int(st.get("steps")):
+            return int(st["step"]), int(st["steps"])
+    return None
+
+
+def progress_text(run_dirs: Sequence[Path]) -> str:
+    """``name: step/steps`` for each run in flight (what the sweep bar shows after its run count)."""
+    parts = []
+    for d in run_dirs:
+        at = run_progress(d)
+        parts.append(f"{d.name[:24]}: " + (f"step {at[0]}/{at[1]}" if at else "starting"))
+    return ", ".join(parts)
 
 
 def write_index(out: Path, runs: Sequence[dict]) -> pd.DataFrame:

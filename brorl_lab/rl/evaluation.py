@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from brorl_lab.rl.algo import pass_at_k
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rl.steps import rollout
 from brorl_lab.rollout.tasks import eval_set
@@ -42,27 +42,41 @@ class EvalResult:
 
 
 def evaluate(engine: RolloutEngine, families: Sequence[str], *, samples: int = 8, k: Sequence[int] = (1,),
-             prompts: int = 64, sampling: SamplingParams | None = None, template: str = "plain",
-             chunk_prompts: int = 64) -> EvalResult:
+             prompts: int = 64, sampling: RolloutSampling | None = None, template: str = "plain",
+             chunk_prompts: int = 64, progress: bool = True) -> EvalResult:
     """Sample ``samples`` responses for the first ``prompts`` items of each family's frozen eval set and score them.
 
-    Use the same ``sampling.seed`` to compare checkpoints on identical randomness.
+    Use the same ``sampling.seed`` to compare checkpoints on identical randomness. ``progress`` shows a bar over
+    families x chunks with pass@1 so far (over every item scored yet, and the current family's), since with a real
+    model this is the longest silent stretch of a run.
     """
+    from tqdm.auto import tqdm
+
     check_int('samples', samples, 1)
     bad_k = [x for x in k if not (isinstance(x, int) and 1 <= x <= samples)]
     if not k or bad_k:
         raise ValueError(f"k: got {list(k)!r}; allowed: integers in [1, samples={samples}]")
-    sampling = sampling or SamplingParams(temperature=0.6, top_p=0.95)
+    sampling = sampling or RolloutSampling(temperature=0.6, top_p=0.95)
+    check_int("chunk_prompts", chunk_prompts, 1)
+    sets = {fam: eval_set(fam, limit=prompts) for fam in families}
+    chunks = [(fam, items[s:s + chunk_prompts]) for fam, items in sets.items() for s in range(0, len(items), chunk_prompts)]
     rows = []
-    for fam in families:
-        items = eval_set(fam, limit=prompts)
-        for start in range(0, len(items), chunk_prompts):
-            chunk = items[start:start + chunk_prompts]
+    seen = {"all": [0, 0]}  # correct samples, samples: pass@1 so far is their ratio
+    with tqdm(total=len(chunks), desc=f"eval {len(families)} families", unit="chunk", leave=False,
+              disable=not progress) as bar:
+        for fam, chunk in chunks:
             batch = score(rollout(engine, chunk, n=samples, sampling=sampling, template=template), template=template)
             correct = batch.grouped(batch.correct).sum(1).tolist()  # [P] correct samples per item
             reward = batch.grouped(batch.rewards).mean(1).tolist()
             for item, c, r in zip(chunk, correct, reward):
                 rows.append({"family": fam, "uid": item.uid, "samples": samples, "correct": int(c), "reward": r})
+            for key in ("all", fam):
+                seen.setdefault(key, [0, 0])
+                seen[key][0] += int(sum(correct))
+                seen[key][1] += samples * len(chunk)
+            bar.set_postfix({"pass@1": f"{seen['all'][0] / seen['all'][1]:.3f}",
+                             f"{fam}/pass@1": f"{seen[fam][0] / seen[fam][1]:.3f}"}, refresh=False)
+            bar.update(1)
     per_item = pd.DataFrame(rows)
     metrics = {}
     for fam, g in per_item.groupby("family", sort=False):

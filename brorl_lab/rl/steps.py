@@ -24,7 +24,7 @@ import torch
 from brorl_lab.rl import algo
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches, token_logprobs
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rollout.tasks import TASKS, TaskItem, sample_items
@@ -42,7 +42,7 @@ def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = 
     return sample_items(list(tasks), count, seed=seed, split=split)
 
 
-def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: Optional[SamplingParams] = None,
+def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: Optional[RolloutSampling] = None,
             *, template: str = "plain", tokenizer=None) -> RolloutBatch:
     """N samples for each task item: formats each item's prompt with ``template`` and calls the engine.
 
@@ -54,7 +54,7 @@ def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: 
         raise ValueError("items: got an empty list; allowed: a non-empty list of TaskItem (see sample_prompts)")
     tok = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
     prompts = [TASKS[it.family].format_prompt(it, template, tok) for it in items]
-    batch = engine.generate(prompts, n, sampling or SamplingParams())
+    batch = engine.generate(prompts, n, sampling or RolloutSampling())
     batch.items = list(items)
     batch.meta["template"] = template
     return batch

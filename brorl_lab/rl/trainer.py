@@ -38,14 +38,16 @@ from brorl_lab.rl import steps as S
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.rollout.engines import make_engine
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rl.evaluation import evaluate
 from brorl_lab.rl.logprobs import compute_logprobs
+from brorl_lab.rl.trackers import check_trackers
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.rollout.tasks.templates import resolve_template
-from brorl_lab.core.rundir import RunDir, atomic_write
+from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_dir, commit_dir, stage_dir
 
 CHECKPOINT_FILE = "state.pt"
+POLICY_INFO_FILE = "brorl_lab.json"  # in a policy/ directory: the step, run and config it was trained with
 
 
 class RunExistsError(ValueError):
@@ -71,6 +73,67 @@ def _check_eval_sets(cfg: Config) -> None:
             raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
                               f"({eval_path(t)} missing); allowed: tasks with an eval set, eval_every=0, or "
                               f"generate it with `python -m brorl_lab make-data --families {t}`")
+
+
+def write_pretrained(out: Path, policy, tokenizer, cfg: Config, *, step: int, run_dir: Optional[Path] = None) -> None:
+    """Fill ``out`` with ``policy`` and ``tokenizer`` in Hugging Face format: safetensors weights, tokenizer files, a
+    ``generation_config.json`` sampling as the run evaluates (do_sample, eval_temperature, eval_top_p,
+    max_new_tokens: what its pass@k numbers mean) and ``brorl_lab.json`` (step, run, config) saying where it came
+    from. The tokenizer is saved with right padding, the transformers default for a model others load."""
+    import copy
+    import json
+
+    from transformers import GenerationConfig
+
+    out = Path(out)
+    policy.save_pretrained(out)
+    side = tokenizer.padding_side
+    try:
+        tokenizer.padding_side = "right"
+        tokenizer.save_pretrained(out)
+    finally:
+        tokenizer.padding_side = side
+    gen = copy.deepcopy(getattr(policy, "generation_config", None) or GenerationConfig())
+    gen.do_sample, gen.temperature, gen.top_p = True, cfg.eval_temperature, cfg.eval_top_p
+    gen.max_new_tokens = cfg.max_new_tokens
+    gen.pad_token_id = tokenizer.pad_token_id
+    if gen.eos_token_id is None:
+        gen.eos_token_id = tokenizer.eos_token_id
+    gen.save_pretrained(out)
+    info = {"step": step, "run_dir": None if run_dir is None else str(run_dir), "model": cfg.model,
+            "config": cfg.to_dict()}
+    (out / POLICY_INFO_FILE).write_text(json.dumps(info, indent=1, default=str))
+
+
+def export_policy(run: str | Path, out: str | Path) -> Path:
+    """Copy a run's last checkpoint as a Hugging Face model directory to ``out`` (a new or empty directory).
+
+    ``run`` is a run directory or its ``policy/``. A run written before policy/ existed is rebuilt from
+    ``checkpoint/state.pt`` and ``config.yaml`` (the base model loaded on CPU, the checkpoint's weights loaded in).
+    """
+    import shutil
+
+    from brorl_lab.core.models import load_policy
+
+    run, out = Path(run), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"out: {out} already exists and is not an empty directory; allowed: a new directory")
+    if run.name == RunDir.POLICY_DIR and (run / "config.json").is_file():
+        run = run.parent
+    if not run.is_dir():
+        raise ValueError(f"run: {run} is not a directory; allowed: a run directory written by Trainer")
+    policy_dir = run / RunDir.POLICY_DIR
+    if (policy_dir / "config.json").is_file():
+        return atomic_write_dir(out, lambda tmp: shutil.copytree(policy_dir, tmp, dirs_exist_ok=True))
+    ckpt = run / "checkpoint" / CHECKPOINT_FILE
+    if not ckpt.is_file() or not (run / "config.yaml").is_file():
+        raise ValueError(f"run: {run} has neither {RunDir.POLICY_DIR}/ nor checkpoint/{CHECKPOINT_FILE} with "
+                         "config.yaml; allowed: a run directory with a checkpoint")
+    cfg = Config.from_dict(RunDir(run).read_config())
+    state = torch.load(ckpt, weights_only=False, map_location="cpu")
+    policy, tok = load_policy(cfg.model, device="cpu", dtype=cfg.dtype if cfg.dtype != "auto" else "float32")
+    policy.load_state_dict(state["policy"])
+    return atomic_write_dir(out, lambda tmp: write_pretrained(tmp, policy, tok, cfg, step=state["step"], run_dir=run))
 
 
 def default_run_name(cfg: Config) -> str:
@@ -101,6 +164,7 @@ class Trainer:
 
         cfg.validate()  # again: a notebook may have edited fields since the Config was built
         _check_eval_sets(cfg)  # fail before the model loads and before the run directory is touched
+        check_trackers(cfg.report_to)
         path = Path(run_dir) if run_dir is not None else Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
         if not (_resuming or overwrite) and RunDir.holds_run(path):
             raise RunExistsError(
@@ -133,6 +197,7 @@ class Trainer:
         self._checkpoint_step: Optional[int] = None  # step of the last checkpoint this process wrote or loaded
         self.progress = progress
         self.callbacks = list(callbacks)
+        self.trackers: list = []  # cfg.report_to, opened at the first row a run() logs (see _emit)
         self.rows: list[dict] = []
         self.step_idx = 0  # completed training steps
         self.cum = {"samples": 0, "tokens": 0, "wall_s": 0.0}
@@ -157,10 +222,10 @@ class Trainer:
             kw.update(workers=c.ray_workers, worker_engine=c.ray_worker_engine, address=c.ray_address)
         return make_engine(c.engine, self.policy, self.tokenizer, **kw)
 
-    def sampling(self, step: int, rnd: int) -> SamplingParams:
+    def sampling(self, step: int, rnd: int) -> RolloutSampling:
         c = self.cfg
-        return SamplingParams(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
-                              seed=derive_seed(c.seed, "rollout", step, rnd))
+        return RolloutSampling(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
+                               seed=derive_seed(c.seed, "rollout", step, rnd))
 
     # ---- stage 1: rollout + score + dynamic sampling ---------------------------------------------------------------
     def collect(self, step: int) -> tuple[RolloutBatch, dict]:
@@ -303,10 +368,10 @@ class Trainer:
     # ---- evaluation -----------------------------------------------------------------------------------------------------
     def evaluate(self, step: Optional[int] = None):
         c = self.cfg
-        sampling = SamplingParams(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
-                                  seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
+        sampling = RolloutSampling(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
+                                   seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
         return evaluate(self.engine, c.eval_tasks or c.tasks, samples=c.eval_samples, k=c.eval_k,
-                        prompts=c.eval_prompts, sampling=sampling, template=self.template)
+                        prompts=c.eval_prompts, sampling=sampling, template=self.template, progress=self.progress)
 
     # ---- the loop -------------------------------------------------------------------------------------------------------
     def run(self, steps: Optional[int] = None) -> pd.DataFrame:
@@ -321,13 +386,14 @@ class Trainer:
             row["time/eval"] = time.perf_counter() - t0
             self.rows.append(row)
             self._emit(row)
-        self.run_dir.write_status("running", step=self.step_idx)
+        self.run_dir.write_status("running", step=self.step_idx, steps=total)
         bar = tqdm(total=total, initial=self.step_idx, desc=self.run_dir.path.name, disable=not self.progress)
         try:
             with self._interruptible():
                 while self.step_idx < total and not self._stop.is_set():
                     row = self.step()
                     self._emit(row)
+                    self.run_dir.write_status("running", step=self.step_idx, steps=total)  # a sweep's view inside
                     bar.update(1)
                     bar.set_postfix({k: f"{row[k]:.3g}" for k in ("reward_mean", "ds_pass_rate", "kl", "entropy")
                                      if isinstance(row.get(k), float)})
@@ -347,6 +413,7 @@ class Trainer:
             raise
         finally:
             bar.close()
+            self.close_trackers()
         self.run_dir.write_status("interrupted" if interrupted else "finished", step=self.step_idx)
         if interrupted:
             self.run_dir.log_event("interrupted", step=self.step_idx)
@@ -354,8 +421,19 @@ class Trainer:
 
     def _emit(self, row: dict) -> None:
         self.run_dir.write_metrics(self.rows)
-        for cb in self.callbacks:
+        if self.cfg.report_to and not self.trackers:
+            from brorl_lab.rl.trackers import make_trackers
+
+            self.trackers = make_trackers(self.cfg.report_to, self.run_dir.path, self.cfg.to_dict(),
+                                          first_step=int(row["step"]))
+        for cb in [*self.trackers, *self.callbacks]:
             cb(self, row)
+
+    def close_trackers(self) -> None:
+        """Finish the trackers (cfg.report_to); the next row a run() logs opens them again."""
+        trackers, self.trackers = self.trackers, []
+        for t in trackers:
+            t.close()
 
     @contextmanager
     def _interruptible(self):
@@ -395,22 +473,42 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write the whole state atomically to ``<run>/checkpoint/state.pt`` (temp + fsync + rename).
+        """Write the whole state atomically to ``<run>/checkpoint/state.pt`` (temp + fsync + rename) and the policy
+        as a Hugging Face model to ``<run>/policy/`` (see :meth:`save_pretrained`), both of the same step.
 
-        If the write fails (ENOSPC mid-write, quota, I/O error) the temp file is removed, the previous checkpoint is
-        left as it was, the failure is logged as a ``checkpoint_failed`` event, and :class:`CheckpointError` says
-        which checkpoint survived.
+        The policy directory is staged first (the big write), then state.pt is written, then the staged directory
+        is swapped in by renames; so if a write fails (ENOSPC mid-write, quota, I/O error) the temp files are
+        removed, the previous checkpoint and policy/ are left as they were, the failure is logged as a
+        ``checkpoint_failed`` event, and :class:`CheckpointError` says which checkpoint survived.
         """
+        import shutil
+
         state = self.state_dict()
         target = self.run_dir.checkpoint_dir / CHECKPOINT_FILE
+        staged = None
         try:
+            staged = stage_dir(self.run_dir.policy_dir, self._write_pretrained)
             path = atomic_write(target, lambda f: torch.save(state, f))
+            commit_dir(staged, self.run_dir.policy_dir)
         except OSError as e:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
             raise self._checkpoint_failed(target, e) from e
         for stale in path.parent.glob(f".{CHECKPOINT_FILE}.*.tmp"):  # left by a process killed mid-write
             stale.unlink(missing_ok=True)
+        for stale in self.run_dir.path.glob(f".{RunDir.POLICY_DIR}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
         self._checkpoint_step = self.step_idx
         return path
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write the current policy as a Hugging Face model directory (safetensors weights, tokenizer, a generation
+        config with the run's eval sampling, and ``brorl_lab.json`` naming step, run and config), atomically, so
+        ``AutoModelForCausalLM.from_pretrained(path)``, vLLM and ``Config(model=path)`` open it."""
+        return atomic_write_dir(path, self._write_pretrained)
+
+    def _write_pretrained(self, out: Path) -> None:
+        write_pretrained(out, self.policy, self.tokenizer, self.cfg, step=self.step_idx, run_dir=self.run_dir.path)
 
     def _checkpoint_failed(self, target: Path, e: OSError) -> CheckpointError:
         why = f"{errno.errorcode.get(e.errno, 'OSError')}: {e.strerror or e}" if e.errno else str(e)
@@ -468,6 +566,7 @@ class Trainer:
         return trainer
 
     def close(self) -> None:
+        self.close_trackers()
         if self._own_engine and self.engine is not None:
             self.engine.close()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 from brorl_lab.core.registry import Registry
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams, check_generate_args
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 
 ENGINES = Registry("engine")
 ENGINES.register("torch", "brorl_lab.rollout.engines.torch_engine:TorchEngine")
@@ -28,4 +28,4 @@ def make_engine(name: str, *args, **kwargs) -> RolloutEngine:
     return engine_class(name)(*args, **kwargs)
 
 
-__all__ = ["ENGINES", "RolloutEngine", "SamplingParams", "check_generate_args", "engine_class", "make_engine"]
+__all__ = ["ENGINES", "RolloutEngine", "RolloutSampling", "check_generate_args", "engine_class", "make_engine"]

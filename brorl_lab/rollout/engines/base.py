@@ -15,10 +15,11 @@ from brorl_lab.core.validation import check_int
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How to sample. ``logprobs`` returned by every engine are log-probabilities of the sampled token under the
-    temperature-scaled distribution ``softmax(logits / temperature)`` (before top-p truncation), which is what the
-    trainer recomputes for the PPO ratio."""
+class RolloutSampling:
+    """How to sample (named apart from ``vllm.SamplingParams``, which the vllm engine builds from it, so a notebook
+    that imports both never shadows one with the other). ``logprobs`` returned by every engine are log-probabilities
+    of the sampled token under the temperature-scaled distribution ``softmax(logits / temperature)`` (before top-p
+    truncation), which is what the trainer recomputes for the PPO ratio."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -51,7 +52,7 @@ class RolloutEngine(ABC):
     name: str = "base"
 
     @abstractmethod
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
         """N samples for each prompt, prompt-major (sample b = p*n + s)."""
 
     @abstractmethod

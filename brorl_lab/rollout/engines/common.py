@@ -2,7 +2,7 @@
 one step, turning sampled ids into a validated :class:`~brorl_lab.core.batch.RolloutBatch` (:func:`generate_batch`), and
 :class:`ModuleEngine`, the base of the engines that sample from an in-process torch copy of the policy.
 
-The log-probability contract (see :class:`~brorl_lab.rollout.engines.base.SamplingParams`): for each sampled token
+The log-probability contract (see :class:`~brorl_lab.rollout.engines.base.RolloutSampling`): for each sampled token
 ``y_t`` an engine returns ``log softmax(z_t / tau)[y_t]`` with ``z_t`` the raw logits and ``tau`` the temperature,
 computed before top-p truncation (top-p only restricts *which* tokens may be drawn). That is what the trainer
 recomputes (:func:`brorl_lab.rl.logprobs.compute_logprobs`), so the PPO ratio is 1 when the weights agree.
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from brorl_lab.core.batch import RolloutBatch
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams, check_generate_args
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 from brorl_lab.core.validation import check_int
 
 
@@ -150,7 +150,7 @@ def finish_lengths(response_ids: torch.Tensor, eos_ids: Sequence[int]) -> tuple[
 
 def build_batch(*, engine: str, prompts: Sequence[str], prompt_ids: list[list[int]], n: int,
                 response_ids: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,
-                tokenizer, pad_id: int, sampling: SamplingParams, seconds: float,
+                tokenizer, pad_id: int, sampling: RolloutSampling, seconds: float,
                 extra_meta: Optional[dict] = None) -> RolloutBatch:
     """Trim to the longest response, pad past each length (ids -> pad_id, logprobs -> 0), decode, and validate.
 
@@ -174,7 +174,7 @@ def build_batch(*, engine: str, prompts: Sequence[str], prompt_ids: list[list[in
                         meta=meta).validate()
 
 
-def generate_batch(engine, prompts: Sequence[str], n: int, sampling: SamplingParams, sample) -> RolloutBatch:
+def generate_batch(engine, prompts: Sequence[str], n: int, sampling: RolloutSampling, sample) -> RolloutBatch:
     """The generate() every engine shares: validate, tokenise, time ``sample(prompt_ids) -> (ids, logprobs, meta)``
     (raw [P*N, W] rows, prompt-major; what follows a row's first EOS is ignored), and build the batch."""
     check_generate_args(prompts, n)
@@ -213,7 +213,7 @@ class ModuleEngine(RolloutEngine):
         self.eos_ids, self.pad_id = special_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.chunk_sequences = chunk_sequences
 
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
         def sample(prompt_ids):
             chunks = [([prompt_ids[p] for p in ps], k) for ps, k in plan_chunks(len(prompt_ids), n,
                                                                                  self.chunk_sequences)]
@@ -228,7 +228,7 @@ class ModuleEngine(RolloutEngine):
         return generate_batch(self, prompts, n, sampling, sample)
 
     def _sample_chunks(self, chunks: list[tuple[list[list[int]], int]],
-                       sampling: SamplingParams) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                       sampling: RolloutSampling) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """For each chunk ``(prompt token ids, k)``: ``(ids, logprobs)`` [P_c*k, T_c] raw sampled rows (what follows
         a row's first EOS is ignored), prompt-major. ``T_c`` may differ across chunks (at most max_new_tokens)."""
         raise NotImplementedError

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from brorl_lab.core.batch import left_pad
-from brorl_lab.rollout.engines.base import SamplingParams
+from brorl_lab.rollout.engines.base import RolloutSampling
 from brorl_lab.rollout.engines.common import ModuleEngine
 
 
@@ -35,7 +35,7 @@ class HFEngine(ModuleEngine):
         super().__init__(model, tokenizer, device=device, dtype=dtype, chunk_sequences=chunk_sequences)
         self.model.generation_config = GenerationConfig()
 
-    def _sample_chunks(self, chunks, sampling: SamplingParams):
+    def _sample_chunks(self, chunks, sampling: RolloutSampling):
         # generate() draws from torch's global RNG: fork it so seeding here leaves the caller's stream alone.
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -46,7 +46,7 @@ class HFEngine(ModuleEngine):
             return [self._generate_chunk(seqs, k, sampling) for seqs, k in chunks]
 
     @torch.inference_mode()
-    def _generate_chunk(self, seqs: list[list[int]], k: int, sampling: SamplingParams):
+    def _generate_chunk(self, seqs: list[list[int]], k: int, sampling: RolloutSampling):
         from transformers import GenerationConfig
 
         ids, mask = left_pad(seqs, self.pad_id)  # [P_c, L]

