@@ -36,7 +36,7 @@ import torch
 from brorl_lab.core.config import Config
 from brorl_lab.core.validation import check_int
 from brorl_lab.rl import steps as S
-from brorl_lab.rollout.engines import SamplingParams, make_engine
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import TaskItem
 
 REACH = ("both", "only N=512", "neither")  # display order of the reach classes
@@ -59,7 +59,7 @@ def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskIt
     try:
         for start in range(0, len(items), chunk_prompts):
             chunk = list(items[start:start + chunk_prompts])
-            sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+            sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                       seed=seed + start)
             batch = S.score(S.rollout(engine, chunk, n_draws, sampling, template=cfg.template,
                                       tokenizer=tokenizer), template=cfg.template)
