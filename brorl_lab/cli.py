@@ -185,6 +185,11 @@ def cmd_demo(args) -> int:
         print("figures:           " + ", ".join(str(p) for p in pngs))
     if (out / "metrics.parquet").exists():
         print(f"metrics:           {out / 'metrics.parquet'}")
+    from brorl_lab.lab.report import try_write_report
+    from brorl_lab.lab.tracking import find_run_dirs
+
+    if find_run_dirs(out) and (report := try_write_report([out])):
+        print(f"report:            {report}")
     return 0 if status["status"] == "finished" else 1
 
 
