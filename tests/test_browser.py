@@ -48,6 +48,9 @@ SMALL = dict(vocab=3000, n_correct=250, steps=30, n_values=[4, 512], trials=200,
 HIST_TITLE = "Monte-Carlo draws of ΔQ_pos at"
 BAR_PATHS = ".trace.bars .point path"  # one SVG path per bar (error bars are separate paths)
 DASHBOARD_NB = "live_dashboard.ipynb"
+PLOTLY = "application/vnd.plotly.v1+json"
+# notebook 01's plots: first order, Lemma 2, 2 N-sweeps, Fig. 3 twice, budget, and the explorer's three
+NOTEBOOK_01_PLOTS = 10
 DASHBOARD_STEPS = 100_000  # hours of training: only the Stop button can end it within the test
 
 pytestmark = [
@@ -263,6 +266,9 @@ def test_moving_the_n_slider_redraws_the_explorer(jupyterlab, chromium, tmp_path
         expect(hist).to_have_text(re.compile(r"N = 4,096"), timeout=30_000)  # the kernel redrew the figure
         bars_after = wait_for(lambda: (b := bar_shapes(terms)) != bars_before and b, "the bars to be redrawn")
         shoot(explorer, tmp_path, "explorer_after.png")
+        # every figure drawn, once: a static figure (mimetype + HTML twin for exports) is not drawn twice
+        drawn = page.locator(".js-plotly-plot").filter(has=page.locator(".main-svg .trace"))
+        expect(drawn).to_have_count(NOTEBOOK_01_PLOTS, timeout=60_000)
     assert "N = 4,096" not in hist_before
     assert bars_after != bars_before and len(bars_after) == 4
     assert written_into_repo() == before == []
@@ -303,7 +309,6 @@ def test_live_dashboard_grows_and_its_stop_button_stops_the_run(jupyterlab, chro
 
 
 # ---- 3. exported pages, offline --------------------------------------------------------------------------------------
-PLOTLY = "application/vnd.plotly.v1+json"
 
 
 def rendered_plots(chromium, page_path: Path, shot: str) -> int:
@@ -316,7 +321,7 @@ def rendered_plots(chromium, page_path: Path, shot: str) -> int:
         page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
         page.goto(page_path.resolve().as_uri(), timeout=90_000)
         page.wait_for_load_state("load")
-        drawn = page.locator(".js-plotly-plot").filter(has=page.locator(".main-svg .plot .trace"))
+        drawn = page.locator(".js-plotly-plot").filter(has=page.locator(".main-svg .trace"))
         wait_for(lambda: drawn.count() == page.locator(".js-plotly-plot").count(), "every plot to be drawn")
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / shot), full_page=True)

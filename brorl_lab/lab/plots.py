@@ -444,24 +444,34 @@ def arm_diagnostics_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: 
 
 # ---- exportable figures --------------------------------------------------------------------------------------------
 # In a Jupyter kernel plotly's default renderer is "plotly_mimetype": JupyterLab draws it, but nbconvert's HTML drops
-# it (no HTML exporter knows that mimetype), so an exported notebook shows the code and no figure. Adding an HTML
-# renderer that embeds plotly.js once per notebook (in the output of the cell that imports this module) gives every
-# figure a text/html twin that nbconvert keeps, that needs no network, and that JupyterLab ignores in favour of the
-# interactive mimetype.
+# it (no HTML exporter knows that mimetype), so an exported notebook shows the code and no figure. A second renderer
+# gives every figure a text/html twin that nbconvert keeps and that needs no network. plotly.js travels once per
+# notebook, in the output of the cell that imports this module, as an inert <script type="text/plain">: JupyterLab,
+# which draws the mimetype with its own plotly, never executes that 4.8 MB bundle; in an exported page the first
+# figure that finds no window.Plotly evaluates it.
 
 NOTEBOOK_RENDERER = "brorl_notebook"
 EXPORTABLE_RENDERER = f"plotly_mimetype+{NOTEBOOK_RENDERER}"
 PLAIN_KERNEL_RENDERER = "plotly_mimetype"  # what plotly picks by itself in a plain Jupyter kernel
+PLOTLYJS_ID = "brorl-lab-plotly-js"
+LOAD_PLOTLYJS = (f'<script>if (!window.Plotly) {{ var js = document.getElementById("{PLOTLYJS_ID}"); '
+                 "if (js) { (0, eval)(js.textContent); } }</script>")
 
 
 class OfflineNotebookRenderer(NotebookRenderer):
-    """plotly's "notebook" renderer (plotly.js embedded once, on activation) without the MathJax script tag it adds
-    to every figure: that tag points at a CDN, and these figures use no LaTeX, so a page stays offline."""
+    """plotly's "notebook" renderer, changed in two ways: plotly.js is embedded inert (see above) rather than run in
+    the live notebook, and figures carry no MathJax script tag (it points at a CDN; these figures use no LaTeX)."""
+
+    def activate(self):
+        from IPython.display import display_html
+        from plotly.offline import get_plotlyjs
+
+        display_html(f'<script type="text/plain" id="{PLOTLYJS_ID}">{get_plotlyjs()}</script>', raw=True)
 
     def to_mimebundle(self, fig_dict):
         html = pio.to_html(fig_dict, config=self.config, include_plotlyjs=False, include_mathjax=False,
                            full_html=False, default_width="100%", default_height=525, validate=False)
-        return {"text/html": html}
+        return {"text/html": LOAD_PLOTLYJS + html}
 
 
 def _in_kernel() -> bool:
