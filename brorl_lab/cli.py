@@ -1,4 +1,4 @@
-"""``python -m brorl_lab <command>``: demo, train, eval, export, tensorboard, sweep, iso-compute, bench, ...
+"""``python -m brorl_lab <command>``: demo, train, eval, report, export, tensorboard, sweep, iso-compute, ...
 
 Every Config field is a ``train`` option (``--rollouts-per-prompt 512``), and ``--config run.yaml`` reads a file
 of the same fields; options override the file. Everything is validated before any work starts, and a bad value
@@ -138,9 +138,14 @@ def cmd_train(args) -> int:
     else:
         trainer = Trainer(cfg, progress=not args.quiet, overwrite=args.overwrite)
     with trainer:
-        df = trainer.run()
+        df = trainer.run()  # returns on a finished run and on a clean stop (first Ctrl-C): both get a report
     print(f"run directory: {trainer.run_dir.path}")
     print(f"metrics: {trainer.run_dir.metrics_path} ({len(df)} rows)")
+    from brorl_lab.lab.report import try_write_report
+
+    report = try_write_report([trainer.run_dir.path])
+    if report:
+        print(f"report: {report}")
     evals = [c for c in df.columns if c.startswith("eval/") and c.endswith("pass@1")]
     if evals:
         print(df[["step", *evals]].dropna().tail(3).to_string(index=False))
@@ -202,6 +207,13 @@ def cmd_tensorboard(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from brorl_lab.lab.report import write_report
+
+    print(f"report: {write_report(args.runs, args.out, x=args.x)}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from brorl_lab.lab.sweep import run_notebook
 
@@ -220,6 +232,11 @@ def cmd_demo(args) -> int:
         print("figures:           " + ", ".join(str(p) for p in pngs))
     if (out / "metrics.parquet").exists():
         print(f"metrics:           {out / 'metrics.parquet'}")
+    from brorl_lab.lab.report import try_write_report
+    from brorl_lab.lab.tracking import find_run_dirs
+
+    if find_run_dirs(out) and (report := try_write_report([out])):
+        print(f"report:            {report}")
     return 0 if status["status"] == "finished" else 1
 
 
@@ -348,8 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True,
-                         metavar="{demo,train,eval,export,tensorboard,sweep,iso-compute,bench,plateau,scaling,make-data,"
-                                 "train-default}")
+                         metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
+                                 "scaling,make-data,train-default}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -380,6 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
     tb = sub.add_parser("tensorboard", help="write TensorBoard event files (<run>/tensorboard/) from runs' metrics")
     tb.add_argument("runs", nargs="+", help="run directories (with metrics.parquet)")
     tb.set_defaults(func=cmd_tensorboard)
+
+    r = sub.add_parser("report", help="one self-contained HTML page of one or more runs (several are overlaid)")
+    r.add_argument("runs", nargs="+", metavar="RUN",
+                   help="a run directory, or a directory holding runs (a sweep, a runs root)")
+    r.add_argument("--out", help="the HTML file to write (default for one RUN: RUN/report.html)")
+    r.add_argument("--x", default="step", help="x axis of the curves: step (default), cum_samples, cum_updates or "
+                   "cum_wall_s (checked against lab.plots.X_AXES)")
+    r.set_defaults(func=cmd_report)
 
     s = sub.add_parser("sweep", help="run a notebook over a parameter grid with papermill")
     s.add_argument("notebook", help="notebook path or name under notebooks/")

@@ -43,6 +43,7 @@ from IPython.display import display
 
 from brorl_lab.rl import steps as S
 from brorl_lab.core.config import Config
+from brorl_lab.lab import plots
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.core.models import load_policy, make_reference
 from brorl_lab.rollout.tasks import TASKS
@@ -150,7 +151,9 @@ print("engine weights equal the updated policy:", same)
 # ## 8 · The same stages in a loop: `Trainer`
 #
 # `Trainer.run()` calls these functions in this order, times each stage, refills dynamic sampling, evaluates on the
-# frozen eval sets (row 0 is the evaluation before training), checkpoints and can resume. One row per step:
+# frozen eval sets (row 0 is the evaluation before training), checkpoints and can resume. One row per step, and the
+# same steps as curves: the mean reward and pass@1 on each step's training prompts, and pass@1 on the held-out eval
+# sets before and after training (`python -m brorl_lab report RUN_DIR` draws every curve of a run on one page).
 
 # %%
 with Trainer(cfg, policy=policy, tokenizer=tok, engine=engine, overwrite=overwrite) as trainer:
@@ -158,4 +161,6 @@ with Trainer(cfg, policy=policy, tokenizer=tok, engine=engine, overwrite=overwri
 cols = ["step", "samples", "ds_pass_rate", "reward_mean", "loss", "kl", "entropy", "step_wall_s",
         *[c for c in metrics.columns if c.startswith("eval/mean/")]]
 print(f"run directory: {trainer.run_dir.path}")
-metrics[[c for c in cols if c in metrics.columns]]
+display(metrics[[c for c in cols if c in metrics.columns]])
+plots.metrics_grid_figure(metrics.assign(run="quickstart"), ["reward_mean", "pass_at_1", "eval/mean/pass@1"],
+                          cols=3, title=f"{trainer_steps} steps of the quickstart run")

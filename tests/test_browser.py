@@ -4,6 +4,8 @@
    rendered plot (title text and bar shapes read from the page's SVG).
 2. A small notebook trains a tiny model with the live TrainingDashboard; the curves must grow in the page, and a
    click on its Stop button must stop the run after the current step (status.json says "interrupted").
+3. Pages opened from disk with every network request refused (offline): the HTML `python -m brorl_lab demo` writes
+   draws every figure its executed notebook holds, and a `report` page draws every plot it embeds.
 
 The server's root is a tmp directory: a copy of notebooks/01_mass_balance_theory.ipynb with small sizes injected
 the way papermill injects parameters (a cell after the "parameters" cell), and the dashboard notebook; the runs it
@@ -32,6 +34,7 @@ import pytest
 from brorl_lab.lab.widgets import DASHBOARD_STOP_LABEL, EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
 
 from helpers_notebooks import write_notebook
+from helpers_runs import make_tiny_runs
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "01_mass_balance_theory.ipynb"
@@ -45,6 +48,9 @@ SMALL = dict(vocab=3000, n_correct=250, steps=30, n_values=[4, 512], trials=200,
 HIST_TITLE = "Monte-Carlo draws of ΔQ_pos at"
 BAR_PATHS = ".trace.bars .point path"  # one SVG path per bar (error bars are separate paths)
 DASHBOARD_NB = "live_dashboard.ipynb"
+PLOTLY = "application/vnd.plotly.v1+json"
+# notebook 01's plots: first order, Lemma 2, 2 N-sweeps, Fig. 3 twice, budget, and the explorer's three
+NOTEBOOK_01_PLOTS = 10
 DASHBOARD_STEPS = 100_000  # hours of training: only the Stop button can end it within the test
 
 pytestmark = [
@@ -260,6 +266,9 @@ def test_moving_the_n_slider_redraws_the_explorer(jupyterlab, chromium, tmp_path
         expect(hist).to_have_text(re.compile(r"N = 4,096"), timeout=30_000)  # the kernel redrew the figure
         bars_after = wait_for(lambda: (b := bar_shapes(terms)) != bars_before and b, "the bars to be redrawn")
         shoot(explorer, tmp_path, "explorer_after.png")
+        # every figure drawn, once: a static figure (mimetype + HTML twin for exports) is not drawn twice
+        drawn = page.locator(".js-plotly-plot").filter(has=page.locator(".main-svg .trace"))
+        expect(drawn).to_have_count(NOTEBOOK_01_PLOTS, timeout=60_000)
     assert "N = 4,096" not in hist_before
     assert bars_after != bars_before and len(bars_after) == 4
     assert written_into_repo() == before == []
@@ -297,3 +306,51 @@ def test_live_dashboard_grows_and_its_stop_button_stops_the_run(jupyterlab, chro
     assert (run_dir / "checkpoint" / "state.pt").exists()  # resumable
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events[-1] == "interrupted" and "reset" in events
+
+
+# ---- 3. exported pages, offline --------------------------------------------------------------------------------------
+
+
+def rendered_plots(chromium, page_path: Path, shot: str) -> int:
+    """Open ``page_path`` from disk with every non-file request refused; returns how many plotly plots the page
+    drew (a ``.js-plotly-plot`` with its SVG and at least one trace). Page errors fail the test."""
+    page = chromium.new_page(viewport={"width": 1300, "height": 1000})
+    errors: list[str] = []
+    try:
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+        page.goto(page_path.resolve().as_uri(), timeout=90_000)
+        page.wait_for_load_state("load")
+        drawn = page.locator(".js-plotly-plot").filter(has=page.locator(".main-svg .trace"))
+        wait_for(lambda: drawn.count() == page.locator(".js-plotly-plot").count(), "every plot to be drawn")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / shot), full_page=True)
+        assert not errors, errors
+        return drawn.count()
+    finally:
+        page.close()
+
+
+def test_the_demo_html_shows_every_figure_offline(chromium, tmp_path, monkeypatch):
+    """`make demo` in small: the flagship notebook under papermill, then its nbconvert HTML in the browser."""
+    from brorl_lab import cli
+    from brorl_lab.lab.sweep import notebook_parameters
+    from test_notebooks_flagship import SCALING
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nb = REPO / "notebooks" / cli.FLAGSHIP
+    params = {**SCALING, **({"export_png": False} if "export_png" in notebook_parameters(nb) else {})}
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--out", str(out), *(f"--param={k}={v!r}" for k, v in params.items())]) == 0
+    executed = nbformat.read(out / nb.name, as_version=4)
+    figures = sum(PLOTLY in o.get("data", {}) for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert figures >= 3
+    assert rendered_plots(chromium, out / f"{nb.stem}.html", "demo_html.png") == figures
+
+
+def test_a_report_page_draws_its_plots_offline(chromium, tmp_path):
+    from brorl_lab.lab.report import write_report
+
+    runs = make_tiny_runs(tmp_path / "runs")
+    page = write_report([runs["n4"].parent])
+    assert rendered_plots(chromium, page, "report.png") == 3  # training curves, held-out pass@1, pass@k

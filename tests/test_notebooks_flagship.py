@@ -66,6 +66,10 @@ def test_quickstart_shows_every_stage_and_a_trainer_run(tmp_path, monkeypatch):
     assert "engine weights equal the updated policy: True" in printed(outputs)
     metrics = pd.read_parquet(tmp_path / "run" / "quickstart" / "metrics.parquet")
     assert list(metrics["step"]) == [0, 1, 2] and metrics["eval/mean/pass@1"].notna().sum() == 2
+    figures = [o.data[PLOTLY] for o in outputs if PLOTLY in o.get("data", {})]  # it ends with a picture
+    assert len(figures) == 1 and {a["text"] for a in figures[0]["layout"]["annotations"]} == {
+        "mean reward", "train pass@1", "mean pass@1 (eval)"}
+    assert {len([y for y in t["y"] if y is not None]) for t in figures[0]["data"] if t["name"] == "quickstart"} == {2}
 
 
 def test_rollout_scaling_notebook_is_a_study_with_bands_ablations_and_mechanism(tmp_path, monkeypatch):

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 from brorl_lab.lab.analysis import (ARM_NAMES, ARMS, X_AXES, arm_display_names, compare_arms, families_of,  # noqa: F401
                                     summarize, verdict)
+# Importing plots makes figures survive a notebook's HTML export (plots.exportable_figures) for a notebook that
+# imports only this facade.
+from brorl_lab.lab import plots  # noqa: F401
 from brorl_lab.lab.arms import (DEFAULT_ROOT, PAPER_ARMS, arm_configs, arms_table, experiment_root,  # noqa: F401
                                 run_arm, run_rollout_scaling, save_outputs)
 from brorl_lab.lab.plateau import (  # noqa: F401

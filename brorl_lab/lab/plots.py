@@ -14,16 +14,23 @@ Theory figures (the mass balance of :mod:`brorl_lab.theory`):
 
 Dashboard figures (section "# ---- dashboard": training runs, the live dashboard, the run browser, notebooks 03/04):
     metric_figure, run_curves_figure, metrics_grid_figure, arm_band_figure, pass_at_k_figure, empty_figure
+
+Figures that survive an HTML export (section "# ---- exportable figures"): importing this module in a Jupyter kernel
+calls :func:`exportable_figures`, so every notebook that imports it (all of notebooks/) shows its figures
+interactively in JupyterLab *and* in the HTML nbconvert writes (``make demo``, sweeps), offline.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.base_renderers import NotebookRenderer
 from plotly.subplots import make_subplots
 
 from brorl_lab.core.rundir import eval_key
@@ -180,7 +187,8 @@ X_AXES = {"step": "step", "cum_samples": "samples generated", "cum_updates": "op
 METRIC_LABELS = {"reward_mean": "mean reward", "pass_at_1": "train pass@1", "ds_pass_rate": "dynamic-sampling pass rate",
                  "entropy": "entropy (nats/token)", "kl": "KL to reference", "approx_kl": "KL to rollout policy",
                  "clipfrac_high": "clipped share (upper)", "clipfrac_low": "clipped share (lower)",
-                 "response_length_mean": "mean response length", "grad_norm": "grad norm"}
+                 "response_length_mean": "mean response length", "grad_norm": "grad norm",
+                 "samples_per_s": "generation samples/s"}
 RESETS = "resets"
 RESET_MARKER = dict(symbol="x-thin", size=11, color="#d62728", line=dict(width=2, color="#d62728"))
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff",
@@ -512,3 +520,67 @@ def iso_compute_figure(summary: pd.DataFrame, *, title: str = "Equal samples per
     fig.update_layout(title_text=title, height=400, legend=dict(orientation="h", y=-0.3),
                       margin=dict(t=80, b=40, l=60, r=20))
     return fig
+# ---- exportable figures --------------------------------------------------------------------------------------------
+# In a Jupyter kernel plotly's default renderer is "plotly_mimetype": JupyterLab draws it, but nbconvert's HTML drops
+# it (no HTML exporter knows that mimetype), so an exported notebook shows the code and no figure. A second renderer
+# gives every figure a text/html twin that nbconvert keeps and that needs no network. plotly.js travels once per
+# notebook, in the output of the cell that imports this module, as an inert <script type="text/plain">: JupyterLab,
+# which draws the mimetype with its own plotly, never executes that 4.8 MB bundle; in an exported page the first
+# figure that finds no window.Plotly evaluates it.
+
+NOTEBOOK_RENDERER = "brorl_notebook"
+EXPORTABLE_RENDERER = f"plotly_mimetype+{NOTEBOOK_RENDERER}"
+PLAIN_KERNEL_RENDERER = "plotly_mimetype"  # what plotly picks by itself in a plain Jupyter kernel
+PLOTLYJS_ID = "brorl-lab-plotly-js"
+LOAD_PLOTLYJS = (f'<script>if (!window.Plotly) {{ var js = document.getElementById("{PLOTLYJS_ID}"); '
+                 "if (js) { (0, eval)(js.textContent); } }</script>")
+
+
+class OfflineNotebookRenderer(NotebookRenderer):
+    """plotly's "notebook" renderer, changed in two ways: plotly.js is embedded inert (see above) rather than run in
+    the live notebook, and figures carry no MathJax script tag (it points at a CDN; these figures use no LaTeX)."""
+
+    def activate(self):
+        from IPython.display import display_html
+        from plotly.offline import get_plotlyjs
+
+        display_html(f'<script type="text/plain" id="{PLOTLYJS_ID}">{get_plotlyjs()}</script>', raw=True)
+
+    def to_mimebundle(self, fig_dict):
+        html = pio.to_html(fig_dict, config=self.config, include_plotlyjs=False, include_mathjax=False,
+                           full_html=False, default_width="100%", default_height=525, validate=False)
+        return {"text/html": LOAD_PLOTLYJS + html}
+
+
+def _in_kernel() -> bool:
+    """Whether this code runs in a Jupyter (ipykernel) kernel, where figures are displayed as notebook outputs."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__module__.startswith("ipykernel.")
+
+
+def exportable_figures(*, force: bool = False) -> bool:
+    """Make the figures a Jupyter kernel displays survive an HTML export: renderer ``plotly_mimetype+brorl_notebook``
+    (interactive mimetype for JupyterLab, self-contained HTML for nbconvert), plotly.js embedded into the current
+    cell's output once. Runs at import of this module; returns whether it switched the renderer.
+
+    Only plotly's plain-kernel default is replaced: outside a kernel, under ``PLOTLY_RENDERER``, in VS Code or Colab
+    (their own defaults), or after a notebook chose a renderer, nothing changes unless ``force``. Calling it again
+    with ``force=True`` embeds plotly.js again (e.g. after the cell that first embedded it was re-run or cleared)."""
+    if not _in_kernel():
+        return False
+    if not force and (os.environ.get("PLOTLY_RENDERER") or pio.renderers.default != PLAIN_KERNEL_RENDERER):
+        return False
+    if NOTEBOOK_RENDERER not in pio.renderers:
+        pio.renderers[NOTEBOOK_RENDERER] = OfflineNotebookRenderer()
+    pio.renderers.default = EXPORTABLE_RENDERER  # queues plotly.js for the first figure shown...
+    activate = getattr(pio.renderers, "_activate_pending_renderers", None)
+    if activate is not None:  # ... or embeds it now, in the importing cell, where re-running a figure cell keeps it
+        activate()
+    return True
+
+
+exportable_figures()

@@ -8,11 +8,16 @@ Each run gets its own directory (executed notebook, HTML export, whatever the no
 ``run_dir`` parameter: metrics.parquet, figures) and a ``status.json``. Re-running a sweep skips runs whose status
 is "finished"; a failed run records its error and the sweep goes on. A run retried in a directory that has a status
 gets ``overwrite=True`` when its notebook declares an ``overwrite`` parameter (a Trainer refuses to replace an
-existing run without it). ``index.parquet`` lists every run.
+existing run without it). ``index.parquet`` lists every run; ``report.html`` (:mod:`brorl_lab.lab.report`) shows the
+index and every training run the sweep's notebooks wrote, overlaid.
+
+Kernels are started with CurveZMQ transport encryption where pyzmq and the kernelspec support it: ipykernel
+otherwise warns on every run that it "is running over TCP without encryption" (see :func:`kernel_options`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -108,6 +113,40 @@ def _check_value(name: str, value: Any, part: Any) -> None:
                      "bool, int, float, UTF-8 str, or lists and str-keyed dicts of these")
 
 
+def kernel_options() -> dict:
+    """papermill options that start each kernel with CurveZMQ transport encryption, when available.
+
+    An unencrypted kernel makes ipykernel log a warning on every start ("Kernel is running over TCP without
+    encryption ... Use IPC transport or launch with kernel manager-provisioned CurveZMQ keys"), which buried a
+    sweep's progress. jupyter_client >= 8.10 provisions the keys when asked (``transport_encryption="auto"``: only
+    for kernelspecs declaring ``supported_encryption: curve``, as ipykernel's does), so the warning goes because its
+    cause does; nothing on stderr is filtered, and a real error still shows. Without CurveZMQ in pyzmq, or with an
+    older jupyter_client, kernels start as before (and warn as before)."""
+    try:
+        import zmq
+        from jupyter_client.manager import AsyncKernelManager
+    except ImportError:
+        return {}
+    if not zmq.has("curve") or not AsyncKernelManager.class_traits().get("transport_encryption"):
+        return {}
+    return {"kernel_manager_class": _encrypted_kernel_manager()}
+
+
+@functools.cache
+def _encrypted_kernel_manager() -> type:
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class EncryptedKernelManager(AsyncKernelManager):
+        """nbclient's kernel manager, provisioning CurveZMQ keys for kernels that support them."""
+
+        @default("transport_encryption")
+        def _transport_encryption_default(self) -> str:
+            return "auto"
+
+    return EncryptedKernelManager
+
+
 def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parameters: Optional[dict] = None, *,
                  html: bool = True, progress: bool = False, timeout_s: Optional[float] = None) -> dict:
     """Execute ``notebook`` with papermill into ``out_dir`` (passed to the notebook as ``run_dir`` when it declares
@@ -133,7 +172,7 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parame
     try:
         pm.execute_notebook(str(notebook), str(out_nb), parameters=params, kernel_name=KERNEL,
                             progress_bar=progress, cwd=str(notebook.parent.resolve()),
-                            execution_timeout=timeout_s)
+                            execution_timeout=timeout_s, **kernel_options())
         status["status"] = "finished"
     except BaseException as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
         if isinstance(e, KeyboardInterrupt):
@@ -221,7 +260,20 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
                 done, pending = wait(pending, timeout=poll_s, return_when=FIRST_COMPLETED)
                 bar.update(len(done))
                 bar.set_postfix_str(progress_text([futures[f] for f in pending]), refresh=True)
-    return write_index(out, runs)
+    index = write_index(out, runs)
+    write_sweep_report(out, index)
+    return index
+
+
+def write_sweep_report(out: Path, index: pd.DataFrame) -> Optional[Path]:
+    """``out/report.html``: the sweep's index and every training run its notebooks wrote (config.yaml with
+    metrics.parquet below a run's directory), overlaid; a sweep of notebooks that train nothing gets the index
+    alone. A report that fails is said on stderr; the sweep's results stand."""
+    from brorl_lab.lab.report import REPORT_FILE, try_write_report
+
+    dirs = [out / run for run in index["run"] if (out / run).is_dir()]
+    return try_write_report(dirs or [out], out / REPORT_FILE, index=index, title=f"Sweep {out.name}",
+                            allow_empty=True)
 
 
 def run_progress(run_dir: str | os.PathLike) -> Optional[tuple[int, int]]:
