@@ -262,7 +262,9 @@ if run_dir:
         tables["ablations"] = ablation_table
     if measure_mechanism:
         figures["mechanism"] = fig_mechanism
-        tables.update(mechanism_reach=reach, mechanism_change=change)
+        prompts_table = before.merge(pd.concat([a[["uid", "p"]].rename(columns={"p": f"p after {arm}"}).set_index("uid")
+                                                for arm, a in after.items()], axis=1), on="uid")
+        tables.update(mechanism_reach=reach, mechanism_change=change, mechanism_prompts=prompts_table)
     written = experiments.save_outputs(run_dir, df, figures, summary=summary, verdict_text=text + "\n\n" + findings,
                                        export_png=export_png, tables=tables)
     print("wrote:", ", ".join(str(p) for p in [written["metrics"], written["summary"], written["verdict"],

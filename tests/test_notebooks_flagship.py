@@ -107,6 +107,8 @@ def test_rollout_scaling_notebook_is_a_study_with_bands_ablations_and_mechanism(
     assert reach.iloc[-1]["family"] == "all" and reach.iloc[-1]["prompts"] == 4
     change = pd.read_csv(run_dir / "mechanism_change.csv", index_col=0)
     assert set(change["arm"]) == {"ProRL (N=4)", "BroRL (N=16)"}
+    prompts = pd.read_csv(run_dir / "mechanism_prompts.csv")
+    assert len(prompts) == 4 and {"p", "reach", "p after ProRL (N=4)", "p after BroRL (N=16)"} <= set(prompts)
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
     if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
         assert pngs == ["ablations.png", "diagnostics.png", "mechanism.png", "pass_at_1_vs_samples.png",

@@ -89,6 +89,7 @@ def test_reach_classes_and_summary_by_hand():
     s = M.reach_summary(rates).set_index("family")
     assert s.loc["all", "pass_rate_small"] == pytest.approx(1.125 / 4) and s.loc["all", "pass_rate_large"] == 0.5
     assert s.loc["all", ["share both", "share only N=512", "share neither"]].tolist() == [0.25, 0.25, 0.5]
+    assert s.loc["all", ["share rare successes", "share rare failures"]].tolist() == [0.25, 0.0]  # p = 0.01
     after = rates.assign(p=[0.0, 0.5, 0.2, 1.0])
     ch = M.reach_change(rates, {"BroRL": after}).set_index("reach")
     assert ch.loc["only N=512", "change"] == pytest.approx(0.19) and ch.loc["both", "change"] == 0

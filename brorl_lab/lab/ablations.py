@@ -154,7 +154,7 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
         row = {"variant": name, "N": int(bro["rollouts_per_prompt"].iloc[0]),
                "prompts_per_step": int(bro["prompts_per_step"].iloc[0]), "seeds": int(g["seed"].nunique())}
         if "lr" in bro:
-            row["brorl_lr"] = float(bro["lr"].dropna().max())
+            row["brorl_lr"] = f"{bro['lr'].dropna().max():.3g}"  # a string: tables round floats to 0.0
         for x in X_AXES:
             if x not in g:
                 continue
@@ -194,7 +194,9 @@ def findings(table: pd.DataFrame, reach: pd.DataFrame | None = None, change: pd.
         a = reach[reach["family"] == "all"].iloc[0]
         lines.append(f"Signal: {a['pass_rate_small']:.0%} of groups informative at the small N vs "
                      f"{a['pass_rate_large']:.0%} at the large N; {a['share only N=512']:.0%} of the measured "
-                     f"prompts are reached only by the large N, {a['share neither']:.0%} by neither.")
+                     f"prompts are reached only by the large N, {a['share neither']:.0%} by neither. "
+                     f"{a['share rare successes']:.0%} of the prompts have rare successes (0 < p <= 0.1) and "
+                     f"{a['share rare failures']:.0%} rare failures (0.9 <= p < 1).")
     if change is not None and not change.empty:
         only = change[change["reach"] == "only N=512"].set_index("arm")["change"]
         both = change[change["reach"] == "both"].set_index("arm")["change"]

@@ -86,13 +86,17 @@ def reach_class(signal_small: float, signal_large: bool) -> str:
 
 def reach_summary(rates: pd.DataFrame) -> pd.DataFrame:
     """Per family and over all prompts: number of prompts, the expected dynamic-sampling pass rate at the small N
-    (mean ``signal_small``) and at the large N (share with ``signal_large``), and the share in each reach class."""
+    (mean ``signal_small``) and at the large N (share with ``signal_large``), the share in each reach class, and
+    where the signal sits: the share of prompts with *rare successes* (0 < p <= 0.1: the theory's case, correct
+    tokens a small N rarely draws) and with *rare failures* (0.9 <= p < 1: near-solved prompts)."""
     _check_rates(rates, "rates")
     out = []
     for fam, g in [*rates.groupby("family", sort=True), ("all", rates)]:
         row = {"family": fam, "prompts": len(g), "pass_rate_small": g["signal_small"].mean(),
                "pass_rate_large": g["signal_large"].mean(), "mean_p": g["p"].mean()}
         row.update({f"share {r}": (g["reach"] == r).mean() for r in REACH})
+        row.update({"share rare successes": ((g["p"] > 0) & (g["p"] <= 0.1)).mean(),
+                    "share rare failures": ((g["p"] >= 0.9) & (g["p"] < 1)).mean()})
         out.append(row)
     return pd.DataFrame(out)
 
