@@ -52,7 +52,7 @@ class HFEngine(ModuleEngine):
         ids, mask = left_pad(seqs, self.pad_id)  # [P_c, L]
         cfg = GenerationConfig(do_sample=True, num_return_sequences=k, temperature=sampling.temperature,
                                top_p=sampling.top_p, top_k=0, max_new_tokens=sampling.max_new_tokens,
-                               eos_token_id=self.eos_ids, pad_token_id=self.pad_id, return_dict_in_generate=True,
+                               eos_token_id=None if sampling.ignore_eos else self.eos_ids, pad_token_id=self.pad_id, return_dict_in_generate=True,
                                output_logits=True)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                   generation_config=cfg)
