@@ -49,8 +49,10 @@ class Size:
     profile_tokens: int  # response length of the profiled decode call
 
 
-FULL = Size(total=512, ns=(16, 64, 512), new_tokens=128, repeats=1, matmul_n=1024, micro_batch_tokens=4096,
-            step_micro_batch=32, profile_tokens=64)
+# new_tokens: 64 fixed-length tokens (16-20x the short regime's 3-4-token answers) keeps the whole long figure near
+# 15 minutes on a 2-core shared CPU machine; the GPU check (bench/gpu_check.sh) runs 256 at the Qwen2-1.5B shape.
+FULL = Size(total=512, ns=(16, 64, 512), new_tokens=64, repeats=1, matmul_n=1024, micro_batch_tokens=1024,
+            step_micro_batch=64, profile_tokens=16)
 SMOKE = Size(total=16, ns=(4, 16), new_tokens=8, repeats=1, matmul_n=128, micro_batch_tokens=64,
              step_micro_batch=8, profile_tokens=4)
 

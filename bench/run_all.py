@@ -2,6 +2,7 @@
 
     .venv/bin/python -m brorl_lab bench [--only rollout hw step memory theory] [--smoke] [--json PATH]
     .venv/bin/python -m bench.run_all   [--only ...] [--smoke] [--json PATH] [--threads K]
+    .venv/bin/python -m bench.run_all   --plot SHORT.json LONG.json --json DIR/x.json   # redraw the plot only
 
 Figures (each a ratio against its peer, measured side by side in this run; see each module's docstring):
     hw       fp32 matmul peak of this machine and the MFU of rollout, logprobs and update    (bench_hw)
@@ -183,7 +184,18 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (what the tests run)")
     ap.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
+    ap.add_argument("--plot", nargs="+", metavar="JSON",
+                    help="only redraw samples/s against N from these bench JSONs (e.g. a short and a long run), "
+                         "beside the --json path")
     a = ap.parse_args(argv)
+    if a.plot:
+        rows = []
+        for path in a.plot:
+            rows += json.loads(Path(path).read_text())["rows"]
+        if not write_throughput_plot(rows, Path(a.json).parent):
+            print(f"--plot: no rollout rows with points in {', '.join(a.plot)}", file=sys.stderr)
+            return 2
+        return 0
     return main(only=a.only, smoke=a.smoke, json_path=a.json, threads=a.threads)
 
 

@@ -171,3 +171,19 @@ def test_profile_classes_name_the_decode_costs():
     assert classify("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention over the KV cache"
     assert classify("aten::cat") == "KV and row copies" and classify("aten::multinomial") == "sampling"
     assert classify("aten::rsqrt").startswith("other ops")
+
+
+def test_plot_from_saved_runs_merges_their_points(tmp_path):
+    rows = [common.row("rollout", "rollout torch N=16", 50.0, "samples/s", point={"regime": "short", "engine": "torch",
+                                                                                  "n": 16}),
+            common.row("long", "long rollout torch N=16", 5.0, "samples/s", point={"regime": "long", "engine": "torch",
+                                                                                   "n": 16}),
+            common.row("long", "long rollout torch/hf N=16", 1.2, "x")]
+    (tmp_path / "a.json").write_text(json.dumps({"rows": rows[:1]}))
+    (tmp_path / "b.json").write_text(json.dumps({"rows": rows[1:]}))
+    out = tmp_path / "plots" / "x.json"
+    assert run_all.cli(["--plot", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(out)]) == 0
+    html = (out.parent / "throughput_vs_n.html").read_text()
+    assert "torch, short responses" in html and "torch, long responses" in html
+    (tmp_path / "c.json").write_text(json.dumps({"rows": rows[2:]}))
+    assert run_all.cli(["--plot", str(tmp_path / "c.json"), "--json", str(out)]) == 2
