@@ -1,4 +1,4 @@
-"""Figure 6, long responses: the shape of a reasoning model, where generation and the KV cache decide.
+"""The long-response figure: the shape of a reasoning model, where generation and the KV cache decide.
 
     .venv/bin/python -m bench.run_all --only long [--smoke]
 
