@@ -1,5 +1,6 @@
 """Figure 4, memory: peak RSS of one update step (old logprobs, reference logprobs, PPO-clip + KL loss, backward,
-AdamW) at N in {16, 64, 256, 512} with P prompts fixed and a fixed micro-batch token budget.
+AdamW) at N in {16, 64, 256, 512} with P prompts fixed and a fixed micro-batch token budget. The child also times
+the update and counts its model FLOPs (``bench_long`` reads its MFU from them).
 
     .venv/bin/python -m bench.run_all --only memory [--smoke]
 
@@ -11,11 +12,13 @@ not by P*N, so peak RSS should stay nearly flat in N; the ratios are to the smal
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import (bench_items, child_main, model_path, ratio, rss_mib, row, run_child,
-                     set_threads)
+from .bench_hw import layout_tokens
+from .common import (bench_items, child_main, forward_flops, model_path, param_counts, ratio, rss_mib, row,
+                     run_child, set_threads)
 
 GROUP = "memory"
 MODULE = "bench.bench_memory"
@@ -54,8 +57,13 @@ def child(p: dict) -> dict:
     adv = S.advantages(batch, "grpo")
     before = rss_mib()
     old = compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=cfg.train_micro_batch_tokens)
+    t0 = time.perf_counter()
     S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old)
+    seconds = time.perf_counter() - t0
+    fed, layout = layout_tokens(policy, batch, cfg)  # model FLOPs as bench_hw counts them (4 forwards' worth)
+    flops = 4 * forward_flops(param_counts(policy), fed, int(batch.lengths.sum()))
     return {"rss_before_mib": before, "samples": batch.size, "tokens": int(batch.lengths.sum()),
+            "update_seconds": seconds, "update_flops": flops, "layout": layout, "tokens_fed": fed,
             "micro_batches": len(plan_micro_batches(policy, batch, torch.arange(batch.size),
                                                     cfg.train_micro_batch_tokens, cfg.logprob_layout))}
 

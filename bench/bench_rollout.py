@@ -99,7 +99,8 @@ def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:
         P = size.total // n
         for name in names:
             rows.append(row(GROUP, f"rollout {name} N={n} (P={P})", sps[(name, n)], "samples/s",
-                            note=f"mean response {mean_len[(name, n)]:.1f} tokens"))
+                            note=f"mean response {mean_len[(name, n)]:.1f} tokens",
+                            point={"regime": "short", "engine": name, "n": n}))
             rows.append(row(GROUP, f"rollout {name} N={n} (P={P}) tokens", tps[(name, n)], "tokens/s",
                             note="generated tokens incl. EOS"))
         big = n == 512

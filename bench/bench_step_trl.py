@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .common import (BENCH_FAMILIES, Lockstep, child_main, format_prompts, median, model_path, ratio, rss_mib,
                      row, set_threads)
@@ -103,6 +103,8 @@ def brorl_child(p: dict, link) -> dict:
 
     def recording_generate(prompts, n, sampling):
         hashes.append(prompt_hash(prompts))
+        if p.get("fixed_length"):  # the long-response regime: every response runs to max_new_tokens
+            sampling = replace(sampling, ignore_eos=True)
         return generate(prompts, n, sampling)
 
     trainer.engine.generate = recording_generate
@@ -160,7 +162,9 @@ def trl_child(p: dict, link) -> dict:
         learning_rate=p["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
         adam_beta2=0.999, max_grad_norm=1.0, max_steps=p["steps"], shuffle_dataset=False, seed=p["seed"],
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
-        log_completions=False)
+        log_completions=False,
+        # the long-response regime: EOS suppressed until max_completion_length, every completion at full length
+        generation_kwargs={"min_new_tokens": p["max_new_tokens"]} if p.get("fixed_length") else None)
     timer = LockstepTimer()
     trainer = GRPOTrainer(model=p["model"], reward_funcs=brorl_verifier, args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[timer])
@@ -187,11 +191,15 @@ LABEL = {"brorl": "brorl_lab", "trl": "TRL GRPOTrainer", "packed": "brorl_lab-pa
 LAYOUT = {"brorl": "auto", "packed": "packed"}
 
 
-def run(smoke: bool = False, threads=None) -> list[dict]:
-    size = SMOKE if smoke else FULL
+def run(smoke: bool = False, threads=None, *, path=None, size=None, sides=None, fixed_length: bool = False,
+        group: str = GROUP, prefix: str = "", target: str = "<= 0.5") -> list[dict]:
+    """The figure's rows. The keywords are for ``bench_long``: another model, sizes, sides (default brorl, trl and
+    packed), fixed-length responses (``ignore_eos`` / TRL ``min_new_tokens``), row group, figure-name prefix and
+    the target of the brorl_lab/TRL time ratio at N=512."""
+    size = size or (SMOKE if smoke else FULL)
     threads = set_threads(threads)
-    path = model_path()
-    sides = ("brorl", "trl", "packed") if trl_available() else ("brorl", "packed")
+    path = path or model_path()
+    sides = tuple(s for s in (sides or ("brorl", "trl", "packed")) if s != "trl" or trl_available())
     steps = size.warmup + size.timed
     rows = []
     for n in size.ns:
@@ -199,7 +207,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         mb_tokens = size.micro_batch * (longest_prompt_tokens(path, P, steps) + size.max_new_tokens)
         payload = {"model": path, "n": n, "P": P, "max_new_tokens": size.max_new_tokens, "steps": steps,
                    "micro_batch": size.micro_batch, "micro_batch_tokens": mb_tokens, "beta": BETA, "lr": LR,
-                   "seed": SEED}
+                   "seed": SEED, "fixed_length": fixed_length}
         payloads = {side: {**payload, "side": side, "layout": LAYOUT.get(side)} for side in sides}
         seconds, stages = {s: [] for s in sides}, {s: [] for s in sides}
         with Lockstep(MODULE, payloads, threads=threads) as ls:
@@ -217,7 +225,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
                            for s in sides)
         where = f"N={n} P={P}"
         trl = result.get("trl")
-        fair = (f"same model/prompts/N/max_new_tokens={size.max_new_tokens}/beta={BETA}/lr={LR}, {threads} "
+        fair = (("fixed-length responses (brorl_lab ignore_eos, TRL min_new_tokens), " if fixed_length else "") +
+                f"same model/prompts/N/max_new_tokens={size.max_new_tokens}/beta={BETA}/lr={LR}, {threads} "
                 f"threads, {P * n} samples and 1 optimizer step per step, micro-batch {size.micro_batch} samples (brorl_lab: "
                 f"{mb_tokens} tokens)" + (f", TRL {trl['trl_version']} {trl['dtype']} no grad checkpointing"
                                           if trl else "") +
@@ -230,17 +239,17 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
             else:
                 st = stages[side][size.warmup:]
                 note = ", ".join(f"{k[5:]} {median([x[k] for x in st]):.2f}s" for k in st[0] if k != "time/filter")
-            rows.append(row(GROUP, f"step {LABEL[side]} {where}", step_s[side], "s/step", note=note))
-            rows.append(row(GROUP, f"step {LABEL[side]} {where} peak RSS", peak[side], "MiB",
+            rows.append(row(group, f"{prefix}step {LABEL[side]} {where}", step_s[side], "s/step", note=note))
+            rows.append(row(group, f"{prefix}step {LABEL[side]} {where} peak RSS", peak[side], "MiB",
                             note=f"{base[side]:.0f} MiB before the first step"))
-        for side in ("brorl", "packed") if trl else ():
+        for side in tuple(s for s in ("brorl", "packed") if s in sides) if trl else ():
             tag = LABEL[side]
             note = "" if side == "brorl" else "logprob_layout='packed': the layout before issue 7's fix (no target)"
-            rows.append(row(GROUP, f"step time {tag}/TRL {where}", ratio(step_s[side], step_s["trl"]),
-                            "x", target="<= 0.5" if n == 512 and side == "brorl" else None, fairness=fair,
+            rows.append(row(group, f"{prefix}step time {tag}/TRL {where}", ratio(step_s[side], step_s["trl"]),
+                            "x", target=target if n == 512 and side == "brorl" else None, fairness=fair,
                             note=note if same_prompts else "PROMPTS DIFFERED"))
             grow = ratio(peak[side] - base[side], peak["trl"] - base["trl"])
-            rows.append(row(GROUP, f"step peak RSS {tag}/TRL {where}", ratio(peak[side], peak["trl"]), "x",
+            rows.append(row(group, f"{prefix}step peak RSS {tag}/TRL {where}", ratio(peak[side], peak["trl"]), "x",
                             note=f"above the pre-step RSS: {grow:.2f}x", fairness=fair))
     return rows
 

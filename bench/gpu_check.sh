@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Device check at real model size (see bench/gpu_check.py): rollout samples/s and tokens/s of brorl_lab's torch
 # engine for N in {16, 64, 256, 512} at 512 samples per call, and one update step's time and peak memory at N=512,
-# on a random-weight model of the Qwen2-1.5B shape. Needs torch + transformers, never downloads anything.
+# on a random-weight model of the Qwen2-1.5B shape; and the long-response figures of bench/bench_long.py at that
+# shape (every response exactly --new-tokens long; transformers generate beside the torch engine, N=512/N=16,
+# matmul peak, decode MFU with a torch.profiler profile, update MFU, update memory N=512 vs N=16).
+# Needs torch + transformers, never downloads anything.
 #
 #   bash bench/gpu_check.sh            # on a CUDA machine (under 8 minutes on one H200)
 #   bash bench/gpu_check.sh --smoke    # tiny shapes on CPU, a few seconds

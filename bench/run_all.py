@@ -2,6 +2,7 @@
 
     .venv/bin/python -m brorl_lab bench [--only rollout hw step memory theory] [--smoke] [--json PATH]
     .venv/bin/python -m bench.run_all   [--only ...] [--smoke] [--json PATH] [--threads K]
+    .venv/bin/python -m bench.run_all   --plot SHORT.json LONG.json --json DIR/x.json   # redraw the plot only
 
 Figures (each a ratio against its peer, measured side by side in this run; see each module's docstring):
     hw       fp32 matmul peak of this machine and the MFU of rollout, logprobs and update    (bench_hw)
@@ -9,6 +10,11 @@ Figures (each a ratio against its peer, measured side by side in this run; see e
     step     one full RL step, brorl_lab Trainer vs TRL GRPOTrainer: time and peak RSS      (bench_step_trl)
     memory   peak RSS of one update at N = 16 .. 512, fixed micro-batch                     (bench_memory)
     theory   the mass-balance computations and explorer                                     (bench_theory)
+    long     long responses (a few-million-parameter model, fixed-length answers): rollout of   (bench_long)
+             torch vs hf vs vllm, N=512/N=16, decode and update MFU with a decode profile, peak RSS
+             N=512 vs N=16, one full step vs TRL
+After the figures: samples/s against N at short and long responses (``throughput_vs_n.html`` / ``.png`` beside
+the JSON, when a rollout figure ran; ``brorl_lab.lab.plots.throughput_vs_n_figure``).
 
 Exit code: 0 when every figure ran (missed targets are reported, not failed: benchmarks are not tests), 1 when a
 figure raised (its row says why), 2 for an unknown figure name.
@@ -28,13 +34,17 @@ from collections.abc import Callable, Sequence
 
 from .common import format_table, model_path, model_summary, row, set_threads
 
-FIGURES = ("hw", "rollout", "step", "memory", "theory")  # run order: the matmul peak first, on a quiet process
+FIGURES = ("hw", "rollout", "step", "memory", "theory", "long")  # run order: the matmul peak first, on a quiet process
+REGIMES = {"short": ("hw", "rollout", "step", "memory", "theory"), "long": ("long",)}
+REGIME_TITLES = {"short": "short responses: the default model, answers of 3-4 tokens",
+                 "long": "long responses: the default architecture at a few million parameters, fixed-length answers"}
 
 
 def _runner(name: str) -> Callable[[bool, int], list]:
     if name == "theory":
         return _theory
-    module = {"hw": "bench_hw", "rollout": "bench_rollout", "step": "bench_step_trl", "memory": "bench_memory"}[name]
+    module = {"hw": "bench_hw", "rollout": "bench_rollout", "step": "bench_step_trl", "memory": "bench_memory",
+              "long": "bench_long"}[name]
     import importlib
 
     return importlib.import_module(f"bench.{module}").run
@@ -125,19 +135,47 @@ def main(only: Optional[Sequence[str]] = None, smoke: bool = False, json_path: s
         print(format_table(rows), flush=True)
 
     print("\n" + machine_line(machine))
-    print(format_table(all_rows))
+    for regime, members in REGIMES.items():
+        rows = [r for r in all_rows if r["group"] in members]
+        if rows:
+            print(f"\n== {REGIME_TITLES[regime]} ==")
+            print(format_table(rows))
+    plots = write_throughput_plot(all_rows, Path(json_path).parent)
     for name, fig in figures.items():
         for text in fig["fairness"]:
             print(f"fairness [{name}]: {text}")
     scored = [r for r in all_rows if r.get("met") is not None]
     print(f"targets met: {sum(r['met'] for r in scored)}/{len(scored)}; figures failed: {len(errors)}")
     out = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "args": {"only": names, "smoke": smoke,
-           "threads": threads}, "machine": machine, "figures": figures, "rows": all_rows, "errors": errors}
+           "threads": threads}, "machine": machine, "figures": figures, "rows": all_rows, "errors": errors,
+           "plots": plots}
     path = Path(json_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, default=str))
     print(f"wrote {path}")
     return 1 if errors else 0
+
+
+def write_throughput_plot(rows: Sequence[dict], folder: Path) -> list[str]:
+    """samples/s against N at short and long responses (rows carrying a ``point``), as HTML and, where plotly can
+    render images, PNG; returns the paths written."""
+    points = [{**r["point"], "samples_per_s": r["value"]} for r in rows if r.get("point")]
+    if not points:
+        return []
+    from brorl_lab.lab.plots import throughput_vs_n_figure
+
+    fig = throughput_vs_n_figure(points)
+    folder.mkdir(parents=True, exist_ok=True)
+    html = folder / "throughput_vs_n.html"
+    fig.write_html(html, include_plotlyjs="cdn")
+    written = [str(html)]
+    try:
+        fig.write_image(folder / "throughput_vs_n.png", width=900, height=420, scale=1)
+        written.append(str(folder / "throughput_vs_n.png"))
+    except Exception as e:  # kaleido / a browser missing: the HTML is still there
+        print(f"throughput plot: no PNG ({type(e).__name__}: {str(e)[:120]})")
+    print("wrote " + ", ".join(written))
+    return written
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
@@ -146,7 +184,18 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (what the tests run)")
     ap.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
+    ap.add_argument("--plot", nargs="+", metavar="JSON",
+                    help="only redraw samples/s against N from these bench JSONs (e.g. a short and a long run), "
+                         "beside the --json path")
     a = ap.parse_args(argv)
+    if a.plot:
+        rows = []
+        for path in a.plot:
+            rows += json.loads(Path(path).read_text())["rows"]
+        if not write_throughput_plot(rows, Path(a.json).parent):
+            print(f"--plot: no rollout rows with points in {', '.join(a.plot)}", file=sys.stderr)
+            return 2
+        return 0
     return main(only=a.only, smoke=a.smoke, json_path=a.json, threads=a.threads)
 
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import common, run_all  # noqa: E402
 
-FIGURES = {"hw", "rollout", "step", "memory", "theory"}
+FIGURES = {"hw", "rollout", "step", "memory", "theory", "long"}
 HAS_TRL = importlib.util.find_spec("trl") is not None
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -67,10 +67,45 @@ def test_each_figure_has_its_comparisons(smoke):
         assert "prompts identical: True" in r["fairness"] and r["note"] != "PROMPTS DIFFERED"
     assert any(n.startswith("update peak RSS N=") and "/" in n for n in names["memory"])
     assert len(names["theory"]) >= 3
-    for text in ("machine:", "targets met:", "fairness [rollout]:", "figure", "met?"):
+    for text in ("machine:", "targets met:", "fairness [rollout]:", "figure", "met?", "== short responses",
+                 "== long responses"):
         assert text in stdout
     m = data["machine"]
     assert m["torch_threads"] >= 1 and m["torch"] and m["cpu"] and isinstance(m["model"], dict)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_long_regime_has_every_figure(smoke):
+    data, _ = smoke
+    rows = {r["figure"]: r for r in data["figures"]["long"]["rows"]}
+    engines = ["torch", "hf"] + (["vllm"] if HAS_VLLM else [])
+    for n, P in ((4, 4), (16, 1)):  # smoke: 16 samples per call
+        for e in engines:
+            r = rows[f"long rollout {e} N={n} (P={P})"]
+            assert r["unit"] == "samples/s" and r["point"] == {"regime": "long", "engine": e, "n": n}
+            assert "every response 8 tokens: True" in r["note"]  # EOS ignored: fixed-length responses
+            assert rows[f"long rollout {e} N={n} (P={P}) tokens"]["value"] == pytest.approx(8 * r["value"], rel=0.05)
+        assert f"long rollout torch/hf N={n}" in rows
+        assert (f"long rollout torch/vllm N={n}" in rows) == HAS_VLLM
+    for e in engines:
+        assert "1.98x" in rows[f"long rollout {e} samples/s N=16 / N=4"]["note"]
+    mfu = rows["long decode (torch engine rollout) N=16 MFU"]
+    assert mfu["note"].startswith("bounded by ")
+    prefix = "long decode profile N=16: "
+    shares = {name[len(prefix):]: r["value"] for name, r in rows.items() if name.startswith(prefix)}
+    assert len(shares) >= 3 and sum(shares.values()) == pytest.approx(100, abs=0.01)
+    assert mfu["note"].startswith(f"bounded by {max(shares, key=shares.get)} (")  # the largest profile row
+    assert "long update peak RSS N=16 / N=4" in rows and "long update (ref fwd + policy fwd/bwd + AdamW) N=16 MFU" in rows
+    assert ("long step time brorl_lab/TRL N=16 P=1" in rows) == HAS_TRL
+    if HAS_TRL:
+        assert "prompts identical: True" in rows["long step time brorl_lab/TRL N=16 P=1"]["fairness"]
+        assert "fixed-length responses" in rows["long step time brorl_lab/TRL N=16 P=1"]["fairness"]
+    short = [r["point"] for r in data["figures"]["rollout"]["rows"] if r.get("point")]
+    assert {p["regime"] for p in short} == {"short"} and len(short) == len(engines) * 2
+    assert [Path(p).name for p in data["plots"]][:1] == ["throughput_vs_n.html"]
+    assert all(Path(p).stat().st_size > 1000 for p in data["plots"])
 
 
 # ---- the shared helpers (fast) ----------------------------------------------------------------------------------
@@ -111,3 +146,44 @@ def test_param_counts_split_body_and_head(tie):
 def test_unknown_figure_is_exit_code_2(capsys):
     assert run_all.main(only=["rollout", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_throughput_figure_has_one_line_per_regime_and_engine():
+    from brorl_lab.lab.plots import throughput_vs_n_figure
+
+    points = [{"regime": r, "engine": e, "n": n, "samples_per_s": v}
+              for r, v0 in (("short", 100.0), ("long", 5.0)) for e in ("torch", "hf")
+              for n, v in ((16, v0), (512, 2 * v0))]
+    fig = throughput_vs_n_figure(points)
+    assert sorted(t.name for t in fig.data) == ["hf, long responses", "hf, short responses", "torch, long responses",
+                                                "torch, short responses"]
+    long_torch = next(t for t in fig.data if t.name == "torch, long responses")
+    assert list(long_torch.x) == [16, 512] and list(long_torch.y) == [5.0, 10.0]
+    assert fig.layout.xaxis.type == "log"
+    with pytest.raises(ValueError, match="samples_per_s"):
+        throughput_vs_n_figure([{"regime": "long", "engine": "torch", "n": 16}])
+
+
+def test_profile_classes_name_the_decode_costs():
+    from bench.bench_long import classify
+
+    assert classify("aten::addmm") == "weight matmuls" and classify("aten::mm") == "weight matmuls"
+    assert classify("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention over the KV cache"
+    assert classify("aten::cat") == "KV and row copies" and classify("aten::multinomial") == "sampling"
+    assert classify("aten::rsqrt").startswith("other ops")
+
+
+def test_plot_from_saved_runs_merges_their_points(tmp_path):
+    rows = [common.row("rollout", "rollout torch N=16", 50.0, "samples/s", point={"regime": "short", "engine": "torch",
+                                                                                  "n": 16}),
+            common.row("long", "long rollout torch N=16", 5.0, "samples/s", point={"regime": "long", "engine": "torch",
+                                                                                   "n": 16}),
+            common.row("long", "long rollout torch/hf N=16", 1.2, "x")]
+    (tmp_path / "a.json").write_text(json.dumps({"rows": rows[:1]}))
+    (tmp_path / "b.json").write_text(json.dumps({"rows": rows[1:]}))
+    out = tmp_path / "plots" / "x.json"
+    assert run_all.cli(["--plot", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(out)]) == 0
+    html = (out.parent / "throughput_vs_n.html").read_text()
+    assert "torch, short responses" in html and "torch, long responses" in html
+    (tmp_path / "c.json").write_text(json.dumps({"rows": rows[2:]}))
+    assert run_all.cli(["--plot", str(tmp_path / "c.json"), "--json", str(out)]) == 2

@@ -325,3 +325,26 @@ def test_plan_chunks_cover_prompt_major_rows(P, n, chunk):
     rows = [p for ps, k in chunks for p in ps for _ in range(k)]
     assert rows == [p for p in range(P) for _ in range(n)]  # prompt-major, every sample exactly once
     assert all(len(ps) * k <= chunk for ps, k in chunks)
+
+
+@pytest.mark.parametrize("kind", list(ENGINES))
+def test_ignore_eos_runs_every_row_to_max_new_tokens(kind, tiny):
+    """The EOS-raised tiny model finishes some rows early; with ``ignore_eos`` no row stops, EOS tokens sampled
+    mid-response stay in it, and the logprobs are still the trainer's."""
+    model, tok = tiny
+    engine = build(kind, model, tok)
+    try:
+        plain = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=1))
+        fixed = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=1, ignore_eos=True))
+    finally:
+        engine.close()
+    assert bool((plain.lengths < 8).any())  # the model does stop when allowed to
+    assert (fixed.lengths == 8).all() and fixed.truncated.all() and fixed.response_ids.shape == (24, 8)
+    assert bool((fixed.response_ids[:, :-1] == tok.eos_token_id).any())  # EOS was sampled and did not stop a row
+    diff = (compute_logprobs(model, fixed, temperature=1.0, micro_batch_tokens=512) - fixed.logprobs).abs()
+    assert float(diff.max()) < 1e-4
+
+
+def test_ignore_eos_must_be_a_bool():
+    with pytest.raises(ValueError, match="sampling.ignore_eos"):
+        RolloutSampling(ignore_eos="yes")

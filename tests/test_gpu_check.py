@@ -43,6 +43,30 @@ def test_smoke_run_writes_every_figure(tmp_path):
     assert all(math.isfinite(u["metrics"][k]) for k in ("loss", "kl", "entropy", "grad_norm"))
     assert "peak_memory_gib" in u and d["max_rss_gib"] > 0
     assert d["environment"]["torch_threads"] == 1
+    for r in d["rollout"]:  # EOS ignored: every response is exactly new_tokens long
+        assert r["generated_tokens"] == 512 * s["new_tokens"] and r["truncation_rate"] == 1.0
+
+
+def test_smoke_run_writes_the_long_response_figures(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--smoke", "--ns", "16,512"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = json.loads((tmp_path / "gpu_check_smoke.json").read_text())
+    long, rollout = d["long"], {r["n"]: r for r in d["rollout"]}
+    assert long["matmul_peak_tflops"] > 0 and [h["n"] for h in long["hf"]] == [16, 512]
+    for h in long["hf"]:
+        assert h["generated_tokens"] == 512 * d["settings"]["new_tokens"]  # the same fixed-length work as torch's
+        assert long[f"torch_over_hf_n{h['n']}"] == pytest.approx(rollout[h["n"]]["samples_per_s"] / h["samples_per_s"])
+    assert long["torch_samples_per_s_hi_over_lo"] == pytest.approx(rollout[512]["samples_per_s"] /
+                                                                   rollout[16]["samples_per_s"])
+    assert 0 < long["decode_mfu_pct"] < 100 and 0 < long["update_mfu_pct"] < 100
+    prof = long["decode_profile"]
+    assert prof["n"] == 512 and sum(prof["shares_pct"].values()) == pytest.approx(100)
+    assert prof["bound_by"] == max(prof["shares_pct"], key=prof["shares_pct"].get)
+    assert long["update_small"]["n"] == 16 and long["update_small"]["prompts"] == 1
+    assert "update_peak_memory_hi_over_lo" not in long  # a CUDA-only figure (device memory)
+    assert "long-response figures: matmul_peak_tflops" in proc.stdout and "decode bound by: " in proc.stdout
 
 
 def test_real_shape_is_qwen2_1_5b():

@@ -154,3 +154,11 @@ def test_close_is_idempotent_and_final(engine):
         engine.generate(PROMPTS, 1, RolloutSampling(max_new_tokens=1))
     with pytest.raises(ValueError, match="closed"):
         engine.sync_weights(torch.nn.Linear(1, 1))
+
+
+def test_ignore_eos_runs_every_row_to_max_new_tokens(engine, policy):
+    tok = policy[1]
+    plain = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3))
+    fixed = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3, ignore_eos=True))
+    assert bool((plain.lengths < 8).any()) and (fixed.lengths == 8).all() and fixed.truncated.all()
+    assert bool((fixed.response_ids[:, :-1] == tok.eos_token_id).any())  # EOS sampled, generation went on

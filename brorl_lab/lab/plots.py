@@ -584,3 +584,33 @@ def exportable_figures(*, force: bool = False) -> bool:
 
 
 exportable_figures()
+
+
+# ---- benchmarks ---------------------------------------------------------------------------------------------------
+THROUGHPUT_DASH = {"short": "dot", "long": "solid"}
+THROUGHPUT_COLOR = {"torch": "#1f77b4", "hf": "#ff7f0e", "vllm": "#2ca02c"}
+
+
+def throughput_vs_n_figure(points: Sequence[Mapping], *, title: Optional[str] = None) -> go.Figure:
+    """Rollout samples/s against N (log axis) at a fixed total of samples per call, one line per (regime, engine):
+    how much of BroRL's "larger N is faster in wall time" a machine gives at short and at long responses.
+
+    ``points``: mappings with ``regime`` ("short" / "long" / any label), ``engine``, ``n`` and ``samples_per_s``
+    (the ``point`` rows of ``python -m brorl_lab bench``)."""
+    df = pd.DataFrame(list(points))
+    missing = {"regime", "engine", "n", "samples_per_s"} - set(df.columns)
+    if df.empty or missing:
+        raise ValueError(f"points: need regime, engine, n and samples_per_s in every point; missing "
+                         f"{sorted(missing) or 'all (no points)'}")
+    fig = go.Figure()
+    for (regime, engine), part in df.groupby(["regime", "engine"], sort=False):
+        part = part.sort_values("n")
+        fig.add_trace(go.Scatter(x=part["n"], y=part["samples_per_s"], mode="lines+markers",
+                                 name=f"{engine}, {regime} responses",
+                                 line=dict(dash=THROUGHPUT_DASH.get(regime, "dash"),
+                                           color=THROUGHPUT_COLOR.get(engine))))
+    fig.update_layout(title=title or "Rollout samples/s against N, fixed samples per call", height=420,
+                      legend=dict(orientation="v"), margin=dict(l=60, r=20, t=50, b=50))
+    fig.update_xaxes(type="log", title="N (rollouts per prompt)", tickvals=sorted(df["n"].unique()))
+    fig.update_yaxes(type="log", title="samples/s")
+    return fig

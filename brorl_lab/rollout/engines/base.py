@@ -19,12 +19,16 @@ class RolloutSampling:
     """How to sample (named apart from ``vllm.SamplingParams``, which the vllm engine builds from it, so a notebook
     that imports both never shadows one with the other). ``logprobs`` returned by every engine are log-probabilities
     of the sampled token under the temperature-scaled distribution ``softmax(logits / temperature)`` (before top-p
-    truncation), which is what the trainer recomputes for the PPO ratio."""
+    truncation), which is what the trainer recomputes for the PPO ratio.
+
+    ``ignore_eos``: sampling does not stop at EOS (an EOS sampled mid-response is kept as an ordinary token), so every
+    response runs to ``max_new_tokens``: fixed-length responses for benchmarks (vLLM's ``ignore_eos``)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
     seed: Optional[int] = None
+    ignore_eos: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
@@ -33,6 +37,8 @@ class RolloutSampling:
             raise ValueError(f"sampling.top_p: got {self.top_p!r}; allowed: a probability in (0, 1]")
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ValueError(f"sampling.max_new_tokens: got {self.max_new_tokens!r}; allowed: an integer >= 1")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"sampling.ignore_eos: got {self.ignore_eos!r}; allowed: True or False")
 
 
 def check_generate_args(prompts: Sequence[str], n: int) -> None:

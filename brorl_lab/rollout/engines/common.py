@@ -139,8 +139,9 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
 # ---- building the batch --------------------------------------------------------------------------------------------
 def finish_lengths(response_ids: torch.Tensor, eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(lengths [B], truncated [B])`` from raw sampled ids [B, T]: length runs through the first EOS (included);
-    a row with no EOS has length T and is truncated."""
-    is_eos = torch.isin(response_ids, torch.as_tensor(list(eos_ids), device=response_ids.device))  # [B, T]
+    a row with no EOS has length T and is truncated (every row, when ``eos_ids`` is empty)."""
+    is_eos = torch.isin(response_ids, torch.as_tensor(list(eos_ids), dtype=response_ids.dtype,
+                                                      device=response_ids.device))  # [B, T]
     T = response_ids.shape[1]
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(response_ids[:, 0], T))  # [B]
     truncated = first >= T
@@ -182,7 +183,7 @@ def generate_batch(engine, prompts: Sequence[str], n: int, sampling: RolloutSamp
     prompt_ids = encode_prompts(engine.tokenizer, prompts)
     with Timer() as timer:
         ids, logprobs, extra_meta = sample(prompt_ids)
-        lengths, truncated = finish_lengths(ids, engine.eos_ids)
+        lengths, truncated = finish_lengths(ids, () if sampling.ignore_eos else engine.eos_ids)
     return build_batch(engine=engine.name, prompts=prompts, prompt_ids=prompt_ids, n=n, response_ids=ids,
                        logprobs=logprobs, lengths=lengths, truncated=truncated, tokenizer=engine.tokenizer,
                        pad_id=engine.pad_id, sampling=sampling, seconds=timer.seconds, extra_meta=extra_meta)

@@ -50,9 +50,10 @@ class HFEngine(ModuleEngine):
         from transformers import GenerationConfig
 
         ids, mask = left_pad(seqs, self.pad_id)  # [P_c, L]
+        eos = None if sampling.ignore_eos else self.eos_ids  # None: no stop token, every row runs to the end
         cfg = GenerationConfig(do_sample=True, num_return_sequences=k, temperature=sampling.temperature,
                                top_p=sampling.top_p, top_k=0, max_new_tokens=sampling.max_new_tokens,
-                               eos_token_id=self.eos_ids, pad_token_id=self.pad_id, return_dict_in_generate=True,
+                               eos_token_id=eos, pad_token_id=self.pad_id, return_dict_in_generate=True,
                                output_logits=True)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                   generation_config=cfg)

@@ -135,7 +135,8 @@ class TorchEngine(ModuleEngine):
             tok, lp = sample_next(logits, sampling.temperature, sampling.top_p, gen)  # [A], [A]
             out_ids[rows, t] = torch.where(alive, tok, pad)
             out_lp[rows, t] = torch.where(alive, lp, 0.0)
-            alive &= ~torch.isin(tok, eos)
+            if not sampling.ignore_eos:
+                alive &= ~torch.isin(tok, eos)
             if t == T - 1 or not bool(alive.any()):
                 break
             if self.kernel == "shared_prefix":

@@ -122,10 +122,11 @@ class VLLMEngine(RolloutEngine):
 
         def sample(prompt_ids):
             self._set_temperature(sampling.temperature)
+            stop = [] if sampling.ignore_eos else self.eos_ids
             params = [VSamplingParams(n=n, temperature=1.0, top_p=sampling.top_p, top_k=0,
                                       max_tokens=sampling.max_new_tokens, logprobs=0,
-                                      seed=_request_seed(sampling.seed, p, n), stop_token_ids=self.eos_ids,
-                                      detokenize=False)
+                                      seed=_request_seed(sampling.seed, p, n), stop_token_ids=stop,
+                                      ignore_eos=sampling.ignore_eos, detokenize=False)
                       for p in range(len(prompt_ids))]
             try:
                 outs = self.llm.generate([{"prompt_token_ids": x} for x in prompt_ids], params, use_tqdm=False)

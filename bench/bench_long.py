@@ -1,0 +1,229 @@
+"""The long-response figure: the shape of a reasoning model, where generation and the KV cache decide.
+
+    .venv/bin/python -m bench.run_all --only long [--smoke]
+
+Model: the default architecture scaled to a few million parameters, random weights (``bench/long_model.py``);
+every response is forced to ``new_tokens`` (``RolloutSampling(ignore_eos=True)``; TRL: ``min_new_tokens``).
+N in {16, 64, 512} at a fixed total of samples per call (P = total / N prompts). Figures, side by side in one run:
+
+    rollout  samples/s and tokens/s of the torch engine, transformers ``generate`` (hf) and vllm(-cpu), timed
+             round-robin with fp32 matmul rounds (the peak); the N=512 / N=16 samples/s ratio (BroRL: 1.98x)
+    decode   the torch engine's rollout at N=512 as a fraction of the matmul peak (MFU), and a torch.profiler
+             profile of one such call: the share of its wall time in weight matmuls, attention over the KV cache,
+             KV copies, sampling, other ops, and outside any op (Python and dispatch: per-token overhead)
+    step     one full RL step at N=512, brorl_lab Trainer vs TRL GRPOTrainer (``bench_step_trl``, same config)
+    update   one update (old + reference log-probs, PPO-clip + KL, backward, AdamW) at P=1 x N=16 and x N=512,
+             each in a fresh subprocess (``bench_memory.child``): peak RSS (VmHWM) and the update's MFU
+
+Attention-score FLOPs are not in the model FLOPs (see ``bench/common.py``); at long contexts they are a larger
+share (``4 * context * D`` per token and layer), which the profile's attention row shows as time.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import bench_memory, bench_step_trl
+from .bench_hw import matmul_round
+from .bench_rollout import BRORL_GPU_SCALING, available_engines, start_engines
+from .common import (bench_items, format_prompts, forward_flops, interleave, median, param_counts, ratio, row,
+                     run_child, set_threads)
+from .long_model import long_model_path, param_total
+
+GROUP = "long"
+TARGETS = {"torch/hf": ">= 3", "torch/vllm": ">= 1", "step": "<= 0.33", "rss": "<= 1.2"}
+
+
+@dataclass(frozen=True)
+class Size:
+    total: int  # samples per generate call
+    ns: tuple  # N values; the smallest and largest are compared
+    new_tokens: int  # every response's length
+    repeats: int  # interleaved timed calls per (engine, N)
+    matmul_n: int
+    micro_batch_tokens: int  # update and step token budget
+    step_micro_batch: int  # TRL per_device_train_batch_size (samples)
+    profile_tokens: int  # response length of the profiled decode call
+
+
+# new_tokens: 64 fixed-length tokens (16-20x the short regime's 3-4-token answers) keeps the whole long figure near
+# 15 minutes on a 2-core shared CPU machine; the GPU check (bench/gpu_check.sh) runs 256 at the Qwen2-1.5B shape.
+FULL = Size(total=512, ns=(16, 64, 512), new_tokens=64, repeats=1, matmul_n=1024, micro_batch_tokens=1024,
+            step_micro_batch=64, profile_tokens=16)
+SMOKE = Size(total=16, ns=(4, 16), new_tokens=8, repeats=1, matmul_n=128, micro_batch_tokens=64,
+             step_micro_batch=8, profile_tokens=4)
+
+# torch.profiler op names (self CPU time) -> what the decode time goes to
+PROFILE_CLASSES = (
+    ("weight matmuls", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_mkldnn", "mkldnn")),
+    ("attention over the KV cache", ("attention", "aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::softmax")),
+    ("KV and row copies", ("aten::copy_", "aten::cat", "aten::index", "aten::gather", "aten::clone",
+                           "aten::contiguous", "aten::empty", "aten::select", "aten::slice", "aten::stack")),
+    ("sampling", ("aten::multinomial", "aten::sort", "aten::cumsum", "aten::log_softmax", "aten::_log_softmax",
+                  "aten::exponential", "aten::argmax", "aten::isin", "aten::where")),
+)
+
+
+def classify(op: str) -> str:
+    low = op.lower()
+    for name, keys in PROFILE_CLASSES:
+        if any(k.lower() in low for k in keys):
+            return name
+    return "other ops (norms, activations)"
+
+
+def profile_call(fn) -> tuple[dict, float]:
+    """``({class: seconds}, wall seconds)`` of ``fn()`` under torch.profiler: each op's self CPU time, classified by
+    :func:`classify`; the wall time no op accounts for is "outside ops (Python, dispatch)"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    wall = time.perf_counter() - t0
+    shares: dict[str, float] = {}
+    for ev in prof.key_averages():
+        shares[classify(ev.key)] = shares.get(classify(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
+    shares["outside ops (Python, dispatch)"] = max(wall - sum(shares.values()), 0.0)
+    return shares, wall
+
+
+def run(smoke: bool = False, threads=None) -> list[dict]:
+    import torch
+
+    from brorl_lab.rollout.engines import RolloutSampling
+
+    size = SMOKE if smoke else FULL
+    threads = set_threads(threads)
+    path = long_model_path(smoke)
+    names = available_engines()
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    built, start_s = start_engines(path, names, threads, cfg.max_position_embeddings)
+    lo, hi = min(size.ns), max(size.ns)
+    try:
+        tok = built["torch"].tokenizer
+        pool = format_prompts(bench_items(size.total // lo, seed=0), tok)
+        seeds = iter(range(10**6))
+
+        def sampling(tokens=size.new_tokens):
+            return RolloutSampling(temperature=1.0, top_p=1.0, max_new_tokens=tokens, seed=next(seeds),
+                                  ignore_eos=True)
+
+        for engine in built.values():  # a short untimed warm-up each (a full-length one would double the figure)
+            engine.generate(pool[:2], 2, sampling(4))
+        torch.set_num_threads(threads)
+
+        def case(engine, n):
+            return lambda: engine.generate(pool[: size.total // n], n, sampling())
+
+        cases = {"matmul": matmul_round(size.matmul_n, 3)}
+        cases.update({(name, n): case(built[name], n) for n in size.ns for name in names})
+        seconds, results = interleave(cases, size.repeats, warmup=False)
+        torch_model = built["torch"].model
+        counts = param_counts(torch_model)
+        prof_shares, prof_wall = profile_call(lambda: built["torch"].generate(pool[: size.total // hi], hi,
+                                                                               sampling(size.profile_tokens)))
+        big_batch = results[("torch", hi)][-1]
+    finally:
+        for e in built.values():
+            e.close()
+    peak = max(results["matmul"])
+
+    sps, tps = {}, {}
+    for key in cases:
+        if key == "matmul":
+            continue
+        sps[key] = median([b.size / t for b, t in zip(results[key], seconds[key])])
+        tps[key] = median([int(b.lengths.sum()) / t for b, t in zip(results[key], seconds[key])])
+    params = param_total(path)
+    shape = (f"{params / 1e6:.1f}M-param random Qwen2 (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers), "
+             f"{size.new_tokens} new tokens per response (EOS ignored)")
+    fair = (f"{shape}; same prompts, N, T=1.0, top_p=1, no top-k, fp32, {threads} torch threads, one process; "
+            f"median of {size.repeats} round-robin call(s) per engine and N after a short warm-up")
+    rows = []
+    for n in size.ns:
+        P = size.total // n
+        for name in names:
+            full = all(bool((b.lengths == size.new_tokens).all()) for b in results[(name, n)])
+            rows.append(row(GROUP, f"long rollout {name} N={n} (P={P})", sps[(name, n)], "samples/s",
+                            note=f"{median(seconds[(name, n)]):.3g} s per call; every response "
+                                 f"{size.new_tokens} tokens: {full}",
+                            point={"regime": "long", "engine": name, "n": n}))
+            rows.append(row(GROUP, f"long rollout {name} N={n} (P={P}) tokens", tps[(name, n)], "tokens/s"))
+        for peer in ("hf", "vllm"):
+            if peer in names:
+                rows.append(row(GROUP, f"long rollout torch/{peer} N={n}", ratio(sps[("torch", n)], sps[(peer, n)]),
+                                "x", target=TARGETS[f"torch/{peer}"] if n == hi and not smoke else None,
+                                fairness=fair))
+    for name in names:
+        rows.append(row(GROUP, f"long rollout {name} samples/s N={hi} / N={lo}",
+                        ratio(sps[(name, hi)], sps[(name, lo)]), "x", note=BRORL_GPU_SCALING))
+    if "vllm" in start_s:
+        rows.append(row(GROUP, "long vllm engine start (once, excluded above)", start_s["vllm"], "s"))
+
+    # ---- decode MFU and its profile ---------------------------------------------------------------------------
+    decoded = int(big_batch.lengths.sum()) - big_batch.size  # tokens fed back (the last of each row is not)
+    decode_flops = forward_flops(counts, sum(len(x) for x in big_batch.prompt_ids) + decoded,
+                                 big_batch.num_prompts + decoded)
+    decode_s = median(seconds[("torch", hi)])
+    hw_fair = (f"peak: best of {size.repeats}x3 fp32 matmuls n={size.matmul_n}, round-robin with the rollouts; "
+               f"{threads} torch threads; body params {counts[0]:,}, LM head {counts[1]:,}; attention FLOPs not counted")
+    rows.append(row(GROUP, f"long fp32 matmul peak (n={size.matmul_n}, best)", peak / 1e9, "GFLOP/s", fairness=hw_fair))
+    total_prof = sum(prof_shares.values())
+    bound = max(prof_shares, key=prof_shares.get)
+    rows.append(row(GROUP, f"long decode (torch engine rollout) N={hi} MFU", 100 * ratio(decode_flops / decode_s, peak),
+                    "% peak", fairness=hw_fair,
+                    note=f"bounded by {bound} ({100 * prof_shares[bound] / total_prof:.0f}% of the profiled call)"))
+    for name, sec in sorted(prof_shares.items(), key=lambda kv: -kv[1]):
+        rows.append(row(GROUP, f"long decode profile N={hi}: {name}", 100 * sec / total_prof, "% time",
+                        note=f"torch.profiler self CPU time, one call of {size.profile_tokens} tokens, "
+                             f"{prof_wall:.3g} s wall"))
+
+    # ---- one update at P=1 x N=lo and x N=hi: peak RSS and update MFU -----------------------------------------
+    mem = {}
+    with tempfile.TemporaryDirectory(prefix="brorl_bench_long_") as tmp:
+        from brorl_lab.rollout.engines import make_engine
+
+        engine = make_engine("torch", path, device="cpu", dtype="float32")
+        try:
+            small = engine.generate(pool[:1], lo, sampling())
+        finally:
+            engine.close()
+        gen = torch.Generator().manual_seed(0)
+        for n, batch in ((lo, small), (hi, big_batch)):
+            batch.rewards = torch.randint(0, 2, (batch.size,), generator=gen).float()  # random 0/1: a real loss
+            batch.correct = batch.rewards > 0
+            batch.meta["temperature"] = 1.0
+            f = Path(tmp) / f"batch_{n}.pt"
+            torch.save(batch, f)
+            mem[n] = run_child(bench_memory.MODULE, {"model": path, "batch": str(f), "max_new_tokens":
+                                                     size.new_tokens, "micro_batch_tokens": size.micro_batch_tokens},
+                               threads=threads)
+    mem_fair = (f"{shape}; P=1 prompt, micro-batch {size.micro_batch_tokens} tokens, kl_beta=1e-3 (reference "
+                f"loaded), fp32, {threads} threads; one subprocess per N, peak = VmHWM of the child")
+    for n in (lo, hi):
+        r = mem[n]
+        rows.append(row(GROUP, f"long update peak RSS N={n} (P=1)", r["peak_rss_mib"], "MiB", fairness=mem_fair,
+                        note=f"{r['peak_rss_mib'] - r['rss_before_mib']:.0f} MiB above the pre-update RSS; "
+                             f"{r['micro_batches']} micro-batches per pass"))
+    rows.append(row(GROUP, f"long update peak RSS N={hi} / N={lo}", ratio(mem[hi]["peak_rss_mib"],
+                                                                          mem[lo]["peak_rss_mib"]), "x",
+                    target=None if smoke else TARGETS["rss"], fairness=mem_fair))
+    r = mem[hi]
+    rows.append(row(GROUP, f"long update (ref fwd + policy fwd/bwd + AdamW) N={hi} MFU",
+                    100 * ratio(r["update_flops"] / r["update_seconds"], peak), "% peak", fairness=hw_fair,
+                    note=f"{r['update_seconds']:.3g} s, {r['layout']} layout feeds "
+                         f"{r['tokens_fed'] / r['samples']:.1f} tokens/row"))
+
+    # ---- one full RL step vs TRL at N=hi --------------------------------------------------------------------------
+    step_size = bench_step_trl.Size(total=size.total, ns=(hi,), max_new_tokens=size.new_tokens,
+                                    micro_batch=size.step_micro_batch, warmup=0, timed=1)
+    rows += bench_step_trl.run(smoke, threads, path=path, size=step_size, sides=("brorl", "trl"),
+                               fixed_length=True, group=GROUP, prefix="long ",
+                               target=None if smoke else TARGETS["step"])
+    return rows
