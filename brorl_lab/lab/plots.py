@@ -486,7 +486,7 @@ def reach_figure(rates: pd.DataFrame, change: Optional[pd.DataFrame] = None, *, 
     for n, dash in ((n_small, "dash"), (n_large, "dot")):
         fig.add_trace(go.Scatter(name=f"P(group of N={n} informative)", x=p, y=1 - p ** n - (1 - p) ** n,
                                  mode="lines", line=dict(color="black", dash=dash)), row=1, col=1, secondary_y=True)
-    fig.update_layout(barmode="stack")
+    fig.update_layout(barmode="group")  # histograms side by side per bin; the arms' bars side by side per class
     fig.update_xaxes(title_text="p (share of 512 draws correct)", row=1, col=1)
     fig.update_yaxes(title_text="prompts", row=1, col=1)
     fig.update_yaxes(title_text="informative probability", range=[0, 1.05], row=1, col=1, secondary_y=True)
