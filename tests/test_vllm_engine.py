@@ -145,6 +145,14 @@ def test_bad_inputs_raise_one_clear_value_error(engine, policy, tmp_path):
         engine.sync_weights(tiny_qwen2(len(policy[1]), hidden=32, heads=1, kv_heads=1))
 
 
+def test_ignore_eos_runs_every_row_to_max_new_tokens(engine, policy):
+    tok = policy[1]
+    plain = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3))
+    fixed = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3, ignore_eos=True))
+    assert bool((plain.lengths < 8).any()) and (fixed.lengths == 8).all() and fixed.truncated.all()
+    assert bool((fixed.response_ids[:, :-1] == tok.eos_token_id).any())  # EOS sampled, generation went on
+
+
 def test_close_is_idempotent_and_final(engine):
     """Runs last: closes the module's engine."""
     engine.close()
@@ -154,11 +162,3 @@ def test_close_is_idempotent_and_final(engine):
         engine.generate(PROMPTS, 1, RolloutSampling(max_new_tokens=1))
     with pytest.raises(ValueError, match="closed"):
         engine.sync_weights(torch.nn.Linear(1, 1))
-
-
-def test_ignore_eos_runs_every_row_to_max_new_tokens(engine, policy):
-    tok = policy[1]
-    plain = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3))
-    fixed = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3, ignore_eos=True))
-    assert bool((plain.lengths < 8).any()) and (fixed.lengths == 8).all() and fixed.truncated.all()
-    assert bool((fixed.response_ids[:, :-1] == tok.eos_token_id).any())  # EOS sampled, generation went on

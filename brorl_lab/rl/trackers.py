@@ -20,6 +20,7 @@ import math
 import os
 import re
 import struct
+import time
 from pathlib import Path
 from typing import Any, Optional
 from collections.abc import Iterable, Sequence
@@ -136,7 +137,10 @@ def make_trackers(names: Sequence[str], run_dir: str | Path, config: dict, *, fi
 def tensorboard_writer(logdir: str | Path, purge_step: Optional[int] = None):
     from tensorboardX import SummaryWriter
 
-    return SummaryWriter(logdir=str(logdir), purge_step=purge_step, flush_secs=30)
+    # The file name is events.out.tfevents.<unix second>.<host><suffix>: a resumed run that starts within the second
+    # its crashed process started would reopen, and truncate, that process's file without a suffix of its own.
+    suffix = f".{os.getpid()}.{time.time_ns()}"
+    return SummaryWriter(logdir=str(logdir), purge_step=purge_step, flush_secs=30, filename_suffix=suffix)
 
 
 def tensorboard_tag(name: str) -> str:
