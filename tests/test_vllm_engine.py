@@ -100,6 +100,14 @@ def test_seed_reproduces_samples(engine):
     assert a.texts[0:8] != a.texts[8:16]
 
 
+def test_ignore_eos_runs_every_row_to_max_new_tokens(engine, policy):
+    tok = policy[1]
+    plain = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3))
+    fixed = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3, ignore_eos=True))
+    assert bool((plain.lengths < 8).any()) and (fixed.lengths == 8).all() and fixed.truncated.all()
+    assert bool((fixed.response_ids[:, :-1] == tok.eos_token_id).any())  # EOS sampled, generation went on
+
+
 def test_sync_weights_updates_in_place_and_resets_the_prefix_cache(engine, policy):
     model, tok = policy
     cache_cfg = engine.llm.llm_engine.vllm_config.cache_config
@@ -143,14 +151,6 @@ def test_bad_inputs_raise_one_clear_value_error(engine, policy, tmp_path):
         make_engine("vllm", tiny_qwen2(len(policy[1])), policy[1], device="cpu")
     with pytest.raises(ValueError, match="weights"):
         engine.sync_weights(tiny_qwen2(len(policy[1]), hidden=32, heads=1, kv_heads=1))
-
-
-def test_ignore_eos_runs_every_row_to_max_new_tokens(engine, policy):
-    tok = policy[1]
-    plain = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3))
-    fixed = engine.generate(PROMPTS, 8, RolloutSampling(max_new_tokens=8, seed=3, ignore_eos=True))
-    assert bool((plain.lengths < 8).any()) and (fixed.lengths == 8).all() and fixed.truncated.all()
-    assert bool((fixed.response_ids[:, :-1] == tok.eos_token_id).any())  # EOS sampled, generation went on
 
 
 def test_close_is_idempotent_and_final(engine):
