@@ -224,7 +224,7 @@ if measure_mechanism:
     before = mechanism.prompt_pass_rates(policy0, tok0, items, base, n_draws=mechanism_draws, n_small=n_small)
     after = {}
     for arm in ("prorl", "brorl"):
-        pol, tok = mechanism.load_run_policy(root / f"{arm}_s{seeds[0]}")
+        pol, tok = load_policy(str(root / f"{arm}_s{seeds[0]}"))  # a run directory: its last checkpoint's policy/
         after[labels[arm]] = mechanism.prompt_pass_rates(pol, tok, items, base, n_draws=mechanism_draws,
                                                          n_small=n_small)
     reach = mechanism.reach_summary(before)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from brorl_lab.core.validation import check_int, did_you_mean, is_finite_number, is_int, is_number
+from brorl_lab.core.validation import check_int, check_seeds, did_you_mean, is_finite_number, is_int, is_number
 
 
 @pytest.mark.parametrize("value, integer, number", [
@@ -25,3 +25,13 @@ def test_finite_and_check_int_name_the_argument():
 def test_did_you_mean_offers_the_nearest_name_only_when_close():
     assert did_you_mean("grp", ["grpo", "rloo"]) == " (did you mean 'grpo'?)"
     assert did_you_mean("zzz", ["grpo", "rloo"]) == ""
+
+
+@pytest.mark.parametrize("seeds", [[], [0, 0], [-1], [True], [0.5], "01", 3, None])
+def test_check_seeds_rejects_nonsense_naming_the_field(seeds):
+    with pytest.raises(ValueError, match="seeds: got"):
+        check_seeds(seeds)
+
+
+def test_check_seeds_returns_a_list():
+    assert check_seeds((2, 0, 1)) == [2, 0, 1] and check_seeds(range(3)) == [0, 1, 2]

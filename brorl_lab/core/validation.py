@@ -37,3 +37,11 @@ def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
     """``" (did you mean 'x'?)"`` for the closest of ``allowed`` to ``value``, or ``""`` when none is close."""
     near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
     return f" (did you mean '{near[0]}'?)" if near else ""
+
+
+def check_seeds(seeds: Any) -> list[int]:
+    """``seeds`` as a list, or one ValueError naming ``seeds``: a non-empty iterable of distinct integers >= 0."""
+    out = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, (str, bytes)) else []
+    if not out or any(not is_int(s) or s < 0 for s in out) or len(set(out)) < len(out):
+        raise ValueError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
+    return out

@@ -29,7 +29,7 @@ import pandas as pd
 
 from brorl_lab.core.config import Config
 from brorl_lab.core.rundir import RunDir
-from brorl_lab.core.validation import is_int
+from brorl_lab.core.validation import check_seeds
 from brorl_lab.lab.analysis import MEAN, X_AXES, compare_arms
 from brorl_lab.lab.arms import arm_configs, label_arm, run_arm
 from brorl_lab.lab.plateau import IGNORED_FIELDS
@@ -112,15 +112,14 @@ def run_ablations(base: Config, variants: Mapping[str, Mapping], *, seeds: Itera
 
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants: got nothing; allowed: a mapping name -> overrides (see ablation_grid)")
-    seeds = list(seeds)
-    if not seeds or any(not is_int(s) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
-        raise ValueError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
+    seeds = check_seeds(seeds)
     root = Path(root)
     plan = []  # (variant, arm, seed, cfg), every config validated before anything runs
     for name, variant in variants.items():
         for arm, cfg in variant_arms(base, variant, **arm_options).items():
             for seed in seeds:
                 plan.append((name, arm, seed, cfg.replace(seed=seed, run_dir=str(root))))
+    existing = _finished_runs(root)  # read once: runs this call finishes are kept in `done`
     done: dict[str, pd.DataFrame] = {}
     frames = []
     bar = tqdm(plan, desc="ablations", disable=not progress)
@@ -128,8 +127,8 @@ def run_ablations(base: Config, variants: Mapping[str, Mapping], *, seeds: Itera
         key = _config_key(cfg)
         bar.set_postfix_str(f"{name}: {arm} seed {seed}")
         if key not in done:
-            existing = _finished_runs(root).get(key)
-            cfg = cfg.replace(run_name=existing.name if existing else f"{arm}_{key}")
+            found = existing.get(key)
+            cfg = cfg.replace(run_name=found.name if found else f"{arm}_{key}")
             df, finished = run_arm(cfg, progress=progress)
             if not finished:
                 warnings.warn(f"run_ablations interrupted in {name} ({arm} seed {seed}); call again to resume",

@@ -23,7 +23,7 @@ from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
 from brorl_lab.lab.analysis import ARM_NAMES
 from brorl_lab.lab.plateau import IGNORED_FIELDS, check_same_config, open_trainer
-from brorl_lab.core.validation import check_int, is_int, is_number
+from brorl_lab.core.validation import check_int, check_seeds, is_int, is_number
 
 DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 
@@ -143,10 +143,7 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     """
     from tqdm.auto import tqdm
 
-    seeds = list(seeds) if not isinstance(seeds, (str, bytes)) else seeds
-    if (not isinstance(seeds, list) or not seeds
-            or any(not is_int(s) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds)):
-        raise ValueError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
+    seeds = check_seeds(seeds)
     if not isinstance(root, (str, Path)) or not str(root).strip():
         raise ValueError(f"root: got {root!r}; allowed: a directory path")
     arms = arm_configs(base, **arm_options)

@@ -21,14 +21,13 @@ pass rate rises in the BroRL arm (pass rates of the same prompts before and afte
 
     rates  = prompt_pass_rates(policy, tok, items, cfg)            # one row per prompt: K, p, signal16, ...
     reach_summary(rates)                                           # share of prompts in each reach class
-    after  = {arm: prompt_pass_rates(load_run_policy(d)[0], ...) for arm, d in runs.items()}
+    after  = {arm: prompt_pass_rates(*load_policy(run_dir), ...) for arm, run_dir in runs.items()}
     reach_change(rates, after)                                     # mean change of p per reach class and arm
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -120,22 +119,6 @@ def reach_change(before: pd.DataFrame, after: Mapping[str, pd.DataFrame]) -> pd.
             rows.append({"arm": arm, "reach": r, "prompts": len(g), "p_before": g["p"].mean(),
                          "p_after": g["p_after"].mean(), "change": g["dp"].mean()})
     return pd.DataFrame(rows)
-
-
-def load_run_policy(run_dir: str | Path):
-    """The policy (eval mode) and tokenizer of a Trainer run's last checkpoint (``<run>/checkpoint/state.pt``)."""
-    from brorl_lab.core.models import load_policy
-    from brorl_lab.core.rundir import RunDir
-    from brorl_lab.rl.trainer import CHECKPOINT_FILE
-
-    run = RunDir(run_dir)
-    ckpt = run.checkpoint_dir / CHECKPOINT_FILE
-    if not ckpt.is_file():
-        raise ValueError(f"run_dir: {run.path} has no checkpoint ({ckpt} missing); allowed: a Trainer run directory")
-    cfg = Config.from_dict(run.read_config())
-    policy, tok = load_policy(cfg.model)
-    policy.load_state_dict(torch.load(ckpt, weights_only=False)["policy"])
-    return policy.eval(), tok
 
 
 def _check_rates(df, name: str) -> None:
