@@ -339,7 +339,7 @@ def run_iso_compute(samples_per_step: int, n_values: Sequence[int], *, seeds: Se
     ``params`` such as steps or eval_k) through :func:`run_sweep`. Resumable: finished runs are skipped and a
     partial run resumes from its checkpoint. Returns the sweep index; read the results with
     ``analysis.iso_compute_summary(load_runs(out))``. Pairs where N does not divide the budget are an error."""
-    from brorl_lab.core.paths import REPO_ROOT
+    from brorl_lab.core.paths import NOTEBOOK_DIR
 
     plan = iso_compute_plan(samples_per_step, n_values)
     bad = plan[plan["prompts_per_step"].isna()]
@@ -349,5 +349,5 @@ def run_iso_compute(samples_per_step: int, n_values: Sequence[int], *, seeds: Se
         raise ValueError(f"seeds: got {list(seeds)!r}; allowed: a non-empty list of integers >= 0")
     grid = [{"rollouts_per_prompt": int(r.rollouts_per_prompt), "prompts_per_step": int(r.prompts_per_step),
              "seed": int(s)} for r in plan.itertuples() for s in seeds]
-    nb = Path(notebook) if notebook else REPO_ROOT / "notebooks" / ISO_COMPUTE_NOTEBOOK
+    nb = Path(notebook) if notebook else NOTEBOOK_DIR / ISO_COMPUTE_NOTEBOOK
     return run_sweep(nb, grid, out=out, parallel=parallel, base=params, progress=progress)
