@@ -41,21 +41,38 @@ FULL = Size(matmul_n=2048, matmul_calls=3, n=512, total=512, max_new_tokens=16, 
 SMOKE = Size(matmul_n=256, matmul_calls=2, n=16, total=32, max_new_tokens=6, micro_batch_tokens=512, repeats=1)
 
 
-def matmul_round(n: int, calls: int):
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-
+def best_rate(op, work: float, calls: int):
+    """A timed round for :func:`~bench.common.interleave`: runs ``op()`` ``calls`` times and returns ``work`` per
+    second of the fastest call (the machine's peak, as near as a short burst gets)."""
     def go() -> float:
         import time
 
         best = float("inf")
         for _ in range(calls):
             t0 = time.perf_counter()
-            torch.matmul(a, b)
+            op()
             best = min(best, time.perf_counter() - t0)
-        return 2.0 * n ** 3 / best
+        return work / best
     return go
+
+
+def matmul_round(n: int, calls: int):
+    """The fp32 matmul peak: ``torch.matmul`` of two random n x n matrices, in FLOP/s (2 n^3 per call)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return best_rate(lambda: torch.matmul(a, b), 2.0 * n ** 3, calls)
+
+
+def stream_round(mib: int, calls: int):
+    """This machine's memory bandwidth: a copy of a ``mib`` MiB fp32 tensor, in bytes moved per second (read and
+    write: 2 x its size). Decode reads the whole KV cache for every token, so its time has a floor of bytes read /
+    this bandwidth, as it has one of model FLOPs / the matmul peak."""
+    import torch
+
+    src = torch.randn(mib * 2 ** 20 // 4)
+    dst = torch.empty_like(src)
+    return best_rate(lambda: dst.copy_(src), 2.0 * src.numel() * 4, calls)
 
 
 def layout_tokens(policy, batch, cfg) -> tuple[int, str]:

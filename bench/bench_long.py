@@ -11,6 +11,9 @@ N in {16, 64, 512} at a fixed total of samples per call (P = total / N prompts).
     decode   the torch engine's rollout at N=512 as a fraction of the matmul peak (MFU), and a torch.profiler
              profile of one such call: the share of its wall time in weight matmuls, attention over the KV cache,
              KV copies, sampling, other ops, and outside any op (Python and dispatch: per-token overhead)
+    roofline the least time this machine allows (:func:`decode_roofline`): model FLOPs at the measured matmul
+             peak plus the KV cache decode must read at the measured copy bandwidth; from it, the largest
+             torch/hf ratio and the smallest step/TRL ratio any implementation could reach here
     step     one full RL step at N=512, brorl_lab Trainer vs TRL GRPOTrainer (``bench_step_trl``, same config)
     update   one update (old + reference log-probs, PPO-clip + KL, backward, AdamW) at P=1 x N=16 and x N=512,
              each in a fresh subprocess (``bench_memory.child``): peak RSS (VmHWM) and the update's MFU
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import bench_memory, bench_step_trl
-from .bench_hw import matmul_round
+from .bench_hw import matmul_round, stream_round
 from .bench_rollout import BRORL_GPU_SCALING, available_engines, start_engines
 from .common import (bench_items, format_prompts, forward_flops, interleave, median, param_counts, ratio, row,
                      run_child, set_threads)
@@ -47,14 +50,16 @@ class Size:
     micro_batch_tokens: int  # update and step token budget
     step_micro_batch: int  # TRL per_device_train_batch_size (samples)
     profile_tokens: int  # response length of the profiled decode call
+    stream_mib: int  # size of the tensor copied to measure memory bandwidth
 
 
-# new_tokens: 64 fixed-length tokens (16-20x the short regime's 3-4-token answers) keeps the whole long figure near
-# 15 minutes on a 2-core shared CPU machine; the GPU check (bench/gpu_check.sh) runs 256 at the Qwen2-1.5B shape.
-FULL = Size(total=512, ns=(16, 64, 512), new_tokens=64, repeats=1, matmul_n=1024, micro_batch_tokens=1024,
-            step_micro_batch=64, profile_tokens=16)
+# new_tokens: 256 fixed-length tokens (~70x the short regime's 3-4-token answers; the GPU check runs 256 too)
+# makes the long figure ~14 minutes on a 2-core CPU machine, one call per engine and N; the profile is of a whole
+# call, so attention over a KV cache that grows to the full length is weighed as it is in the timed call.
+FULL = Size(total=512, ns=(16, 64, 512), new_tokens=256, repeats=1, matmul_n=1024, micro_batch_tokens=1024,
+            step_micro_batch=64, profile_tokens=256, stream_mib=256)
 SMOKE = Size(total=16, ns=(4, 16), new_tokens=8, repeats=1, matmul_n=128, micro_batch_tokens=64,
-             step_micro_batch=8, profile_tokens=4)
+             step_micro_batch=8, profile_tokens=4, stream_mib=8)
 
 # torch.profiler op names (self CPU time) -> what the decode time goes to
 PROFILE_CLASSES = (
@@ -91,6 +96,39 @@ def profile_call(fn) -> tuple[dict, float]:
     return shares, wall
 
 
+def kv_bytes_per_token(cfg) -> int:
+    """Bytes of KV cache one token holds in fp32: layers x (key + value) x KV heads x head_dim x 4."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 4
+
+
+def decode_roofline(batch, cfg, counts, peak: float, bandwidth: float) -> dict:
+    """The least time a rollout of ``batch`` (P prompts x N rows, every row T tokens) can take on this machine,
+    whatever the implementation, from two measured ceilings:
+
+        t >= F / peak + B / bandwidth
+        F = model FLOPs: the prompts once, then the T - 1 tokens each row feeds back  (bench/common.forward_flops)
+        B = KV bytes read: at fed token j = 1 .. T-1 each row reads its own j cached tokens and each prompt's
+            prefix is read once (shared by its rows):  bytes/token x (R T (T-1) / 2 + (T-1) sum_p L_p)
+
+    Attention FLOPs, norms, sampling and Python are left out, so this is a floor, not an estimate. Returns
+    ``{"seconds", "flop_seconds", "kv_gb"}``."""
+    T, R = int(batch.lengths.max()), batch.size
+    prompt_tokens = sum(len(x) for x in batch.prompt_ids)
+    fed = int(batch.lengths.sum()) - R  # tokens fed back after the prefill (each row's last is not)
+    flops = forward_flops(counts, prompt_tokens + fed, batch.num_prompts + fed)
+    kv = kv_bytes_per_token(cfg) * (R * T * (T - 1) / 2 + (T - 1) * prompt_tokens)
+    return {"seconds": flops / peak + kv / bandwidth, "flop_seconds": flops / peak, "kv_gb": kv / 1e9}
+
+
+def update_floor_seconds(batch, counts, peak: float) -> float:
+    """The least time one update over ``batch`` can take at the matmul peak: reference forward plus policy forward
+    and backward, 4 forwards' worth of model FLOPs over each prompt once and every response token."""
+    responses = int(batch.lengths.sum())
+    fed = sum(len(x) for x in batch.prompt_ids) + responses
+    return 4 * forward_flops(counts, fed, responses) / peak
+
+
 def run(smoke: bool = False, threads=None) -> list[dict]:
     import torch
 
@@ -103,7 +141,9 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(path)
-    built, start_s = start_engines(path, names, threads, cfg.max_position_embeddings)
+    # vllm's KV cache holds every row of a call at once (its 1 GiB CPU default would queue some at N=512)
+    kv_gib = 1.25 * size.total * cfg.max_position_embeddings * kv_bytes_per_token(cfg) / 2 ** 30
+    built, start_s = start_engines(path, names, threads, cfg.max_position_embeddings, kv_cache_gib=kv_gib)
     lo, hi = min(size.ns), max(size.ns)
     try:
         tok = built["torch"].tokenizer
@@ -121,7 +161,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         def case(engine, n):
             return lambda: engine.generate(pool[: size.total // n], n, sampling())
 
-        cases = {"matmul": matmul_round(size.matmul_n, 3)}
+        cases = {"matmul": matmul_round(size.matmul_n, 3), "stream": stream_round(size.stream_mib, 3)}
         cases.update({(name, n): case(built[name], n) for n in size.ns for name in names})
         seconds, results = interleave(cases, size.repeats, warmup=False)
         torch_model = built["torch"].model
@@ -132,11 +172,11 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     finally:
         for e in built.values():
             e.close()
-    peak = max(results["matmul"])
+    peak, bandwidth = max(results["matmul"]), max(results["stream"])
 
     sps, tps = {}, {}
     for key in cases:
-        if key == "matmul":
+        if key in ("matmul", "stream"):
             continue
         sps[key] = median([b.size / t for b, t in zip(results[key], seconds[key])])
         tps[key] = median([int(b.lengths.sum()) / t for b, t in zip(results[key], seconds[key])])
@@ -184,6 +224,20 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
                         note=f"torch.profiler self CPU time, one call of {size.profile_tokens} tokens, "
                              f"{prof_wall:.3g} s wall"))
 
+    # ---- the roofline: the least time this machine allows, and the ratios it caps ---------------------------------
+    roof = decode_roofline(big_batch, cfg, counts, peak, bandwidth)
+    hf_s = median(seconds[("hf", hi)]) if "hf" in names else None
+    rows.append(row(GROUP, f"long memory bandwidth (copy {size.stream_mib} MiB, best)", bandwidth / 1e9, "GB/s",
+                    fairness=hw_fair))
+    rows.append(row(GROUP, f"long decode roofline N={hi}", roof["seconds"], "s",
+                    note=f"{roof['flop_seconds']:.3g} s of model FLOPs at the matmul peak + {roof['kv_gb']:.3g} GB "
+                         f"of KV-cache reads at the copy bandwidth; the torch engine took {decode_s:.3g} s"))
+    rows.append(row(GROUP, f"long decode torch engine speed / roofline N={hi}", 100 * roof["seconds"] / decode_s,
+                    "% roofline"))
+    if hf_s:
+        rows.append(row(GROUP, f"long rollout torch/hf N={hi} at the roofline", hf_s / roof["seconds"], "x",
+                        note=f"hf's {hf_s:.3g} s over the roofline: the largest torch/hf any engine could reach here"))
+
     # ---- one update at P=1 x N=lo and x N=hi: peak RSS and update MFU -----------------------------------------
     mem = {}
     with tempfile.TemporaryDirectory(prefix="brorl_bench_long_") as tmp:
@@ -223,7 +277,16 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     # ---- one full RL step vs TRL at N=hi --------------------------------------------------------------------------
     step_size = bench_step_trl.Size(total=size.total, ns=(hi,), max_new_tokens=size.new_tokens,
                                     micro_batch=size.step_micro_batch, warmup=0, timed=1)
-    rows += bench_step_trl.run(smoke, threads, path=path, size=step_size, sides=("brorl", "trl"),
-                               fixed_length=True, group=GROUP, prefix="long ",
-                               target=None if smoke else TARGETS["step"])
+    step_rows = bench_step_trl.run(smoke, threads, path=path, size=step_size, sides=("brorl", "trl"),
+                                   fixed_length=True, group=GROUP, prefix="long ",
+                                   target=None if smoke else TARGETS["step"])
+    rows += step_rows
+    trl_figure = f"long step {bench_step_trl.LABEL['trl']} N={hi} P={size.total // hi}"
+    trl_s = next((r["value"] for r in step_rows if r["figure"] == trl_figure), None)
+    if trl_s:
+        floor = roof["seconds"] + update_floor_seconds(big_batch, counts, peak)
+        rows.append(row(GROUP, f"long step time brorl_lab/TRL N={hi} at the roofline", floor / trl_s, "x",
+                        note=f"rollout roofline + update FLOPs (reference fwd, policy fwd and bwd) at the matmul "
+                             f"peak = {floor:.3g} s, over TRL's {trl_s:.3g} s: the smallest ratio any trainer with "
+                             f"these FLOPs could reach here"))
     return rows

