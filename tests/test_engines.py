@@ -272,6 +272,8 @@ def test_torch_engine_rejects_bad_kernel_settings(tiny):
         TorchEngine(tiny[0], tiny[1], device="cpu", kernel="flash")
     with pytest.raises(ValueError, match="drop_finished_fraction"):
         TorchEngine(tiny[0], tiny[1], device="cpu", drop_finished_fraction=0)
+    with pytest.raises(ValueError, match="decode_graphs: got 'on'; allowed: auto, off, static"):
+        TorchEngine(tiny[0], tiny[1], device="cpu", decode_graphs="on")
 
 
 @pytest.mark.parametrize("kind", list(ENGINES))
@@ -316,6 +318,26 @@ def test_kernels_sample_identically_without_compaction(tiny):
     assert a.meta["kernel"] == "shared_prefix" and b.meta["kernel"] == "hf_cache"
     assert torch.equal(a.response_ids, b.response_ids)
     assert float((a.logprobs - b.logprobs).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_static_shape_decode_samples_as_the_dynamic_step(tiny, monkeypatch, ignore_eos):
+    """The CUDA-graph step (fixed-width windows over the generated-KV buffers, columns not yet written masked,
+    the new column written at a device index), run eagerly on the CPU: same tokens and log-probs as the dynamic
+    step, across window edges (width 3 over 11 tokens) and across compactions of finished rows."""
+    from brorl_lab.rollout.engines import torch_engine
+
+    monkeypatch.setattr(torch_engine, "GRAPH_WIDTH", 3)
+    model, tok = tiny
+    sp = RolloutSampling(temperature=0.9, max_new_tokens=11, seed=5, ignore_eos=ignore_eos)
+    auto = build("torch", model, tok)
+    assert auto.decode_graphs == "off"  # "auto" captures graphs on CUDA only
+    a = auto.generate(PROMPTS, 16, sp)
+    b = build("torch", model, tok, decode_graphs="static").generate(PROMPTS, 16, sp)
+    assert b.meta["decode_graphs"] == "static" and a.meta["decode_graphs"] == "off"
+    assert ignore_eos or bool((a.lengths < 11).any())  # some rows finished: the compaction path ran
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.lengths, b.lengths)
+    assert float((a.logprobs - b.logprobs).abs().max()) < 1e-5
 
 
 @settings(max_examples=100, deadline=None)

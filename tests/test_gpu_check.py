@@ -49,8 +49,9 @@ def test_smoke_run_writes_every_figure(tmp_path):
 
 def test_smoke_run_writes_the_long_response_figures(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--smoke", "--ns", "16,512"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--smoke", "--ns", "16,512",
+                           "--decode-graphs", "static"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     d = json.loads((tmp_path / "gpu_check_smoke.json").read_text())
     long, rollout = d["long"], {r["n"]: r for r in d["rollout"]}
@@ -67,6 +68,12 @@ def test_smoke_run_writes_the_long_response_figures(tmp_path):
     assert long["update_small"]["n"] == 16 and long["update_small"]["prompts"] == 1
     assert "update_peak_memory_hi_over_lo" not in long  # a CUDA-only figure (device memory)
     assert "long-response figures: matmul_peak_tflops" in proc.stdout and "decode bound by: " in proc.stdout
+    graphs = long["graphs"]  # the static-shape (CUDA-graph) step, run eagerly here, against decode_graphs="off"
+    assert graphs["mode"] == "static" and [e["n"] for e in graphs["eager"]] == [16, 512]
+    for e in graphs["eager"]:
+        assert e["graphs_over_eager"] == pytest.approx(rollout[e["n"]]["samples_per_s"] / e["samples_per_s"])
+    for gap in (graphs["logprob_gap"], graphs["logprob_gap_eager"]):  # fp32: both equal the trainer's log-probs
+        assert 0 <= gap["mean"] <= gap["max"] < 1e-4
 
 
 def test_real_shape_is_qwen2_1_5b():

@@ -88,7 +88,7 @@ class PrefixGrid(NamedTuple):
 
 def shared_prefix_attention(q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor,
                             prefix_bias: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor, scale: float,
-                            grid: PrefixGrid) -> torch.Tensor:
+                            grid: PrefixGrid, own_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of each row's W queries over its prompt's prefix and, causally, over its own tokens:
 
         a_{r,j} = softmax([q_{r,j} . K_p^T + bias_p,  q_{r,j} . G_r^T + causal_j] * scale) [V_p ; U_r]
@@ -98,7 +98,8 @@ def shared_prefix_attention(q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: t
     (grouped-query attention, g = H / H_kv), as HF's ``repeat_kv`` does.
 
     q [R, H, W, d]; prefix_k/v [P, H_kv, L, d]; prefix_bias [P, L] (0, or -inf on left padding);
-    own_k/v [R, H_kv, Wk, d]; grid: each row's place under its prompt. Returns [R, W, H*d].
+    own_k/v [R, H_kv, Wk, d]; grid: each row's place under its prompt; ``own_bias`` [Wk] (optional: 0, or -inf
+    on own keys not yet written, for a decode step over a fixed-width buffer). Returns [R, W, H*d].
     """
     R, H, W, d = q.shape
     Hkv, L, Wk = prefix_k.shape[1], prefix_k.shape[2], own_k.shape[2]
@@ -110,6 +111,8 @@ def shared_prefix_attention(q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: t
     if W > 1:
         future = torch.ones(W, Wk, dtype=torch.bool, device=q.device).triu(Wk - W + 1)  # [W, Wk] keys after query j
         s_own = s_own.masked_fill(future.repeat(g, 1), float("-inf"))
+    if own_bias is not None:
+        s_own = s_own + own_bias
     w = torch.cat([s_pre, s_own], dim=-1).softmax(dim=-1)  # [R, H_kv, g*W, L + Wk]
     o = grid.from_grid(grid.to_grid(w[..., :L]) @ prefix_v) + w[..., L:] @ own_v  # [R, H_kv, g*W, d]
     return o.reshape(R, H, W, d).transpose(1, 2).reshape(R, W, H * d)
@@ -142,14 +145,16 @@ class PrefixDecoder:
         self.rope = importlib.import_module(type(attn).__module__).apply_rotary_pos_emb
 
     def logits(self, tokens: torch.Tensor, positions: torch.Tensor, prefix: list, prefix_bias: torch.Tensor,
-               grid: PrefixGrid, own_kv: Optional[OwnKV] = None) -> torch.Tensor:
+               grid: PrefixGrid, own_kv: Optional[OwnKV] = None,
+               own_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [R, W, V] after ``tokens`` [R, W] at ``positions`` [R, W].
 
         ``prefix``: per layer ``(keys, values)`` [P, H_kv, L, d] in float32, post-RoPE (the layers of a
         ``DynamicCache`` after the prompts' forward); ``prefix_bias`` [P, L]; ``grid``: each row's prompt.
         ``own_kv(layer, k, v)`` maps this call's keys and values [R, H_kv, W, d] to the row's own keys and values
         so far; by default they are just these (the W tokens are the first after the prefix). The engine passes
-        one that appends them to its decode buffers.
+        one that appends them to its decode buffers; ``own_bias`` [Wk] masks own keys not yet written (see
+        :func:`shared_prefix_attention`).
         """
         R, W = tokens.shape
         d = self.head_dim
@@ -165,7 +170,8 @@ class PrefixDecoder:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [R, H, W, d], [R, H_kv, W, d]
             own_k, own_v = (k.float(), v) if own_kv is None else own_kv(i, k.float(), v)
-            o = shared_prefix_attention(q.float(), pk, pv, prefix_bias, own_k, own_v, self.scale, grid)  # [R,W,H*d]
+            o = shared_prefix_attention(q.float(), pk, pv, prefix_bias, own_k, own_v, self.scale, grid,
+                                        own_bias)  # [R, W, H*d]
             h = h + attn.o_proj(o.to(h.dtype))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.head(self.core.norm(h))  # [R, W, V]

@@ -17,9 +17,18 @@ Two decode kernels:
   (:mod:`brorl_lab.core.prefix_attention`, shared with the trainer's log-probs).
 - ``"hf_cache"`` (any HF causal LM): the model's forward with a ``DynamicCache`` whose prefix rows are gathered to
   the N samples; the generic fallback.
+
+On CUDA the shared-prefix decode step is replayed from CUDA graphs (``decode_graphs="auto"``): a 1.5B model's
+decode step is some thirty small kernels per layer, and on an H200 most of its time went to launching them
+(bench/gpu_check.sh's profile: 79% of decode time with no kernel running). A graph needs fixed shapes, so a step
+attends over a fixed-width window of the generated-KV buffers (widths in multiples of ``GRAPH_WIDTH`` columns, the
+columns not yet written masked to -inf) and writes its new column at an index held in a device tensor; one graph
+is captured per (rows, width) and replayed for every step in that window.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -30,14 +39,16 @@ from brorl_lab.rollout.engines.base import RolloutSampling
 from brorl_lab.rollout.engines.common import ModuleEngine, make_generator, sample_next
 
 KERNELS = ("auto", "shared_prefix", "hf_cache")
+DECODE_GRAPHS = ("auto", "off", "static")
+GRAPH_WIDTH = 64  # generated-KV columns per graph: attention reads at most this many masked columns in vain
 
 
 class _SharedPrefixDecoder:
     """The decode step of :class:`~brorl_lab.core.prefix_attention.PrefixDecoder`: the prefill's KV is the shared prefix,
     generated KV goes into preallocated [rows, H_kv, T, d] buffers (column t is written before it is read)."""
 
-    def __init__(self, model):
-        self.decoder = PrefixDecoder(model)
+    def __init__(self, decoder: PrefixDecoder):
+        self.decoder = decoder
 
     def start(self, cache, prefix_mask: torch.Tensor, P: int, rows: int, T: int) -> None:
         """Take the prefill's KV (post-RoPE keys, float32) as the shared prefix and allocate the generated-KV
@@ -64,6 +75,85 @@ class _SharedPrefixDecoder:
         return self.decoder.logits(tok[:, None], pos[:, None], self.prefix, self.bias, grid, own_kv=append)[:, 0]
 
 
+class _StaticShapeDecoder(_SharedPrefixDecoder):
+    """The same decode step with shapes fixed within each window of ``GRAPH_WIDTH`` generated tokens, so that on
+    CUDA it can be captured once as a CUDA graph and replayed (``capture=True``); with ``capture=False`` it runs
+    eagerly, which is how the tests check it equals the dynamic step on the CPU.
+
+    Inputs live in static buffers (tokens, positions, and the column index ``t`` as a device tensor); a step over
+    window width w writes its key/value at column t (``index_copy_``) and attends over columns 0..w-1 with the
+    columns after t masked (``own_bias``). Compaction changes the row count, which drops the captured graphs.
+    """
+
+    def __init__(self, decoder: PrefixDecoder, capture: bool):
+        super().__init__(decoder)
+        self.capture = capture
+
+    def start(self, cache, prefix_mask: torch.Tensor, P: int, rows: int, T: int) -> None:
+        super().start(cache, prefix_mask, P, rows, T)
+        for k, v in self.gen:  # masked columns are still read: NaN or inf garbage would survive -inf (0 * inf)
+            k.zero_(), v.zero_()
+        self.T = T
+        self._inputs(rows)
+
+    def _inputs(self, rows: int) -> None:
+        dev = self.bias.device
+        self.tok = torch.zeros(rows, dtype=torch.long, device=dev)  # [R]
+        self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # [R]
+        self.t = torch.zeros(1, dtype=torch.long, device=dev)  # the column this step writes
+        self.graphs = {}  # width -> (CUDA graph, its logits output [R, V])
+
+    def compact(self, index: torch.Tensor) -> None:
+        super().compact(index)
+        self._inputs(len(index))
+
+    def _step(self, width: int) -> torch.Tensor:
+        """The fixed-shape step: logits [R, V] from the static inputs, over generated columns 0..width-1."""
+        def append(i, k, v):  # k, v [R, H_kv, 1, d] -> columns 0..width-1 of the row's buffers, column t written
+            gk, gv = self.gen[i]
+            gk.index_copy_(2, self.t, k)
+            gv.index_copy_(2, self.t, v)
+            return gk[:, :, :width], gv[:, :, :width]
+
+        cols = torch.arange(width, device=self.t.device)
+        own_bias = torch.zeros(width, device=self.t.device).masked_fill(cols > self.t, float("-inf"))  # [width]
+        grid = PrefixGrid(self.P, len(self.tok) // self.P)
+        return self.decoder.logits(self.tok[:, None], self.pos[:, None], self.prefix, self.bias, grid,
+                                   own_kv=append, own_bias=own_bias)[:, 0]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
+        self.tok.copy_(tok)
+        self.pos.copy_(pos)
+        self.t.fill_(t)
+        width = min(self.T, GRAPH_WIDTH * (t // GRAPH_WIDTH + 1))
+        if not self.capture:
+            return self._step(width)
+        if width not in self.graphs:
+            try:
+                self.graphs[width] = self._capture(width)
+            except RuntimeError as e:  # a model whose step cannot be captured: the same step, launched eagerly
+                warnings.warn(f"TorchEngine: CUDA-graph capture failed ({str(e).splitlines()[0]}); decoding "
+                              "without graphs (decode_graphs='off' skips the attempt)", RuntimeWarning, stacklevel=2)
+                self.capture = False
+                return self._step(width)
+        graph, logits = self.graphs[width]
+        graph.replay()
+        return logits
+
+    def _capture(self, width: int):
+        """Capture the step at ``width`` as a CUDA graph. The warm-up runs (on a side stream, as CUDA graphs need)
+        compute this very step from the inputs already in place, so what they write is what the replay writes."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._step(width)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self._step(width)
+        return graph, logits
+
+
 class TorchEngine(ModuleEngine):
     """Batched KV-cache sampler.
 
@@ -72,15 +162,20 @@ class TorchEngine(ModuleEngine):
     keeps its own eval-mode weights, and :meth:`sync_weights` copies the trainer's in). ``kernel``: ``"auto"``
     picks ``"shared_prefix"`` when the architecture allows it, else ``"hf_cache"``. ``drop_finished_fraction``:
     finished rows are compacted away once they are at least this share of the rows still decoded (compaction
-    copies the generated KV, so doing it for every finished row would cost more than it saves).
+    copies the generated KV, so doing it for every finished row would cost more than it saves). ``decode_graphs``
+    (shared-prefix kernel): ``"auto"`` replays decode steps from CUDA graphs on CUDA and runs them eagerly
+    elsewhere, ``"off"`` never captures, ``"static"`` runs the graphs' fixed-shape step eagerly on any device.
     """
 
     name = "torch"
 
     def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
-                 chunk_sequences: int = 1024, kernel: str = "auto", drop_finished_fraction: float = 0.25):
+                 chunk_sequences: int = 1024, kernel: str = "auto", drop_finished_fraction: float = 0.25,
+                 decode_graphs: str = "auto"):
         if kernel not in KERNELS:
             raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(KERNELS)}")
+        if decode_graphs not in DECODE_GRAPHS:
+            raise ValueError(f"decode_graphs: got {decode_graphs!r}; allowed: {', '.join(DECODE_GRAPHS)}")
         if not (isinstance(drop_finished_fraction, (int, float)) and 0 < drop_finished_fraction <= 1):
             raise ValueError(f"drop_finished_fraction: got {drop_finished_fraction!r}; allowed: a float in (0, 1]")
         super().__init__(model, tokenizer, device=device, dtype=dtype, chunk_sequences=chunk_sequences)
@@ -91,13 +186,15 @@ class TorchEngine(ModuleEngine):
                              f"(allowed: {', '.join(SHARED_PREFIX_MODEL_TYPES)} with full attention); use 'hf_cache'")
         self.kernel = kernel
         self.drop_finished_fraction = float(drop_finished_fraction)
+        on_cuda = self.device.type == "cuda"
+        self.decode_graphs = {"auto": "cuda" if on_cuda else "off", "off": "off", "static": "static"}[decode_graphs]
 
     def _sample_chunks(self, chunks, sampling):
         gen = make_generator(sampling.seed, self.device)
         return [self._generate_chunk(seqs, k, sampling, gen) for seqs, k in chunks]
 
     def _extra_meta(self) -> dict:
-        return {"kernel": self.kernel}
+        return {"kernel": self.kernel, "decode_graphs": self.decode_graphs}
 
     # ---- the sampler --------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -119,7 +216,10 @@ class TorchEngine(ModuleEngine):
         row_prompt = torch.arange(P, device=dev).repeat_interleave(k)  # [R]
         logits, next_pos = logits[row_prompt], pos[row_prompt, -1] + 1  # [R, V], [R]
         if self.kernel == "shared_prefix":
-            decoder = _SharedPrefixDecoder(model)
+            if self.decode_graphs == "off":
+                decoder = _SharedPrefixDecoder(PrefixDecoder(model))
+            else:
+                decoder = _StaticShapeDecoder(PrefixDecoder(model), capture=self.decode_graphs == "cuda")
             decoder.start(cache, mask, P, R, T)
         else:
             cache.batch_select_indices(row_prompt)  # every sample row gets a copy of its prompt's prefix KV
