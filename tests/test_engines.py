@@ -272,8 +272,12 @@ def test_torch_engine_rejects_bad_kernel_settings(tiny):
         TorchEngine(tiny[0], tiny[1], device="cpu", kernel="flash")
     with pytest.raises(ValueError, match="drop_finished_fraction"):
         TorchEngine(tiny[0], tiny[1], device="cpu", drop_finished_fraction=0)
-    with pytest.raises(ValueError, match="decode_graphs: got 'on'; allowed: auto, off, static"):
+    with pytest.raises(ValueError, match="decode_graphs: got 'on'; allowed: off, cuda, static"):
         TorchEngine(tiny[0], tiny[1], device="cpu", decode_graphs="on")
+    with pytest.raises(ValueError, match="decode_graphs: 'cuda' needs a CUDA device, this engine is on cpu"):
+        TorchEngine(tiny[0], tiny[1], device="cpu", decode_graphs="cuda")
+    with pytest.raises(ValueError, match="decode_graphs: 'static' needs kernel='shared_prefix'"):
+        TorchEngine(tiny[0], tiny[1], device="cpu", kernel="hf_cache", decode_graphs="static")
 
 
 @pytest.mark.parametrize("kind", list(ENGINES))
@@ -330,9 +334,7 @@ def test_static_shape_decode_samples_as_the_dynamic_step(tiny, monkeypatch, igno
     monkeypatch.setattr(torch_engine, "GRAPH_WIDTH", 3)
     model, tok = tiny
     sp = RolloutSampling(temperature=0.9, max_new_tokens=11, seed=5, ignore_eos=ignore_eos)
-    auto = build("torch", model, tok)
-    assert auto.decode_graphs == "off"  # "auto" captures graphs on CUDA only
-    a = auto.generate(PROMPTS, 16, sp)
+    a = build("torch", model, tok).generate(PROMPTS, 16, sp)  # decode_graphs="off", the default
     b = build("torch", model, tok, decode_graphs="static").generate(PROMPTS, 16, sp)
     assert b.meta["decode_graphs"] == "static" and a.meta["decode_graphs"] == "off"
     assert ignore_eos or bool((a.lengths < 11).any())  # some rows finished: the compaction path ran

@@ -18,12 +18,12 @@ Two decode kernels:
 - ``"hf_cache"`` (any HF causal LM): the model's forward with a ``DynamicCache`` whose prefix rows are gathered to
   the N samples; the generic fallback.
 
-On CUDA the shared-prefix decode step is replayed from CUDA graphs (``decode_graphs="auto"``): a 1.5B model's
-decode step is some thirty small kernels per layer, and on an H200 most of its time went to launching them
-(bench/gpu_check.sh's profile: 79% of decode time with no kernel running). A graph needs fixed shapes, so a step
-attends over a fixed-width window of the generated-KV buffers (widths in multiples of ``GRAPH_WIDTH`` columns, the
-columns not yet written masked to -inf) and writes its new column at an index held in a device tensor; one graph
-is captured per (rows, width) and replayed for every step in that window.
+On CUDA the shared-prefix decode step can be replayed from CUDA graphs (``decode_graphs="cuda"``; opt-in until
+a GPU run of bench/gpu_check.sh has measured it): a 1.5B model's decode step is some thirty small kernels per layer,
+and on an H200 most of its time went to launching them (that script's profile: 79% of decode time with no kernel
+running). A graph needs fixed shapes, so a step attends over a fixed-width window of the generated-KV buffers
+(widths in multiples of ``GRAPH_WIDTH`` columns, the columns not yet written masked to -inf) and writes its new
+column at an index held in a device tensor; one graph is captured per window and replayed for each of its steps.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from brorl_lab.rollout.engines.base import RolloutSampling
 from brorl_lab.rollout.engines.common import ModuleEngine, make_generator, sample_next
 
 KERNELS = ("auto", "shared_prefix", "hf_cache")
-DECODE_GRAPHS = ("auto", "off", "static")
+DECODE_GRAPHS = ("off", "cuda", "static")
 GRAPH_WIDTH = 64  # generated-KV columns per graph: attention reads at most this many masked columns in vain
 
 
@@ -101,7 +101,7 @@ class _StaticShapeDecoder(_SharedPrefixDecoder):
         self.tok = torch.zeros(rows, dtype=torch.long, device=dev)  # [R]
         self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # [R]
         self.t = torch.zeros(1, dtype=torch.long, device=dev)  # the column this step writes
-        self.graphs = {}  # width -> (CUDA graph, its logits output [R, V])
+        self.graph = None  # (width, CUDA graph, its logits output [R, V]): the current window's
 
     def compact(self, index: torch.Tensor) -> None:
         super().compact(index)
@@ -128,15 +128,16 @@ class _StaticShapeDecoder(_SharedPrefixDecoder):
         width = min(self.T, GRAPH_WIDTH * (t // GRAPH_WIDTH + 1))
         if not self.capture:
             return self._step(width)
-        if width not in self.graphs:
+        if self.graph is None or self.graph[0] != width:
+            self.graph = None  # windows only grow: the last one's graph (and its memory pool) is done with
             try:
-                self.graphs[width] = self._capture(width)
+                self.graph = (width, *self._capture(width))
             except RuntimeError as e:  # a model whose step cannot be captured: the same step, launched eagerly
                 warnings.warn(f"TorchEngine: CUDA-graph capture failed ({str(e).splitlines()[0]}); decoding "
                               "without graphs (decode_graphs='off' skips the attempt)", RuntimeWarning, stacklevel=2)
                 self.capture = False
                 return self._step(width)
-        graph, logits = self.graphs[width]
+        _, graph, logits = self.graph
         graph.replay()
         return logits
 
@@ -163,15 +164,16 @@ class TorchEngine(ModuleEngine):
     picks ``"shared_prefix"`` when the architecture allows it, else ``"hf_cache"``. ``drop_finished_fraction``:
     finished rows are compacted away once they are at least this share of the rows still decoded (compaction
     copies the generated KV, so doing it for every finished row would cost more than it saves). ``decode_graphs``
-    (shared-prefix kernel): ``"auto"`` replays decode steps from CUDA graphs on CUDA and runs them eagerly
-    elsewhere, ``"off"`` never captures, ``"static"`` runs the graphs' fixed-shape step eagerly on any device.
+    (shared-prefix kernel): ``"off"`` launches every kernel of a decode step from Python, ``"cuda"`` replays the
+    step from CUDA graphs (CUDA devices only), ``"static"`` runs the graphs' fixed-shape step without capture on any
+    device (what the tests compare with ``"off"``).
     """
 
     name = "torch"
 
     def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
                  chunk_sequences: int = 1024, kernel: str = "auto", drop_finished_fraction: float = 0.25,
-                 decode_graphs: str = "auto"):
+                 decode_graphs: str = "off"):
         if kernel not in KERNELS:
             raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(KERNELS)}")
         if decode_graphs not in DECODE_GRAPHS:
@@ -186,8 +188,13 @@ class TorchEngine(ModuleEngine):
                              f"(allowed: {', '.join(SHARED_PREFIX_MODEL_TYPES)} with full attention); use 'hf_cache'")
         self.kernel = kernel
         self.drop_finished_fraction = float(drop_finished_fraction)
-        on_cuda = self.device.type == "cuda"
-        self.decode_graphs = {"auto": "cuda" if on_cuda else "off", "off": "off", "static": "static"}[decode_graphs]
+        if decode_graphs == "cuda" and self.device.type != "cuda":
+            raise ValueError(f"decode_graphs: 'cuda' needs a CUDA device, this engine is on {self.device.type}; "
+                             "allowed: off, static")
+        if decode_graphs != "off" and kernel != "shared_prefix":
+            raise ValueError(f"decode_graphs: {decode_graphs!r} needs kernel='shared_prefix' (this engine's is "
+                             f"{kernel!r}); allowed: off")
+        self.decode_graphs = decode_graphs
 
     def _sample_chunks(self, chunks, sampling):
         gen = make_generator(sampling.seed, self.device)
