@@ -82,7 +82,7 @@ class _StaticShapeDecoder(_SharedPrefixDecoder):
 
     Inputs live in static buffers (tokens, positions, and the column index ``t`` as a device tensor); a step over
     window width w writes its key/value at column t (``index_copy_``) and attends over columns 0..w-1 with the
-    columns after t masked (``own_bias``). Compaction changes the row count, which drops the captured graphs.
+    columns after t masked (``own_bias``). Compaction changes the row count, which drops the captured graph.
     """
 
     def __init__(self, decoder: PrefixDecoder, capture: bool):
