@@ -102,12 +102,19 @@ def kv_bytes_per_token(cfg) -> int:
     return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 4
 
 
+def decode_flops(batch, counts) -> float:
+    """Model FLOPs of a rollout of ``batch``: the prompts once, then the tokens each row feeds back (all but its
+    last), with logits at each prompt's last token and at every fed token."""
+    fed = int(batch.lengths.sum()) - batch.size
+    return forward_flops(counts, sum(len(x) for x in batch.prompt_ids) + fed, batch.num_prompts + fed)
+
+
 def decode_roofline(batch, cfg, counts, peak: float, bandwidth: float) -> dict:
     """The least time a rollout of ``batch`` (P prompts x N rows, every row T tokens) can take on this machine,
     whatever the implementation, from two measured ceilings:
 
         t >= F / peak + B / bandwidth
-        F = model FLOPs: the prompts once, then the T - 1 tokens each row feeds back  (bench/common.forward_flops)
+        F = model FLOPs: the prompts once, then the T - 1 tokens each row feeds back  (:func:`decode_flops`)
         B = KV bytes read: at fed token j = 1 .. T-1 each row reads its own j cached tokens and each prompt's
             prefix is read once (shared by its rows):  bytes/token x (R T (T-1) / 2 + (T-1) sum_p L_p)
 
@@ -115,8 +122,7 @@ def decode_roofline(batch, cfg, counts, peak: float, bandwidth: float) -> dict:
     ``{"seconds", "flop_seconds", "kv_gb"}``."""
     T, R = int(batch.lengths.max()), batch.size
     prompt_tokens = sum(len(x) for x in batch.prompt_ids)
-    fed = int(batch.lengths.sum()) - R  # tokens fed back after the prefill (each row's last is not)
-    flops = forward_flops(counts, prompt_tokens + fed, batch.num_prompts + fed)
+    flops = decode_flops(batch, counts)
     kv = kv_bytes_per_token(cfg) * (R * T * (T - 1) / 2 + (T - 1) * prompt_tokens)
     return {"seconds": flops / peak + kv / bandwidth, "flop_seconds": flops / peak, "kv_gb": kv / 1e9}
 
@@ -207,17 +213,14 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
         rows.append(row(GROUP, "long vllm engine start (once, excluded above)", start_s["vllm"], "s"))
 
     # ---- decode MFU and its profile ---------------------------------------------------------------------------
-    decoded = int(big_batch.lengths.sum()) - big_batch.size  # tokens fed back (the last of each row is not)
-    decode_flops = forward_flops(counts, sum(len(x) for x in big_batch.prompt_ids) + decoded,
-                                 big_batch.num_prompts + decoded)
     decode_s = median(seconds[("torch", hi)])
     hw_fair = (f"peak: best of {size.repeats}x3 fp32 matmuls n={size.matmul_n}, round-robin with the rollouts; "
                f"{threads} torch threads; body params {counts[0]:,}, LM head {counts[1]:,}; attention FLOPs not counted")
     rows.append(row(GROUP, f"long fp32 matmul peak (n={size.matmul_n}, best)", peak / 1e9, "GFLOP/s", fairness=hw_fair))
     total_prof = sum(prof_shares.values())
     bound = max(prof_shares, key=prof_shares.get)
-    rows.append(row(GROUP, f"long decode (torch engine rollout) N={hi} MFU", 100 * ratio(decode_flops / decode_s, peak),
-                    "% peak", fairness=hw_fair,
+    decode_mfu = 100 * ratio(decode_flops(big_batch, counts) / decode_s, peak)
+    rows.append(row(GROUP, f"long decode (torch engine rollout) N={hi} MFU", decode_mfu, "% peak", fairness=hw_fair,
                     note=f"bounded by {bound} ({100 * prof_shares[bound] / total_prof:.0f}% of the profiled call)"))
     for name, sec in sorted(prof_shares.items(), key=lambda kv: -kv[1]):
         rows.append(row(GROUP, f"long decode profile N={hi}: {name}", 100 * sec / total_prof, "% time",

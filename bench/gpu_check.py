@@ -405,30 +405,38 @@ def profile_decode(engine, args, V: int, n: int) -> dict:
             "bound_by": max(shares, key=shares.get)}
 
 
+def timed_rollouts(engine, args, V: int, device, ns, label: str) -> tuple[list, dict]:
+    """``(records, {n: batch})``: a short untimed warm-up, then one timed ``engine.generate`` per N in ``ns`` with
+    the torch engine's rollout prompts (seed + N), sampling and fixed length, so records compare row for row."""
+    from brorl_lab.rollout.engines.base import RolloutSampling
+
+    engine.generate(random_prompts(2, args.prompt_tokens, V, seed=args.seed + 1), 4,
+                    RolloutSampling(max_new_tokens=min(8, args.new_tokens), seed=0, ignore_eos=True))
+    out, batches = [], {}
+    for n in ns:
+        prompts = random_prompts(args.total_samples // n, args.prompt_tokens, V, seed=args.seed + n)
+        with Meter(device) as m:
+            batch = engine.generate(prompts, n, RolloutSampling(temperature=1.0, max_new_tokens=args.new_tokens,
+                                                                seed=args.seed, ignore_eos=True))
+        tokens = int(batch.lengths.sum())
+        out.append({"n": n, "samples": batch.size, "seconds": m.seconds, "samples_per_s": batch.size / m.seconds,
+                    "tokens_per_s": tokens / m.seconds, "generated_tokens": tokens, "peak_memory_gib": m.peak_gib})
+        batches[n] = batch
+        print(f"  {label} N={n:>4}: {out[-1]['samples_per_s']:9.1f} samples/s {out[-1]['tokens_per_s']:11.1f} "
+              f"tokens/s  {m.seconds:7.2f} s", flush=True)
+    return out, batches
+
+
 def hf_rollouts(engine, args, V: int, device, dtype, ns) -> list:
     """transformers ``generate`` (brorl_lab's hf engine on a copy of the same weights) at ``ns``, same prompts,
     sampling and fixed length as the torch engine's rows."""
-    from brorl_lab.rollout.engines.base import RolloutSampling
     from brorl_lab.rollout.engines.hf_engine import HFEngine
 
     hf = HFEngine(engine.model, engine.tokenizer, device=device.type, dtype=str(dtype).removeprefix("torch."))
-    out = []
     try:
-        hf.generate(random_prompts(2, args.prompt_tokens, V, seed=args.seed + 1), 4,
-                    RolloutSampling(max_new_tokens=min(8, args.new_tokens), seed=0, ignore_eos=True))
-        for n in ns:
-            prompts = random_prompts(args.total_samples // n, args.prompt_tokens, V, seed=args.seed + n)
-            with Meter(device) as m:
-                batch = hf.generate(prompts, n, RolloutSampling(max_new_tokens=args.new_tokens, seed=args.seed,
-                                                               ignore_eos=True))
-            tokens = int(batch.lengths.sum())
-            out.append({"n": n, "samples": batch.size, "seconds": m.seconds, "samples_per_s": batch.size / m.seconds,
-                        "tokens_per_s": tokens / m.seconds, "generated_tokens": tokens, "peak_memory_gib": m.peak_gib})
-            print(f"  hf generate N={n:>4}: {out[-1]['samples_per_s']:9.1f} samples/s {out[-1]['tokens_per_s']:11.1f} "
-                  f"tokens/s  {m.seconds:7.2f} s", flush=True)
+        return timed_rollouts(hf, args, V, device, ns, "hf generate")[0]
     finally:
         hf.close()
-    return out
 
 
 def logprob_gap(policy, batch, micro_batch_tokens: int) -> dict:
@@ -444,31 +452,23 @@ def logprob_gap(policy, batch, micro_batch_tokens: int) -> dict:
 def graphs_vs_eager(engine, args, V: int, device, dtype, ns, rollout: list, graph_batch) -> dict:
     """The engine's own decode (``engine.decode_graphs``) against ``decode_graphs="off"`` on a copy of the same
     weights: samples/s at ``ns`` (same prompts and seeds as ``rollout``) and the log-prob gap to the trainer."""
-    from brorl_lab.rollout.engines.base import RolloutSampling
     from brorl_lab.rollout.engines.torch_engine import TorchEngine
 
     eager = TorchEngine(engine.model, engine.tokenizer, device=device.type, dtype=str(dtype).removeprefix("torch."),
                         decode_graphs="off")
     timed = {r["n"]: r for r in rollout}
-    out = {"mode": engine.decode_graphs, "eager": []}
     try:
-        eager.generate(random_prompts(2, args.prompt_tokens, V, seed=args.seed + 1), 4,
-                       RolloutSampling(max_new_tokens=min(8, args.new_tokens), seed=0))
-        for n in ns:
-            prompts = random_prompts(args.total_samples // n, args.prompt_tokens, V, seed=args.seed + n)
-            with Meter(device) as m:
-                batch = eager.generate(prompts, n, RolloutSampling(temperature=1.0, max_new_tokens=args.new_tokens,
-                                                                  seed=args.seed, ignore_eos=True))
-            rec = {"n": n, "seconds": m.seconds, "samples_per_s": batch.size / m.seconds}
-            if n in timed:
-                rec["graphs_over_eager"] = timed[n]["samples_per_s"] / rec["samples_per_s"]
-            out["eager"].append(rec)
-            print(f"  eager decode N={n:>4}: {rec['samples_per_s']:9.1f} samples/s  {m.seconds:7.2f} s; "
-                  f"{out['mode']} / eager: {rec.get('graphs_over_eager', float('nan')):.2f}x", flush=True)
-        out["logprob_gap"] = logprob_gap(engine.model, graph_batch, args.micro_batch_tokens)
-        out["logprob_gap_eager"] = logprob_gap(engine.model, batch, args.micro_batch_tokens)
-        print(f"  |engine - trainer| log-prob at N={n}: {out['mode']} {out['logprob_gap']}, "
-              f"eager {out['logprob_gap_eager']}", flush=True)
+        records, batches = timed_rollouts(eager, args, V, device, ns, "eager decode")
+        for rec in records:
+            if rec["n"] in timed:
+                rec["graphs_over_eager"] = timed[rec["n"]]["samples_per_s"] / rec["samples_per_s"]
+        out = {"mode": engine.decode_graphs, "eager": records,
+               "logprob_gap": logprob_gap(engine.model, graph_batch, args.micro_batch_tokens),
+               "logprob_gap_eager": logprob_gap(engine.model, batches[max(ns)], args.micro_batch_tokens)}
+        print(f"  {out['mode']} / eager samples/s: " + ", ".join(
+            f"N={r['n']} {r.get('graphs_over_eager', float('nan')):.2f}x" for r in records) +
+            f"; |engine - trainer| log-prob at N={max(ns)}: {out['mode']} {out['logprob_gap']}, "
+            f"eager {out['logprob_gap_eager']}", flush=True)
     finally:
         eager.close()
     return out
