@@ -303,7 +303,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_plateau(args) -> int:
-    from brorl_lab.lab.plateau import plateau_config, train_plateau
+    from brorl_lab.study.plateau import plateau_config, train_plateau
 
     cfg = plateau_config(steps=args.steps, tasks=args.families, seed=args.seed, eval_every=args.eval_every,
                          checkpoint_every=args.eval_every, lr=args.lr, run_dir=args.run_dir, torch_threads=args.threads)
@@ -317,8 +317,8 @@ def cmd_plateau(args) -> int:
 
 def cmd_scaling(args) -> int:
     from brorl_lab.lab.analysis import summarize, verdict
-    from brorl_lab.lab.arms import run_rollout_scaling
-    from brorl_lab.lab.plateau import recipe_config
+    from brorl_lab.study.arms import run_rollout_scaling
+    from brorl_lab.study.plateau import recipe_config
 
     base = recipe_config(model=args.model, steps=args.steps, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
                          checkpoint_every=args.eval_every, torch_threads=args.threads)
@@ -431,8 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     from brorl_lab.core.paths import EVAL_DIR, DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR
-    from brorl_lab.lab.arms import DEFAULT_ROOT
-    from brorl_lab.lab.plateau import RECIPE
+    from brorl_lab.study.arms import DEFAULT_ROOT
+    from brorl_lab.study.plateau import RECIPE
     from brorl_lab.rl.train_default import MODEL_SHAPE, TRAIN_DEFAULTS
     from brorl_lab.rollout.make_data import DEFAULT_EVAL_FAMILIES, EVAL_SEED, EVAL_SIZE
     from brorl_lab.rollout.tasks import BUILTIN_FAMILIES
@@ -440,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("plateau", help="train the default model with the ProRL recipe until held-out pass@1 stalls")
     a.add_argument("--steps", type=int, default=800, help="step cap (the plateau rule usually stops earlier)")
     a.add_argument("--out", default=str(PLATEAU_MODEL_DIR), help="HF model directory to write")
-    a.add_argument("--families", nargs="+", default=None, help="default: lab.plateau.PLATEAU_FAMILIES")
+    a.add_argument("--families", nargs="+", default=None, help="default: study.plateau.PLATEAU_FAMILIES")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--eval-every", type=int, default=10)
     a.add_argument("--gain", type=float, default=0.05, help="plateau rule: pass@1 gained over the start first")

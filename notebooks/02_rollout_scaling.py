@@ -34,7 +34,7 @@
 #
 # **The miniature.** The same experiment on a laptop. First the tiny shipped model is trained with the ProRL recipe
 # at N = 16 until its held-out pass@1 has **learned, then stalled** (`data/plateau_model`, see its PLATEAU.md: +7.9
-# points, then 100 steps without a new best: `brorl_lab.lab.plateau.plateau_rule`). From there two arms branch with
+# points, then 100 steps without a new best: `brorl_lab.study.plateau.plateau_rule`). From there two arms branch with
 # the same recipe (ProRL v2 by default: REINFORCE++-baseline advantages, k2 KL, clip 0.2 / 0.27, binary reward,
 # reference resets at the same sample counts in both arms) and differ only in how each step's samples are spent:
 # the ProRL arm N = 16 x 16 prompts, the BroRL arm N = 512 x 4 prompts (8x the samples per step), with the same
@@ -56,7 +56,7 @@
 # the same number of samples and are evaluated at the same sample counts.
 model = "plateau"               # "plateau" is data/plateau_model (shipped); or "default", or an HF model directory
 families = None                 # None: the families the plateau model was trained on (its plateau.json)
-recipe = "prorl_v2"             # the arms' recipe (lab.plateau.RECIPES): "prorl_v2" (BroRL's base) or "prorl_v1"
+recipe = "prorl_v2"             # the arms' recipe (study.plateau.RECIPES): "prorl_v2" (BroRL's base) or "prorl_v1"
 steps = 12                      # BroRL-arm steps (the ProRL arm: 96)
 eval_every = 4                  # BroRL-arm steps between held-out evaluations
 seeds = [0, 1, 2]
@@ -92,8 +92,9 @@ import transformers
 from IPython.display import display
 
 from brorl_lab.core.models import load_policy
-from brorl_lab.lab import ablations as A
-from brorl_lab.lab import experiments, mechanism, plots
+from brorl_lab.study import ablations as A
+from brorl_lab.lab import plots
+from brorl_lab.study import experiments, mechanism
 from brorl_lab.rl.steps import sample_prompts
 
 # Quiet: math-verify warns on every call that its signal timeout is off (it must be outside the main thread),
@@ -187,7 +188,7 @@ print(text)
 # %% [markdown]
 # ## 5 · Ablations: which knob explains the gap
 #
-# The same branch, re-run with one change at a time (`brorl_lab.lab.ablations`): the BroRL arm's **lr rule**
+# The same branch, re-run with one change at a time (`brorl_lab.study.ablations`): the BroRL arm's **lr rule**
 # crossed with its **prompts per step** (more prompts means fewer steps at the same samples, so the ProRL arm and
 # the sample budget stay exactly as above), and the **advantage estimator** (GRPO's per-group std instead of
 # REINFORCE++-baseline) on both arms. Every variant is compared with its own ProRL arm at equal samples, equal
@@ -229,7 +230,7 @@ if measure_mechanism:
                                                          n_small=n_small)
     reach = mechanism.reach_summary(before)
     change = mechanism.reach_change(before, after)
-    fig_mechanism = plots.reach_figure(before, change, n_small=n_small, n_large=mechanism_draws)
+    fig_mechanism = mechanism.reach_figure(before, change, n_small=n_small, n_large=mechanism_draws)
     display(reach.round(3))
     display(change.round(4))
     display(fig_mechanism)

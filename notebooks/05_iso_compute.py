@@ -48,8 +48,8 @@ import logging
 import transformers
 from IPython.display import display
 
-from brorl_lab.lab import experiments
-from brorl_lab.lab.plateau import open_trainer
+from brorl_lab.study import experiments
+from brorl_lab.study.plateau import open_trainer
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()

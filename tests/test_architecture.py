@@ -1,6 +1,6 @@
 """The layer contract of docs/ARCHITECTURE.md, checked over the real import graph of brorl_lab/.
 
-core -> {theory, rollout} -> rl -> lab -> cli: a module imports its own layer or a layer below, never above, never
+core -> {theory, rollout} -> rl -> lab -> study -> cli: a module imports its own layer or a layer below, never above, never
 the sibling layer; module-level imports have no cycle. The checker is itself tested on an injected upward import.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "brorl_lab"
-RANK = {"core": 0, "theory": 1, "rollout": 1, "rl": 2, "lab": 3, "cli": 4}
+RANK = {"core": 0, "theory": 1, "rollout": 1, "rl": 2, "lab": 3, "study": 4, "cli": 5}
 ROOT = "brorl_lab"  # the composition root (brorl_lab/__init__.py): above every layer, imports lazily
 
 
@@ -108,6 +108,7 @@ def test_no_import_runs_upward_or_in_a_circle():
     ("brorl_lab.core.config", "def f():\n    from brorl_lab.rl import algo\n", "layer 'core' may not import layer 'rl'"),
     ("brorl_lab.rollout.rewards", "from brorl_lab.theory import softmax\n", "layer 'rollout' may not import layer 'theory'"),
     ("brorl_lab.rl.steps", "from ..lab import plots\n", "layer 'rl' may not import layer 'lab'"),
+    ("brorl_lab.lab.plots", "def f():\n    from brorl_lab.study import mechanism\n", "layer 'lab' may not import layer 'study'"),
     ("brorl_lab.lab.plots", "import brorl_lab\n", "imports the package root"),
 ])
 def test_the_checker_catches_an_injected_upward_import(module, source, needle):

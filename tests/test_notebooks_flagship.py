@@ -7,7 +7,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from brorl_lab.lab import experiments as E
+from brorl_lab.study import experiments as E
 
 from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync
 

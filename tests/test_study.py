@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from brorl_lab.lab import ablations as A
-from brorl_lab.lab import experiments as E
-from brorl_lab.lab import mechanism as M
+from brorl_lab.study import ablations as A
+from brorl_lab.study import experiments as E
+from brorl_lab.study import mechanism as M
 from brorl_lab.lab.analysis import iso_compute_summary
 from brorl_lab.rl.steps import sample_prompts
 
@@ -95,6 +95,10 @@ def test_reach_classes_and_summary_by_hand():
     assert ch.loc["only N=512", "change"] == pytest.approx(0.19) and ch.loc["both", "change"] == 0
     with pytest.raises(ValueError, match="after"):
         M.reach_change(rates, {"BroRL": after.iloc[:2]})
+    fig = M.reach_figure(rates, M.reach_change(rates, {"BroRL": after}), n_small=4, n_large=32)
+    hist = [t for t in fig.data if t.type == "histogram"]
+    assert [t.name for t in hist] == ["both (1 prompts)", "only N=512 (1 prompts)", "neither (2 prompts)"]
+    assert [t.name for t in fig.data if t.type == "bar"] == ["BroRL: change of p"]
 
 
 def test_prompt_pass_rates_on_the_real_model_are_consistent(tmp_path):

@@ -27,7 +27,7 @@ from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int, is_finite_number
 
 # Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
-ARMS = ("prorl", "brorl")  # the flagship's two arms (lab.arms), in display order
+ARMS = ("prorl", "brorl")  # the flagship's two arms (study.arms), in display order
 ARM_NAMES = {"prorl": "ProRL", "brorl": "BroRL"}
 PASS1 = "pass@1"
 MEAN = "mean"
@@ -200,7 +200,7 @@ def _check_frame(df: pd.DataFrame, need: Sequence[str] = ("arm", "seed", "step",
                  ) -> pd.DataFrame:
     """Validate a results table and return it with a ``run`` column (``<arm>_s<seed>``) if it had none."""
     if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"df: got {type(df).__name__}; allowed: the DataFrame lab.arms.run_rollout_scaling returns")
+        raise ValueError(f"df: got {type(df).__name__}; allowed: the DataFrame study.arms.run_rollout_scaling returns")
     missing = [c for c in need if c not in df.columns]
     if missing or not families_of(df):
         raise ValueError(f"df: missing columns {missing or ['eval/<family>/pass@1']}; allowed: the DataFrame "

@@ -378,7 +378,7 @@ def pass_at_k_figure(pooled: pd.DataFrame, *, family: str = "mean",
 
 
 # ---- training curves -------------------------------------------------------------------------------------------------
-# BroRL's Fig. 1 in miniature (notebook 02): the arms of brorl_lab.lab.experiments.run_rollout_scaling, a long table with
+# BroRL's Fig. 1 in miniature (notebook 02): the arms of brorl_lab.study.experiments.run_rollout_scaling, a long table with
 # columns arm, seed, run and the Trainer's metrics. One panel per metric; each arm's seeds are put on a grid of x
 # that they all cover (analysis.curves_on_grid, per arm so the longer arm is not cut) and pooled (analysis.arm_curves):
 # the mean line, and with >= 2 seeds the min-max band over seeds.
@@ -444,10 +444,10 @@ def arm_diagnostics_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: 
                              title=title)
 
 
-# ---- the flagship's explanations: ablations, mechanism, iso-compute ------------------------------------------------
+# ---- the flagship's explanations: ablations, iso-compute (the mechanism's figure: study.mechanism.reach_figure) --
 def ablation_figure(table: pd.DataFrame, *, title: str = "Ablations: BroRL − ProRL mean pass@1 at equal budgets"
                     ) -> go.Figure:
-    """Grouped bars from :func:`brorl_lab.lab.ablations.ablation_table`: per variant, the gap in points at equal
+    """Grouped bars from :func:`brorl_lab.study.ablations.ablation_table`: per variant, the gap in points at equal
     generated samples, optimizer updates and wall time, with the seed spread as error bars where >= 2 seeds."""
     axes = [c[:-len(": gap (points)")] for c in table.columns if c.endswith(": gap (points)")]
     if table.empty or not axes:
@@ -463,41 +463,6 @@ def ablation_figure(table: pd.DataFrame, *, title: str = "Ablations: BroRL − P
                       legend=dict(orientation="h", y=-0.35), margin=dict(t=60, b=40, l=60, r=20))
     return fig
 
-
-def reach_figure(rates: pd.DataFrame, change: Optional[pd.DataFrame] = None, *, n_small: int = 16,
-                 n_large: int = 512, title: str = "Which training prompts carry a signal at each N") -> go.Figure:
-    """Left: per-prompt pass rate p at the branch point (:func:`brorl_lab.lab.mechanism.prompt_pass_rates`) as a
-    histogram coloured by reach class, with the curves s_N(p) = 1 - p^N - (1-p)^N for both N on a second axis.
-    Right (with ``change`` from :func:`~brorl_lab.lab.mechanism.reach_change`): each arm's mean change of p per
-    reach class."""
-    from brorl_lab.lab.mechanism import REACH
-
-    if rates.empty:
-        return empty_figure("no prompts measured", title=title)
-    cols = 2 if change is not None and not change.empty else 1
-    fig = make_subplots(rows=1, cols=cols, specs=[[{"secondary_y": True}] + [{}] * (cols - 1)],
-                        subplot_titles=("per-prompt pass rate p at the branch point",
-                                        "change of p by each arm's end, per reach class")[:cols])
-    for i, r in enumerate(REACH):
-        fig.add_trace(go.Histogram(name=f"{r} ({(rates['reach'] == r).sum()} prompts)",
-                                   x=rates.loc[rates["reach"] == r, "p"], xbins=dict(start=0, end=1.0001, size=0.05),
-                                   marker_color=PALETTE[i % len(PALETTE)], opacity=0.8), row=1, col=1)
-    p = np.linspace(0, 1, 201)
-    for n, dash in ((n_small, "dash"), (n_large, "dot")):
-        fig.add_trace(go.Scatter(name=f"P(group of N={n} informative)", x=p, y=1 - p ** n - (1 - p) ** n,
-                                 mode="lines", line=dict(color="black", dash=dash)), row=1, col=1, secondary_y=True)
-    fig.update_layout(barmode="group")  # histograms side by side per bin; the arms' bars side by side per class
-    fig.update_xaxes(title_text="p (share of 512 draws correct)", row=1, col=1)
-    fig.update_yaxes(title_text="prompts", row=1, col=1)
-    fig.update_yaxes(title_text="informative probability", range=[0, 1.05], row=1, col=1, secondary_y=True)
-    if cols == 2:
-        for j, (arm, g) in enumerate(change.groupby("arm", sort=False)):
-            fig.add_trace(go.Bar(name=f"{arm}: change of p", x=list(g["reach"]), y=g["change"],
-                                 marker_color=ARM_COLORS.get(arm, PALETTE[(j + 3) % len(PALETTE)])), row=1, col=2)
-        fig.update_yaxes(title_text="mean change of p", row=1, col=2)
-    fig.update_layout(title_text=title, height=420, legend=dict(orientation="h", y=-0.3),
-                      margin=dict(t=80, b=40, l=60, r=60))
-    return fig
 
 
 def iso_compute_figure(summary: pd.DataFrame, *, title: str = "Equal samples per step: held-out pass@k against N"

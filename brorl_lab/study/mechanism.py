@@ -23,17 +23,23 @@ pass rate rises in the BroRL arm (pass rates of the same prompts before and afte
     reach_summary(rates)                                           # share of prompts in each reach class
     after  = {arm: prompt_pass_rates(*load_policy(run_dir), ...) for arm, run_dir in runs.items()}
     reach_change(rates, after)                                     # mean change of p per reach class and arm
+    reach_figure(rates, reach_change(rates, after))                # both, as one figure
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Optional
 
+import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from brorl_lab.core.config import Config
 from brorl_lab.core.validation import check_int
+from brorl_lab.lab.plots import ARM_COLORS, PALETTE, empty_figure
 from brorl_lab.rl import steps as S
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import TaskItem
@@ -125,3 +131,37 @@ def _check_rates(df, name: str) -> None:
     need = {"family", "uid", "p", "signal_small", "signal_large", "reach"}
     if not isinstance(df, pd.DataFrame) or not need <= set(df.columns):
         raise ValueError(f"{name}: allowed: the DataFrame prompt_pass_rates returns (columns {sorted(need)})")
+
+
+def reach_figure(rates: pd.DataFrame, change: Optional[pd.DataFrame] = None, *, n_small: int = 16,
+                 n_large: int = 512, title: str = "Which training prompts carry a signal at each N") -> go.Figure:
+    """Left: per-prompt pass rate p at the branch point (:func:`prompt_pass_rates`) as a
+    histogram coloured by reach class, with the curves s_N(p) = 1 - p^N - (1-p)^N for both N on a second axis.
+    Right (with ``change`` from :func:`reach_change`): each arm's mean change of p per
+    reach class."""
+    if rates.empty:
+        return empty_figure("no prompts measured", title=title)
+    cols = 2 if change is not None and not change.empty else 1
+    fig = make_subplots(rows=1, cols=cols, specs=[[{"secondary_y": True}] + [{}] * (cols - 1)],
+                        subplot_titles=("per-prompt pass rate p at the branch point",
+                                        "change of p by each arm's end, per reach class")[:cols])
+    for i, r in enumerate(REACH):
+        fig.add_trace(go.Histogram(name=f"{r} ({(rates['reach'] == r).sum()} prompts)",
+                                   x=rates.loc[rates["reach"] == r, "p"], xbins=dict(start=0, end=1.0001, size=0.05),
+                                   marker_color=PALETTE[i % len(PALETTE)], opacity=0.8), row=1, col=1)
+    p = np.linspace(0, 1, 201)
+    for n, dash in ((n_small, "dash"), (n_large, "dot")):
+        fig.add_trace(go.Scatter(name=f"P(group of N={n} informative)", x=p, y=1 - p ** n - (1 - p) ** n,
+                                 mode="lines", line=dict(color="black", dash=dash)), row=1, col=1, secondary_y=True)
+    fig.update_layout(barmode="group")  # histograms side by side per bin; the arms' bars side by side per class
+    fig.update_xaxes(title_text="p (share of 512 draws correct)", row=1, col=1)
+    fig.update_yaxes(title_text="prompts", row=1, col=1)
+    fig.update_yaxes(title_text="informative probability", range=[0, 1.05], row=1, col=1, secondary_y=True)
+    if cols == 2:
+        for j, (arm, g) in enumerate(change.groupby("arm", sort=False)):
+            fig.add_trace(go.Bar(name=f"{arm}: change of p", x=list(g["reach"]), y=g["change"],
+                                 marker_color=ARM_COLORS.get(arm, PALETTE[(j + 3) % len(PALETTE)])), row=1, col=2)
+        fig.update_yaxes(title_text="mean change of p", row=1, col=2)
+    fig.update_layout(title_text=title, height=420, legend=dict(orientation="h", y=-0.3),
+                      margin=dict(t=80, b=40, l=60, r=60))
+    return fig

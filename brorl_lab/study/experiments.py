@@ -18,8 +18,8 @@ Budget units: a *sample* is one generated response (prompt x rollout), counted o
 (the metrics' ``cum_samples``); *trained samples* are those that survive the filter (kept groups x N). Wall time is
 the Trainer's ``cum_wall_s``: training time with evaluation excluded.
 
-One import for the flagship notebook: the plateau (:mod:`brorl_lab.lab.plateau`), the arms
-(:mod:`brorl_lab.lab.arms`) and their comparison (:mod:`brorl_lab.lab.analysis`).
+One import for the flagship notebook: the plateau (:mod:`brorl_lab.study.plateau`), the arms
+(:mod:`brorl_lab.study.arms`) and their comparison (:mod:`brorl_lab.lab.analysis`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from brorl_lab.lab.analysis import (ARM_NAMES, ARMS, X_AXES, arm_display_names, 
 # Importing plots makes figures survive a notebook's HTML export (plots.exportable_figures) for a notebook that
 # imports only this facade.
 from brorl_lab.lab import plots  # noqa: F401
-from brorl_lab.lab.arms import (DEFAULT_ROOT, PAPER_ARMS, arm_configs, arms_table, experiment_root,  # noqa: F401
+from brorl_lab.study.arms import (DEFAULT_ROOT, PAPER_ARMS, arm_configs, arms_table, experiment_root,  # noqa: F401
                                 run_arm, run_rollout_scaling, save_outputs)
-from brorl_lab.lab.plateau import (  # noqa: F401
+from brorl_lab.study.plateau import (  # noqa: F401
     FLAGSHIP_RECIPE, MODEL_ALIASES, PLATEAU_FAMILIES, PLATEAU_RULE, RECIPE, RECIPES, PlateauResult, eval_curve,
     hard_families, plateau_config, plateau_families, plateau_markdown, plateau_reached, plateau_rule, recipe_config,
     resolve_experiment_model, save_plateau_model, train_plateau)

@@ -61,7 +61,7 @@ def resolve_experiment_model(model: str) -> str:
         path = MODEL_ALIASES[model]
         if not (path / "config.json").is_file():
             raise ValueError(f"model: {model!r} -> {path} has no config.json; build it with "
-                             "`python -m brorl_lab.lab.experiments plateau`")
+                             "`python -m brorl_lab.study.experiments plateau`")
         return str(path)
     return model
 
@@ -331,7 +331,7 @@ def plateau_markdown(meta: dict) -> str:
     text = (f"\"gained >= {100 * g:g} points of {rule['metric']} over the start, then no new best (an evaluation "
             f"beating every earlier one by >= {100 * d:g} point) for >= {k} steps\"")
     if meta["plateaued"]:
-        why = (f"Why this counts as a plateau: the rule is {text} (brorl_lab.lab.plateau.plateau_rule). It fired at "
+        why = (f"Why this counts as a plateau: the rule is {text} (brorl_lab.study.plateau.plateau_rule). It fired at "
                f"step {meta['steps']}: start {rule['start']:.3f}, last new best {rule['best']:.3f} at step "
                f"{rule['best_step']} (+{100 * rule['gained']:.1f} points), then {rule['stalled_steps']} steps "
                f"without a new best.")
@@ -342,5 +342,5 @@ def plateau_markdown(meta: dict) -> str:
     lines += ["", why, "", *([f"What was tried before this recipe: {tried}", ""] if tried else []),
               f"Change from the first to the last evaluation, in points (0.01 pass@1): {moves}.", "",
               "Load it with `Config(model=\"data/plateau_model\")` (from the repository root) or "
-              "`brorl_lab.lab.experiments.recipe_config(model=\"plateau\")`.", ""]
+              "`brorl_lab.study.experiments.recipe_config(model=\"plateau\")`.", ""]
     return "\n".join(lines)

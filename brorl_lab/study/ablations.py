@@ -1,6 +1,6 @@
 """The ablations that explain the flagship's result: the BroRL-vs-ProRL branch re-run with one knob changed.
 
-A *variant* is a dict of overrides on the main experiment. Keys that :func:`brorl_lab.lab.arms.arm_configs` takes
+A *variant* is a dict of overrides on the main experiment. Keys that :func:`brorl_lab.study.arms.arm_configs` takes
 (``lr_scaling``, ``prompts_large``, ``n_large``, ...) change the arms; any other key is a Config field applied to the
 base (so to both arms), e.g. ``{"advantage": "grpo"}``. When a variant changes the BroRL arm's samples per step
 (``prompts_large``), its BroRL-arm steps and eval interval are rescaled so that the ProRL arm, and the nominal
@@ -31,8 +31,8 @@ from brorl_lab.core.config import Config
 from brorl_lab.core.rundir import RunDir
 from brorl_lab.core.validation import check_seeds
 from brorl_lab.lab.analysis import MEAN, X_AXES, compare_arms
-from brorl_lab.lab.arms import arm_configs, label_arm, run_arm
-from brorl_lab.lab.plateau import IGNORED_FIELDS
+from brorl_lab.study.arms import arm_configs, label_arm, run_arm
+from brorl_lab.study.plateau import IGNORED_FIELDS
 
 ARM_OPTIONS = ("n_small", "n_large", "prompts_small", "prompts_large", "samples_ratio", "lr_scaling")
 MAIN = "main"
@@ -106,7 +106,7 @@ def _finished_runs(root: Path) -> dict[str, Path]:
 def run_ablations(base: Config, variants: Mapping[str, Mapping], *, seeds: Iterable[int] = (0,),
                   root: str | Path, progress: bool = True, **arm_options) -> pd.DataFrame:
     """Run both arms of every variant for each seed in ``root`` (resumable; identical configs run once, see the
-    module docstring) and return the long metrics table of :func:`brorl_lab.lab.arms.run_rollout_scaling` with a
+    module docstring) and return the long metrics table of :func:`brorl_lab.study.arms.run_rollout_scaling` with a
     ``variant`` column (a run shared by several variants appears once per variant)."""
     from tqdm.auto import tqdm
 
