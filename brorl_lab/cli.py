@@ -64,7 +64,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, type=_json_dict, metavar="JSON", **kw)
         elif hint is list:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else []  # type: ignore
-            elem = type(default[0]) if default else str
+            elem = type(default[0]) if default else f.metadata.get("elem", str)
             group.add_argument(flag, nargs="+", type=elem, metavar=elem.__name__.upper(), **kw)
         else:
             cast = {int: int, float: float, str: str}.get(hint, str)

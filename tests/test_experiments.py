@@ -35,7 +35,9 @@ def test_arm_configs_follow_brorls_recipe(tmp_path):
     assert pro.optimizer_steps_per_step == bro.optimizer_steps_per_step == 2
     assert pro.effective_lr == pytest.approx(2e-4)  # the reference arm trains at the base lr
     assert bro.effective_lr / pro.effective_lr == pytest.approx(math.sqrt(8))
-    assert (bro.steps, pro.steps) == (3, 24) and (bro.eval_every, pro.eval_every) == (1, 8)
+    assert (bro.steps, pro.steps) == (3, 24) and bro.eval_every == pro.eval_every == 0
+    # one shared grid: the BroRL arm's steps 1..3; the ProRL arm at the same samples (8, 16, 24) and updates (1..3)
+    assert bro.eval_at_steps == [1, 2, 3] and pro.eval_at_steps == [1, 2, 3, 8, 16, 24]
     assert bro.samples_per_step * bro.steps == pro.samples_per_step * pro.steps  # same nominal samples per arm
     assert {pro.seed, bro.seed} == {base.seed} and pro.tasks == bro.tasks == base.tasks
     by_prompts = E.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_prompts")
@@ -43,12 +45,17 @@ def test_arm_configs_follow_brorls_recipe(tmp_path):
     assert E.arm_configs(base, n_small=16, n_large=512, prompts_small=16)["brorl"].effective_lr == pytest.approx(2e-4)
 
 
-def test_arms_reset_at_the_same_sample_counts(tmp_path):
-    arms = E.arm_configs(tiny_base(tmp_path, steps=4, reset_every=8), n_small=16, n_large=512, prompts_small=16)
-    pro, bro = arms["prorl"], arms["brorl"]  # 256 vs 2048 samples per step; the ProRL arm's 8 steps = 2048 samples
-    assert pro.reset_every == bro.reset_every == 0 and pro.reset_every_samples == bro.reset_every_samples == 2048
-    assert [s for s in range(1, pro.steps + 1) if pro.reset_due(s)] == [8, 16, 24, 32]
-    assert [s for s in range(1, bro.steps + 1) if bro.reset_due(s)] == [1, 2, 3, 4]
+def test_arms_reset_in_neither_arm_and_the_middle_arm_sits_on_the_grid(tmp_path):
+    arms = E.arm_configs(tiny_base(tmp_path, steps=4, eval_every=2, reset_every=8), n_mid=64)
+    pro, mid, bro = arms["prorl"], arms["middle"], arms["brorl"]  # 16 x 64, 64 x 32, 512 x 16 by default
+    assert list(arms) == ["prorl", "middle", "brorl"]
+    assert (mid.rollouts_per_prompt, mid.prompts_per_step, bro.prompts_per_step) == (64, 32, 16)
+    assert all(c.reset_every == c.reset_every_samples == 0 for c in arms.values())  # resets off in both, not nominal
+    assert not any(c.reset_due(s) for c in arms.values() for s in range(1, c.steps + 1))
+    assert (pro.steps, mid.steps, bro.steps) == (32, 16, 4)
+    assert bro.eval_at_steps == [2, 4] and mid.eval_at_steps == [2, 4, 8, 16] and pro.eval_at_steps == [2, 4, 16, 32]
+    with pytest.raises(ValueError, match="prompts_mid"):  # 64 x 24 does not divide 512 x 16
+        E.arm_configs(tiny_base(tmp_path), n_mid=64, prompts_mid=24)
 
 
 def test_arm_configs_at_the_papers_sizes_and_explicit_prompts(tmp_path):
@@ -177,7 +184,11 @@ def test_run_rollout_scaling_runs_both_arms_and_never_reruns_a_finished_one(tmp_
     last = df.groupby("arm")["step"].max()
     assert (last["brorl"], last["prorl"]) == (2, 8)
     evals = df[df["eval/gcd/pass@1"].notna()].groupby("arm")["step"].apply(list)
-    assert evals["brorl"] == [0, 1, 2] and evals["prorl"] == [0, 4, 8]  # same nominal sample counts
+    assert evals["brorl"] == [0, 1, 2] and evals["prorl"] == [0, 1, 2, 4, 8]  # the shared grid
+    grid = df[df["eval/gcd/pass@1"].notna()]
+    for x in ("cum_nominal_samples", "cum_nominal_updates"):  # both arms measured at every BroRL-arm budget
+        assert set(grid.loc[grid["arm"] == "brorl", x]) <= set(grid.loc[grid["arm"] == "prorl", x])
+    assert sorted(grid.loc[grid["arm"] == "brorl", "cum_nominal_samples"]) == [0, 16, 32]
     nominal = df.groupby("arm")["cum_trained_samples"].max()
     assert nominal["brorl"] <= 32 and nominal["prorl"] <= 32  # kept groups x N, at most 2 steps x 16
 

@@ -159,6 +159,10 @@ class Config:
     # ---- loop, evaluation, checkpoints ----------------------------------------------------------------------------
     steps: int = knob(20, "Training steps.")
     eval_every: int = knob(5, "Evaluate on the frozen eval sets every K steps (and at the start and end); 0 = never.")
+    eval_at_steps: list = knob([], "Also evaluate at the end of these training steps (with eval_every=0: only at "
+                                   "these, plus the start). Arms with different samples per step use it to be "
+                                   "measured on one shared grid of samples and of optimizer updates (lab.arms); not "
+                                   "in the papers.", elem=int)
     eval_samples: int = knob(8, "Samples per eval prompt (pass@1 is their mean; pass@k from these). ProRL: 16; "
                                 "pass@128 from 256.")
     eval_k: list = knob([1, 4], "k values for the unbiased pass@k estimator 1 - C(n-c, k)/C(n, k).")
@@ -233,6 +237,17 @@ class Config:
         """The lr of training step ``step`` (1-based): effective_lr * min(1, step / lr_warmup_steps)."""
         return self.effective_lr * (min(1.0, step / self.lr_warmup_steps) if self.lr_warmup_steps else 1.0)
 
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates at all (then also at step 0, where training starts from)."""
+        return bool(self.eval_every or self.eval_at_steps)
+
+    def eval_due(self, step: int) -> bool:
+        """Whether training step ``step`` (1-based) ends with an evaluation: every ``eval_every`` steps and at the
+        last step, or at a step listed in ``eval_at_steps``."""
+        return bool(self.eval_every and (step % self.eval_every == 0 or step == self.steps)) \
+            or step in self.eval_at_steps
+
     def reset_due(self, step: int) -> bool:
         """Whether the reset schedule (reset_every steps, or reset_every_samples trained-batch samples) fires at the
         end of ``step``: step % K == 0, or floor(step * B / K) > floor((step - 1) * B / K) with B = samples_per_step."""
@@ -280,6 +295,7 @@ class Config:
         _require("eval_k", len(self.eval_k) >= 1 and all(is_int(k)
                                                           and 1 <= k <= self.eval_samples for k in self.eval_k),
                  f"a non-empty list of integers in [1, eval_samples={self.eval_samples}]")
+        _require("eval_at_steps", all(is_int(k) and k >= 1 for k in self.eval_at_steps), "a list of integers >= 1")
         _require("optimizer_steps_per_step", self.prompts_per_step % self.optimizer_steps_per_step == 0,
                  f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
         _choice("loss_agg", self.loss_agg, LOSS_AGGREGATIONS)

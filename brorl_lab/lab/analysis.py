@@ -28,7 +28,7 @@ from brorl_lab.core.validation import check_int, is_finite_number
 
 # Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
 ARMS = ("prorl", "brorl")  # the flagship's two arms (study.arms), in display order
-ARM_NAMES = {"prorl": "ProRL", "brorl": "BroRL"}
+ARM_NAMES = {"prorl": "ProRL", "brorl": "BroRL", "middle": "Middle"}
 PASS1 = "pass@1"
 MEAN = "mean"
 ARM_IGNORE = ("run_name", "run_dir", "seed", "torch_threads", "checkpoint_every", "device", "ray_address")

@@ -68,7 +68,7 @@ def _check_eval_sets(cfg: Config) -> None:
     from brorl_lab.rollout.tasks import configure_tasks, eval_path
 
     configure_tasks([*cfg.tasks, *(cfg.eval_tasks or [])], cfg.task_configs)
-    for t in (cfg.eval_tasks or cfg.tasks) if cfg.eval_every else ():
+    for t in (cfg.eval_tasks or cfg.tasks) if cfg.evaluates else ():
         if not eval_path(t).is_file():
             raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
                               f"({eval_path(t)} missing); allowed: tasks with an eval set, eval_every=0, or "
@@ -322,7 +322,7 @@ class Trainer:
             row["time/sync"] = time.perf_counter() - t0
         row["skipped"] = bool(skipped)
         row["reset"] = self._maybe_reset(step, row)                                         # 6. reset / eval / log
-        if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
+        if c.eval_due(step):
             t0 = time.perf_counter()
             row.update(self.evaluate(step).metrics)
             row["time/eval"] = time.perf_counter() - t0
@@ -380,7 +380,7 @@ class Trainer:
 
         c = self.cfg
         total = c.steps if steps is None else steps
-        if not self.rows and c.eval_every:  # row 0: where training starts from
+        if not self.rows and c.evaluates:  # row 0: where training starts from
             t0 = time.perf_counter()
             row = {"step": 0, **{f"cum_{k}": v for k, v in self.cum.items()}, **self.evaluate(0).metrics}
             row["time/eval"] = time.perf_counter() - t0

@@ -9,6 +9,7 @@ the Trainer's ``cum_wall_s``: training time with evaluation excluded.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import warnings
 from fractions import Fraction
@@ -28,26 +29,32 @@ from brorl_lab.core.validation import check_int, check_seeds, is_int, is_number
 DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 
 
-# ---- the two arms ------------------------------------------------------------------------------------------------------
-def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 16,
-                prompts_large: Optional[int] = None, samples_ratio: float = 8,
-                lr_scaling: str = "none") -> dict[str, Config]:
-    """The two arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}``.
+# ---- the arms ----------------------------------------------------------------------------------------------------------
+def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 64,
+                prompts_large: Optional[int] = None, samples_ratio: float = 8, lr_scaling: str = "none",
+                n_mid: Optional[int] = None, prompts_mid: Optional[int] = None) -> dict[str, Config]:
+    """The arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}`` (and ``"middle"``
+    when ``n_mid`` is given), evaluated on one shared grid.
 
-    ProRL arm: N = ``n_small`` with ``prompts_small`` prompts per step (BroRL: 16 x 512). BroRL arm: N = ``n_large``
-    with ``prompts_large`` prompts per step, by default ``samples_ratio`` times the ProRL arm's samples per step
-    (BroRL: 512 x 128, 8x). Both keep ``base.optimizer_steps_per_step``. The ProRL arm is the reference of the lr
-    rule (``lr_reference_samples`` / ``lr_reference_prompts`` = its samples / prompts per step), so it trains at
-    ``base.lr``; the BroRL arm at ``base.lr`` (``lr_scaling="none"``, our default: under Adam the sqrt rule in samples
-    made the tiny model's BroRL arm collapse), ``base.lr * sqrt(ratio)`` (``"sqrt_samples"``, BroRL's rule with B
-    counted in samples) or ``base.lr * sqrt(prompts_large / prompts_small)`` (``"sqrt_prompts"``).
+    ProRL arm: N = ``n_small`` with ``prompts_small`` prompts per step (BroRL: 16 x 512; here 16 x 64). BroRL arm:
+    N = ``n_large`` with ``prompts_large`` prompts per step, by default ``samples_ratio`` times the ProRL arm's
+    samples per step (BroRL: 512 x 128, 8x, prompts 4:1; here 512 x 16). Middle arm: N = ``n_mid`` x
+    ``prompts_mid`` (default: the geometric mean of the two arms' prompts, 64 x 32). All keep
+    ``base.optimizer_steps_per_step`` and, with ``lr_scaling="none"`` (our default: under Adam the sqrt rule in
+    samples made the tiny model's BroRL arm collapse), ``base.lr``; ``"sqrt_samples"`` / ``"sqrt_prompts"`` scale
+    the BroRL arm's lr by BroRL's rule, with the ProRL arm as the reference point.
 
-    Resets: ``base.reset_every`` (in ProRL-arm steps) becomes ``reset_every_samples`` for both arms, so the reference
-    and optimizer are reset at the same numbers of trained samples in each arm.
+    Budget and the shared grid: ``base.steps`` counts BroRL-arm steps, ``base.eval_every`` the BroRL-arm steps
+    between grid points (grid G = e, 2e, ..., and the last step). An arm with r times fewer samples per step
+    (r = BroRL samples per step / its own, a whole number) trains r x ``steps`` steps, so every arm trains on the
+    same samples (steps x prompts x N), and is evaluated (``eval_at_steps``) at the end of steps r·g (the grid in
+    samples: the same sample counts as the BroRL arm's g) and g (the grid in optimizer updates: every arm takes
+    ``optimizer_steps_per_step`` updates per step, so step g is the BroRL arm's update count at g). Each budget
+    comparison is then a measurement in both arms, never an interpolation.
 
-    Budget: ``base.steps``, ``base.eval_every`` and ``base.checkpoint_every`` count BroRL-arm steps; the ProRL arm
-    gets ``ratio`` times as many (rounded), so both arms train on the same nominal number of samples and are
-    evaluated at the same nominal sample counts.
+    Resets are OFF in every arm (``reset_every = reset_every_samples = 0``): ProRL v2 resets every 200-500 steps,
+    longer than this branch, and a schedule in nominal samples would not fire at equal *trained* samples (dynamic
+    sampling trains a different share of each arm's samples).
     """
     if not isinstance(base, Config):
         raise ValueError(f"base: got {type(base).__name__}; allowed: a brorl_lab.Config")
@@ -67,23 +74,44 @@ def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_
         prompts_large = int(exact)
     elif not is_int(prompts_large) or prompts_large < 1:
         raise ValueError(f"prompts_large: got {prompts_large!r}; allowed: None or an integer >= 1")
-    ratio = n_large * prompts_large / small
-
-    def scaled(k: int) -> int:
-        return max(1, round(k * ratio)) if k else 0
-
     if lr_scaling not in LR_SCALINGS:
         raise ValueError(f"lr_scaling: got {lr_scaling!r}; allowed: {', '.join(LR_SCALINGS)}")
-    common = dict(lr_reference_samples=small, lr_reference_prompts=prompts_small)
-    if base.reset_every:  # one schedule in samples for both arms
-        common.update(reset_every=0, reset_every_samples=base.reset_every * small)
-    return {  # the ProRL arm is the lr rule's reference point: base.lr under any rule, so it is written as "none"
-        "prorl": base.replace(**common, lr_scaling="none", rollouts_per_prompt=n_small, prompts_per_step=prompts_small,
-                              steps=scaled(base.steps), eval_every=scaled(base.eval_every),
-                              checkpoint_every=scaled(base.checkpoint_every), run_name="prorl"),
-        "brorl": base.replace(**common, lr_scaling=lr_scaling, rollouts_per_prompt=n_large, prompts_per_step=prompts_large,
-                              run_name="brorl"),
-    }
+    shapes = {"prorl": (n_small, prompts_small)}
+    if n_mid is not None:
+        check_int("n_mid", n_mid, n_small + 1)
+        if n_mid >= n_large:
+            raise ValueError(f"n_mid: got {n_mid}; allowed: an integer between n_small={n_small} and n_large={n_large}")
+        if prompts_mid is None:
+            prompts_mid = round(math.sqrt(prompts_small * prompts_large))
+        check_int("prompts_mid", prompts_mid, 1)
+        shapes["middle"] = (n_mid, prompts_mid)
+    elif prompts_mid is not None:
+        raise ValueError(f"prompts_mid: got {prompts_mid!r} without n_mid; allowed: None, or pass n_mid too")
+    large = n_large * prompts_large
+    grid = shared_grid(base.steps, base.eval_every)
+    common = dict(lr_reference_samples=small, lr_reference_prompts=prompts_small, reset_every=0,
+                  reset_every_samples=0, eval_every=0)
+    arms = {}
+    for arm, (n, prompts) in shapes.items():
+        r = Fraction(large, n * prompts)
+        if r.denominator != 1:
+            raise ValueError(f"prompts_{'small' if arm == 'prorl' else 'mid'}: the {arm} arm's {n} x {prompts} = "
+                             f"{n * prompts} samples per step does not divide the BroRL arm's {large}; allowed: "
+                             "shapes whose samples per step divide the BroRL arm's (the shared grid needs whole steps)")
+        r = int(r)
+        arms[arm] = base.replace(**common, lr_scaling="none", rollouts_per_prompt=n, prompts_per_step=prompts,
+                                 steps=base.steps * r, eval_at_steps=sorted({r * g for g in grid} | set(grid)),
+                                 checkpoint_every=base.checkpoint_every * r, run_name=arm)
+    arms["brorl"] = base.replace(**common, lr_scaling=lr_scaling, rollouts_per_prompt=n_large,
+                                 prompts_per_step=prompts_large, eval_at_steps=grid, run_name="brorl")
+    return arms
+
+
+def shared_grid(steps: int, every: int) -> list[int]:
+    """The BroRL-arm steps of the shared evaluation grid: every ``every`` steps and the last one."""
+    check_int("steps", steps, 1)
+    check_int("eval_every", every, 1)
+    return sorted(set(range(every, steps + 1, every)) | {steps})
 
 
 PAPER_ARMS = {"prorl": dict(rollouts_per_prompt=16, prompts_per_step=512), "brorl": dict(rollouts_per_prompt=512,
@@ -99,7 +127,8 @@ def arms_table(arms: dict[str, Config]) -> pd.DataFrame:
         rows[ARM_NAMES.get(arm, arm)] = {
             "N (rollouts_per_prompt)": c.rollouts_per_prompt, "prompts_per_step": c.prompts_per_step,
             "samples_per_step": c.samples_per_step, "optimizer_steps_per_step": c.optimizer_steps_per_step,
-            "lr (after sqrt scaling)": f"{c.effective_lr:.3g}", "steps": c.steps, "eval_every": c.eval_every,
+            "lr (after sqrt scaling)": f"{c.effective_lr:.3g}", "steps": c.steps,
+            "evaluated after steps": ", ".join(map(str, c.eval_at_steps)),
             "nominal trained samples": c.samples_per_step * c.steps,
             "paper: N x prompts": f"{paper['rollouts_per_prompt']} x {paper['prompts_per_step']}" if paper else ""}
     return pd.DataFrame(rows)
@@ -131,11 +160,15 @@ def run_arm(cfg: Config, *, progress: bool = True) -> tuple[pd.DataFrame, bool]:
 
 
 def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str | Path = DEFAULT_ROOT,
-                        progress: bool = True, **arm_options) -> pd.DataFrame:
+                        progress: bool = True, middle_seeds: Optional[Iterable[int]] = None,
+                        **arm_options) -> pd.DataFrame:
     """Run both arms of :func:`arm_configs` (``arm_options``: n_small, n_large, prompts_small, ...) for each seed from
     ``base.model``, in run directories ``root/<arm>_s<seed>``; returns one long DataFrame of every metrics row with
     columns ``arm``, ``seed``, ``rollouts_per_prompt``, ``prompts_per_step``, ``cum_trained_samples`` and
     ``cum_updates`` (optimizer updates) added.
+
+    The headline arms (ProRL, BroRL) run first for every seed, then the middle arm (``n_mid``) for
+    ``middle_seeds`` (default: ``seeds``), so a run cut short has the headline comparison complete first.
 
     Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
     run with different settings is an error rather than a silent mix. Ctrl-C stops after the current step (the
@@ -146,9 +179,12 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     seeds = check_seeds(seeds)
     if not isinstance(root, (str, Path)) or not str(root).strip():
         raise ValueError(f"root: got {root!r}; allowed: a directory path")
+    middle_seeds = seeds if middle_seeds is None else check_seeds(middle_seeds)
     arms = arm_configs(base, **arm_options)
-    plan = [(arm, seed, cfg.replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}"))
-            for seed in seeds for arm, cfg in arms.items()]
+    order = [(arm, seed) for seed in seeds for arm in arms if arm != "middle"]
+    order += [("middle", seed) for seed in middle_seeds if "middle" in arms]
+    plan = [(arm, seed, arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}"))
+            for arm, seed in order]
     frames = []
     bar = tqdm(plan, desc="arms", disable=not progress)
     for arm, seed, cfg in bar:
@@ -175,6 +211,8 @@ def label_arm(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFram
     df["cum_trained_samples"] = (kept * cfg.rollouts_per_prompt).where(~skipped, 0).cumsum()
     trained = df["step"].gt(0) & ~skipped  # row 0 is the evaluation before training
     df["cum_updates"] = (trained * cfg.optimizer_steps_per_step).cumsum()  # optimizer updates so far
+    df["cum_nominal_samples"] = df["step"] * cfg.samples_per_step  # steps x prompts x N: the arms' budget unit
+    df["cum_nominal_updates"] = df["step"] * cfg.optimizer_steps_per_step  # as planned (a skipped step takes none)
     return df
 
 

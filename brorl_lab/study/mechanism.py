@@ -43,6 +43,7 @@ from brorl_lab.lab.plots import ARM_COLORS, PALETTE, empty_figure
 from brorl_lab.rl import steps as S
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import TaskItem
+from brorl_lab.rollout.tasks.templates import resolve_template
 
 REACH = ("both", "only N=512", "neither")  # display order of the reach classes
 
@@ -59,6 +60,7 @@ def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskIt
         raise ValueError(f"n_small: got {n_small} for n_draws={n_draws}; allowed: a divisor of n_draws")
     if not items:
         raise ValueError("items: got no items; allowed: a non-empty list of TaskItem (steps.sample_prompts)")
+    template = resolve_template(cfg.template, cfg.model, tokenizer)  # 'auto' -> what the Trainer would use
     engine = make_engine("torch", policy, tokenizer)
     rows = []
     try:
@@ -66,8 +68,8 @@ def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskIt
             chunk = list(items[start:start + chunk_prompts])
             sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                       seed=seed + start)
-            batch = S.score(S.rollout(engine, chunk, n_draws, sampling, template=cfg.template,
-                                      tokenizer=tokenizer), template=cfg.template)
+            batch = S.score(S.rollout(engine, chunk, n_draws, sampling, template=template,
+                                      tokenizer=tokenizer), template=template)
             correct = batch.grouped(batch.correct).to(torch.int64)  # [P, n_draws]
             k_small = correct.view(len(chunk), -1, n_small).sum(-1)  # [P, n_draws / n_small] correct per small group
             informative_small = ((k_small > 0) & (k_small < n_small)).double().mean(1)  # [P]
