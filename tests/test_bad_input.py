@@ -68,7 +68,7 @@ SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_p
 def test_the_specification_covers_every_field():
     covered = set(INT_MIN) | set(FLOAT_RANGE) | set(CHOICES) | set(BOOLS) | {
         "model", "ray_address", "tasks", "eval_tasks", "task_configs", "adam_betas", "eval_k", "run_dir", "run_name",
-        "report_to"}
+        "report_to", "eval_at_steps"}
     assert covered == set(FIELDS), f"new fields need a bad-input spec here: {set(FIELDS) - covered}"
 
 
@@ -80,7 +80,7 @@ def test_the_specification_covers_every_field():
     dict(tasks=("gcd", "chain_sum")), dict(adam_betas=[0, 0.5]), dict(lr=0.5, temperature=1e-3),
     dict(tasks=["rg:basic_arithmetic"], task_configs={"rg:basic_arithmetic": {"min_terms": 2, "max_terms": 2}}),
     dict(tasks=["gcd"], eval_tasks=["rg:basic_arithmetic"], task_configs={}),
-    dict(report_to=[]), dict(report_to=["tensorboard", "wandb"]),
+    dict(report_to=[]), dict(report_to=["tensorboard", "wandb"]), dict(eval_every=0, eval_at_steps=[1, 3]),
 ])
 def test_boundary_values_are_accepted(kw):
     """The validator must not over-reject: the edges of each allowed range are allowed."""
@@ -128,7 +128,7 @@ def bad_field(draw, python_objects: bool = True):
         name = draw(st.sampled_from(BOOLS))
         value = draw(st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats()))
     elif kind == "list":
-        name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k", "report_to"]))
+        name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k", "report_to", "eval_at_steps"]))
         if name == "report_to":  # tracker names: [] is fine (no tracker), unknown / repeated names and non-lists not
             known = names_of("tracker")
             value = draw(st.one_of(
@@ -141,6 +141,10 @@ def bad_field(draw, python_objects: bool = True):
                 st.just([]), st.lists(_unknown_name(known), min_size=1, max_size=3),
                 st.lists(st.sampled_from(known), min_size=2, max_size=4).filter(lambda v: len(set(v)) < len(v)),
                 st.lists(st.integers(), min_size=1, max_size=2), st.text(max_size=6), st.integers()))
+        elif name == "eval_at_steps":  # training steps (>= 1) to evaluate after; [] is fine
+            value = draw(st.one_of(st.lists(st.integers(max_value=0), min_size=1, max_size=3),
+                                   st.lists(st.floats(allow_nan=True), min_size=1, max_size=2), st.integers(1, 4),
+                                   st.text(max_size=4)))
         elif name == "adam_betas":
             value = draw(st.one_of(
                 st.lists(st.floats(0, 0.99), max_size=4).filter(lambda v: len(v) != 2),
