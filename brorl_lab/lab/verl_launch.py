@@ -1,0 +1,251 @@
+"""``python -m brorl_lab launch --to verl CONFIG_OR_RUN OUT/``: the same experiment as files verl 0.9.1 runs.
+
+    res = launch_verl(cfg, "out/verl_brorl")     # writes, in out/verl_brorl/:
+    #   overrides.txt      one Hydra override of verl.trainer.main_ppo per line (names: lab.verl_names.VERL_FIELDS)
+    #   train.parquet      train-split task items, verl's RL schema (below), enough for every step and resample
+    #   eval.parquet       the first eval_prompts items of each eval family's frozen set (the same held-out items)
+    #   reward.py          verl's custom_reward_function: brorl_lab's verifiers (lab/verl_reward.py, verbatim)
+    #   run_verl.sh        `bash run_verl.sh [more overrides]` on the head node of a Ray cluster
+    #   brorl_config.yaml  the Config (what `import-run --from verl` labels the imported run with)
+    #   WARNINGS.txt       one line per knob verl cannot express (also printed)
+
+A row of the parquet files, in verl's schema (what ``verl.utils.dataset.rl_dataset.RLHFDataset`` and the reward
+manager read):
+
+    data_source   the task family (verl groups validation metrics by it: val-core/<family>/acc/mean@n)
+    prompt        [{"role": "user", "content": ...}]: chat messages; for the 'plain' template the content is our
+                  whole prompt and actor_rollout_ref.model.custom_chat_template passes it through unchanged
+    ability       "reasoning"
+    reward_model  {"style": "rule", "ground_truth": the item's answer}
+    extra_info    {"split", "index", "uid", "item" (the TaskItem as JSON), "template", "reward", "task_config"}
+
+Paths in overrides.txt are ``${oc.env:BRORL_VERL_DIR}/...``: run_verl.sh sets BRORL_VERL_DIR to its own directory,
+so OUT/ can be copied to the cluster as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+import yaml
+from tqdm.auto import tqdm
+
+from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.rundir import atomic_write, atomic_write_text
+from brorl_lab.lab.verl_names import override_lines, verl_overrides
+
+VERL_VERSION = "0.9.1"
+DATA_DIR_ENV = "BRORL_VERL_DIR"
+DATA_DIR = "${oc.env:" + DATA_DIR_ENV + "}"
+REWARD_TEMPLATE = Path(__file__).with_name("verl_reward.py")
+CONFIG_FILE = "brorl_config.yaml"
+FILES = ("overrides.txt", "train.parquet", "eval.parquet", "reward.py", "run_verl.sh", CONFIG_FILE, "WARNINGS.txt")
+#: Jinja chat templates handed to verl (actor_rollout_ref.model.custom_chat_template) so its prompt is ours:
+#: 'plain' passes our whole prompt through; 'chat' without a tokenizer template reproduces templates.CHAT_FALLBACK
+#: ("User: {content}\nAssistant:"; the newline is a Jinja string escape, so the override stays on one line).
+PLAIN_CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+FALLBACK_CHAT_TEMPLATE = "{% for m in messages %}User: {{ m['content'] }}{{ '\\n' }}Assistant:{% endfor %}"
+MAX_DEFAULT_TRAIN_PROMPTS = 20_000
+
+
+@dataclass
+class LaunchResult:
+    out: Path
+    overrides: dict[str, Any]
+    warnings: list[str]
+    template: str
+    train_rows: int
+    eval_rows: dict[str, int] = field(default_factory=dict)
+    max_prompt_length: int = 0
+
+    def summary(self) -> str:
+        evals = ", ".join(f"{k} {v}" for k, v in self.eval_rows.items())
+        return (f"verl {VERL_VERSION} launch files in {self.out}: {len(self.overrides)} overrides, train.parquet "
+                f"{self.train_rows} prompts, eval.parquet ({evals}), template {self.template!r}, max prompt length "
+                f"{self.max_prompt_length} tokens\nrun on the head node of a Ray cluster: bash {self.out}/run_verl.sh")
+
+
+# ---- which config ---------------------------------------------------------------------------------------------------
+def load_config(source: str | Path) -> Config:
+    """A YAML file of Config fields, or a run directory (its config.yaml), as a validated Config."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"CONFIG_OR_RUN: {source} is neither a YAML file nor a run directory with config.yaml; "
+                          "allowed: a config file (as `train --config` reads) or a run directory")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"CONFIG_OR_RUN: {path} must hold a mapping of config fields")
+    return Config.from_dict(data)
+
+
+# ---- prompts as chat messages ----------------------------------------------------------------------------------------
+def _tokenizer_or_none(model: str):
+    """The model's tokenizer when it can be opened here (local directory or cached hub id), else None."""
+    from brorl_lab.core.models import load_tokenizer
+
+    try:
+        return load_tokenizer(model)
+    except (OSError, ValueError):
+        return None
+
+
+def user_content(family, item, template: str) -> str:
+    """The user turn our prompt holds: the whole prompt for 'plain'; for 'chat' the instruction the family wraps in
+    a chat template (read back from the template-less chat form, templates.CHAT_FALLBACK)."""
+    from brorl_lab.rollout.tasks.templates import CHAT_FALLBACK
+
+    if template == "plain":
+        return family.format_prompt(item, "plain")
+    head, tail = CHAT_FALLBACK.split("{content}")
+    text = family.format_prompt(item, "chat")
+    if not (text.startswith(head) and text.endswith(tail)):
+        raise ValueError(f"task {item.family!r}: its chat prompt does not follow templates.CHAT_FALLBACK; allowed: "
+                         "families that format prompts with templates.format_prompt")
+    return text[len(head):len(text) - len(tail)]
+
+
+def _rows(items, split: str, template: str, reward: str, task_configs: dict) -> list[dict]:
+    from brorl_lab.rollout.tasks import TASKS
+
+    rows = []
+    for i, item in enumerate(tqdm(items, desc=f"{split} rows", leave=False)):
+        family = TASKS.get(item.family)
+        conf = task_configs.get(item.family)
+        rows.append({
+            "data_source": item.family,
+            "prompt": [{"role": "user", "content": user_content(family, item, template)}],
+            "ability": "reasoning",
+            "reward_model": {"style": "rule", "ground_truth": item.answer},
+            "extra_info": {"split": split, "index": i, "uid": item.uid, "template": template, "reward": reward,
+                           "item": json.dumps(asdict(item), sort_keys=True),
+                           "task_config": json.dumps(conf, sort_keys=True) if conf else ""},
+        })
+    return rows
+
+
+def _write_parquet(rows: list[dict], path: Path) -> Path:
+    return atomic_write(path, lambda f: pd.DataFrame(rows).to_parquet(f, index=False))
+
+
+def default_train_prompts(cfg: Config) -> int:
+    """Prompts for train.parquet: every step's prompts, times the resample rounds dynamic sampling may use; capped
+    (verl cycles through the file again: total_epochs)."""
+    rounds = 1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)
+    return min(cfg.steps * cfg.prompts_per_step * rounds, MAX_DEFAULT_TRAIN_PROMPTS)
+
+
+def prompt_lengths(rows: list[dict], tokenizer, chat_template: Optional[str]) -> list[int]:
+    """Tokens of each row's prompt as verl renders it (the chat template with the generation prompt)."""
+    kw = {"chat_template": chat_template} if chat_template else {}
+    out = []
+    for r in rows:
+        ids = tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, **kw)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        out.append(len(ids))
+    return out
+
+
+# ---- the files ------------------------------------------------------------------------------------------------------
+RUN_SCRIPT = """#!/usr/bin/env bash
+# Written by `{command}` for verl {version}. Run it on the head node of a Ray cluster
+# (`ray start --head` there, `ray start --address=HEAD:6379` on the others), in an environment with
+# `pip install verl=={version} brorl_lab` (+ vllm); extra Hydra overrides on the command line win.
+set -euo pipefail
+export {env}="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+export VERL_FILE_LOGGER_PATH="${{VERL_FILE_LOGGER_PATH:-${env}/logs/metrics.jsonl}}"
+export TENSORBOARD_DIR="${{TENSORBOARD_DIR:-${env}/logs/tensorboard}}"
+mkdir -p "${env}/logs"
+mapfile -t OVERRIDES < <(grep -v '^#' "${env}/overrides.txt")
+python3 -m verl.trainer.main_ppo "${{OVERRIDES[@]}}" "$@" 2>&1 | tee "${env}/logs/console.log"
+"""
+
+
+def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = None, gpus_per_node: int = 8,
+                nodes: int = 1, rollout_engine: str = "vllm", train_prompts: Optional[int] = None,
+                max_prompt_length: Optional[int] = None, strict: bool = False, overwrite: bool = False,
+                command: str = "python -m brorl_lab launch --to verl") -> LaunchResult:
+    """Write the verl files for ``cfg`` into ``out`` (see module doc) and return what was written.
+
+    ``model_path`` is the model as the cluster sees it (default: ``cfg.model`` resolved here). ``strict`` turns
+    the warnings (knobs verl cannot express) into one ConfigError, before anything is written; so does an ``out``
+    that already holds launch files unless ``overwrite``."""
+    from brorl_lab.core.models import resolve_model
+    from brorl_lab.rollout.tasks import configure_tasks, eval_set, resolve_template, sample_items
+
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab Config")
+    for name, v in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name}: got {v!r}; allowed: an integer >= 1")
+    if rollout_engine not in ("vllm", "sglang"):
+        raise ConfigError(f"rollout_engine: got {rollout_engine!r}; allowed: vllm, sglang")
+    out = Path(out)
+    existing = [f for f in FILES if (out / f).exists()]
+    if existing and not overwrite:
+        raise ConfigError(f"OUT: {out} already holds {', '.join(existing)}; allowed: a new directory, or --overwrite")
+    tok = _tokenizer_or_none(cfg.model)
+    template = resolve_template(cfg.template, cfg.model, tok)
+    chat_template = PLAIN_CHAT_TEMPLATE if template == "plain" else (
+        None if tok is not None and getattr(tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE)
+    # Validate everything (and collect warnings) before the slow part and before writing.
+    probe, warnings = verl_overrides(cfg, data_dir=DATA_DIR, model_path="", max_prompt_length=1,
+                                     custom_chat_template=chat_template, gpus_per_node=gpus_per_node, nodes=nodes,
+                                     rollout_engine=rollout_engine)
+    if tok is None and max_prompt_length is None:
+        raise ConfigError(f"max_prompt_length: the tokenizer of model={cfg.model!r} cannot be opened here to measure "
+                          "the prompts; allowed: --max-prompt-length N")
+    if tok is None and template == "chat":
+        warnings.append(f"model={cfg.model!r}: its tokenizer could not be opened here; verl wraps the prompts in the "
+                        "model's own chat template, assumed to be the one brorl_lab would use")
+    if strict and warnings:
+        raise ConfigError("launch --strict: knobs verl 0.9.1 cannot express: " + "; ".join(warnings))
+    n_train = default_train_prompts(cfg) if train_prompts is None else train_prompts
+    if not isinstance(n_train, int) or n_train < cfg.prompts_per_step:
+        raise ConfigError(f"train_prompts: got {n_train!r}; allowed: an integer >= prompts_per_step="
+                          f"{cfg.prompts_per_step}")
+
+    configure_tasks([*cfg.tasks, *(cfg.eval_tasks or [])], cfg.task_configs)
+    train_rows = _rows(sample_items(cfg.tasks, n_train, seed=cfg.seed, split="train"), "train", template, cfg.reward,
+                       cfg.task_configs)
+    eval_rows: list[dict] = []
+    per_family: dict[str, int] = {}
+    for fam in cfg.eval_tasks or cfg.tasks:
+        rows = _rows(eval_set(fam, limit=cfg.eval_prompts), "eval", template, cfg.reward, cfg.task_configs)
+        per_family[fam] = len(rows)
+        eval_rows += rows
+    if tok is not None:
+        measured = max(prompt_lengths(train_rows + eval_rows, tok, chat_template))
+        max_prompt_length = max(measured, max_prompt_length or 0)
+    model = model_path or resolve_model(cfg.model)
+    epochs = max(1, math.ceil(cfg.steps * cfg.prompts_per_step * 64 / len(train_rows)))  # never the limit
+    overrides, _ = verl_overrides(cfg, data_dir=DATA_DIR, model_path=model, max_prompt_length=int(max_prompt_length),
+                                  custom_chat_template=chat_template, gpus_per_node=gpus_per_node, nodes=nodes,
+                                  rollout_engine=rollout_engine, total_epochs=epochs)
+    assert overrides.keys() == probe.keys()
+
+    out.mkdir(parents=True, exist_ok=True)
+    _write_parquet(train_rows, out / "train.parquet")
+    _write_parquet(eval_rows, out / "eval.parquet")
+    shutil.copyfile(REWARD_TEMPLATE, out / "reward.py")
+    header = [f"# {command}", f"# verl {VERL_VERSION} main_ppo overrides (brorl_lab names: README 'verl names'); "
+                              f"paths under ${DATA_DIR_ENV}, set by run_verl.sh"]
+    atomic_write_text(out / "overrides.txt", "\n".join(header + override_lines(overrides)) + "\n")
+    atomic_write_text(out / "run_verl.sh", RUN_SCRIPT.format(command=command, version=VERL_VERSION, env=DATA_DIR_ENV))
+    (out / "run_verl.sh").chmod(0o755)
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    atomic_write_text(out / "WARNINGS.txt", "".join(f"{w}\n" for w in warnings))
+    return LaunchResult(out=out, overrides=overrides, warnings=warnings, template=template, train_rows=len(train_rows),
+                        eval_rows=per_family, max_prompt_length=int(max_prompt_length))
+
+
+def read_overrides(path: str | Path) -> list[str]:
+    """The override lines of an overrides.txt (comments and blank lines skipped)."""
+    return [ln for ln in Path(path).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
