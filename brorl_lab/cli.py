@@ -346,6 +346,33 @@ def cmd_train_default(args) -> int:
     return 0
 
 
+def cmd_launch(args) -> int:
+    from brorl_lab.lab.verl_launch import launch_verl, load_config
+
+    cfg = load_config(args.source)
+    res = launch_verl(cfg, args.out, model_path=args.model_path, gpus_per_node=args.gpus_per_node, nodes=args.nodes,
+                      rollout_engine=args.rollout_engine, train_prompts=args.train_prompts,
+                      max_prompt_length=args.max_prompt_length, strict=args.strict, overwrite=args.overwrite,
+                      command=_command_line(args))
+    for w in res.warnings:
+        print(f"warning: {w}")
+    print(res.summary())
+    if args.check:
+        from brorl_lab.lab.verl_compose import check_launch
+
+        print(check_launch(res.out))
+    return 0
+
+
+def cmd_import_run(args) -> int:
+    from brorl_lab.lab.verl_import import import_verl_run
+
+    run = import_verl_run(args.logdir, args.run, config=args.config, overwrite=args.overwrite)
+    print(f"run directory: {run} (config.yaml, metrics.parquet, verl_metrics.parquet)")
+    print(f"draw it: python -m brorl_lab report {run}")
+    return 0
+
+
 def _command_line(args) -> str:
     """The command as typed (recorded in the files a command writes, so anyone can re-run it)."""
     return " ".join(["python -m brorl_lab", *(args.argv if args.argv is not None else sys.argv[1:])])
@@ -366,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True,
                          metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
-                                 "scaling,make-data,train-default}")
+                                 "scaling,make-data,train-default,launch,import-run}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -429,6 +456,37 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--smoke", action="store_true", help="tiny sizes (what the tests run)")
     b.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON")
     b.set_defaults(func=cmd_bench)
+
+    la = sub.add_parser("launch", help="write what another trainer needs to run the same experiment (verl 0.9.1: "
+                                       "Hydra overrides, parquet data, reward module, run script)")
+    la.add_argument("--to", required=True, choices=["verl"], help="the trainer to launch on")
+    la.add_argument("source", metavar="CONFIG_OR_RUN", help="a YAML file of config fields or a run directory")
+    la.add_argument("out", metavar="OUT", help="directory to write (overrides.txt, train/eval.parquet, reward.py, "
+                                              "run_verl.sh, brorl_config.yaml, WARNINGS.txt)")
+    la.add_argument("--model-path", help="the model as the cluster sees it (default: the config's model, resolved here)")
+    la.add_argument("--gpus-per-node", type=int, default=8, help="trainer.n_gpus_per_node (default 8)")
+    la.add_argument("--nodes", type=int, default=1, help="trainer.nnodes (default 1)")
+    la.add_argument("--rollout-engine", default="vllm", choices=["vllm", "sglang"], help="verl's rollout engine")
+    la.add_argument("--train-prompts", type=int, help="prompts in train.parquet (default: steps x prompts per step x "
+                                                       "(1 + resample rounds), at most 20000; verl cycles through it)")
+    la.add_argument("--max-prompt-length", type=int, help="data.max_prompt_length when the tokenizer cannot be "
+                                                           "opened here (default: measured on the written prompts)")
+    la.add_argument("--strict", action="store_true", help="refuse (one error) instead of warning about knobs verl "
+                                                          "cannot express")
+    la.add_argument("--check", action="store_true", help="also compose the overrides with verl's own packaged Hydra "
+                                                         "config (needs verl installed: `make env` does) and compare")
+    la.add_argument("--overwrite", action="store_true", help="replace launch files already in OUT")
+    la.set_defaults(func=cmd_launch)
+
+    ir = sub.add_parser("import-run", help="a run logged by another trainer (verl) as a brorl_lab run directory, "
+                                           "for report and the run browser")
+    ir.add_argument("--from", dest="source", required=True, choices=["verl"], help="the trainer that logged it")
+    ir.add_argument("logdir", metavar="LOGDIR", help="verl's file-logger jsonl or console log, or a directory holding "
+                                                     "one (launch's OUT/ or OUT/logs/)")
+    ir.add_argument("run", metavar="RUN", help="the run directory to write")
+    ir.add_argument("--config", help="the config it was launched with (default: brorl_config.yaml at or above the log)")
+    ir.add_argument("--overwrite", action="store_true", help="replace a run already in RUN")
+    ir.set_defaults(func=cmd_import_run)
 
     from brorl_lab.core.paths import EVAL_DIR, DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR
     from brorl_lab.study.arms import DEFAULT_ROOT

@@ -76,3 +76,20 @@ def compose_verl(overrides: Sequence[str], keys: Sequence[str], *, env: Optional
     if "error" in res:
         raise VerlComposeError(res["error"])
     return res["values"]
+
+
+def check_launch(out: str | Path) -> str:
+    """Compose ``out/overrides.txt`` (what ``launch --to verl`` wrote) with verl's config and check that every key
+    exists and resolves to the value ``out/launch.json`` says was meant (paths under ``out``); a one-line summary,
+    or a VerlComposeError naming each mismatch."""
+    out = Path(out).resolve()
+    meant = json.loads((out / "launch.json").read_text())
+    env = {meant["data_dir_env"]: str(out)}
+    marker = "${oc.env:" + meant["data_dir_env"] + "}"
+    lines = [ln for ln in (out / "overrides.txt").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    want = {k: v.replace(marker, str(out)) if isinstance(v, str) else v for k, v in meant["overrides"].items()}
+    got = compose_verl(lines, list(want), env=env)
+    bad = [f"{k}: meant {want[k]!r}, verl has {got.get(k)!r}" for k in want if got.get(k) != want[k]]
+    if bad:
+        raise VerlComposeError("verl's config does not hold what launch meant: " + "; ".join(bad))
+    return f"checked: all {len(want)} overrides resolve in verl's own config to the values meant ({out / 'overrides.txt'})"

@@ -8,6 +8,7 @@
     #   run_verl.sh        `bash run_verl.sh [more overrides]` on the head node of a Ray cluster
     #   brorl_config.yaml  the Config (what `import-run --from verl` labels the imported run with)
     #   WARNINGS.txt       one line per knob verl cannot express (also printed)
+    #   launch.json        the overrides as values, for `launch --check` (lab.verl_compose.check_launch)
 
 A row of the parquet files, in verl's schema (what ``verl.utils.dataset.rl_dataset.RLHFDataset`` and the reward
 manager read):
@@ -45,7 +46,9 @@ DATA_DIR_ENV = "BRORL_VERL_DIR"
 DATA_DIR = "${oc.env:" + DATA_DIR_ENV + "}"
 REWARD_TEMPLATE = Path(__file__).with_name("verl_reward.py")
 CONFIG_FILE = "brorl_config.yaml"
-FILES = ("overrides.txt", "train.parquet", "eval.parquet", "reward.py", "run_verl.sh", CONFIG_FILE, "WARNINGS.txt")
+INTENDED_FILE = "launch.json"  # the overrides as values (what check_launch compares verl's composed config with)
+FILES = ("overrides.txt", "train.parquet", "eval.parquet", "reward.py", "run_verl.sh", CONFIG_FILE, "WARNINGS.txt",
+         INTENDED_FILE)
 #: Jinja chat templates handed to verl (actor_rollout_ref.model.custom_chat_template) so its prompt is ours:
 #: 'plain' passes our whole prompt through; 'chat' without a tokenizer template reproduces templates.CHAT_FALLBACK
 #: ("User: {content}\nAssistant:"; the newline is a Jinja string escape, so the override stays on one line).
@@ -242,6 +245,8 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
     (out / "run_verl.sh").chmod(0o755)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     atomic_write_text(out / "WARNINGS.txt", "".join(f"{w}\n" for w in warnings))
+    atomic_write_text(out / INTENDED_FILE, json.dumps({"verl": VERL_VERSION, "data_dir_env": DATA_DIR_ENV,
+                                                       "overrides": overrides, "warnings": warnings}, indent=1))
     return LaunchResult(out=out, overrides=overrides, warnings=warnings, template=template, train_rows=len(train_rows),
                         eval_rows=per_family, max_prompt_length=int(max_prompt_length))
 

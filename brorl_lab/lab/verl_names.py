@@ -17,6 +17,7 @@ groups until ``train_batch_size`` is met and ignores ``max_num_gen_batches``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from brorl_lab.core.config import Config, ConfigError
@@ -85,6 +86,8 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "max_new_tokens": ("data.max_response_length", "rollout.response_length follows it"),
     "steps": ("trainer.total_training_steps", "total_epochs set so the data never runs out first"),
     "eval_every": ("trainer.test_freq", "val_before_train=true (ours evaluates at step 0 too)"),
+    "eval_at_steps": ("trainer.test_freq", "the gcd of eval_every and these steps (a grid holding every one of them); "
+                                           "a warning names the extra evaluations that grid adds"),
     "eval_samples": (f"{ROLLOUT}.val_kwargs.n", "do_sample=true"),
     "eval_temperature": (f"{ROLLOUT}.val_kwargs.temperature", ""),
     "eval_top_p": (f"{ROLLOUT}.val_kwargs.top_p", ""),
@@ -212,8 +215,13 @@ def verl_overrides(cfg: Config, *, data_dir: str, model_path: str, max_prompt_le
                  "best@k is a bootstrap estimate, not the unbiased pass@k", warnings)
     o["trainer.total_training_steps"] = cfg.steps
     o["trainer.total_epochs"] = total_epochs
-    o["trainer.test_freq"] = cfg.eval_every if cfg.eval_every else -1
-    o["trainer.val_before_train"] = bool(cfg.eval_every)
+    freq = test_freq(cfg)
+    if cfg.eval_at_steps:
+        extra = sorted(eval_steps(freq, cfg.steps) - {s for s in range(1, cfg.steps + 1) if cfg.eval_due(s)})
+        _warn_unless(not extra, f"eval_at_steps={list(cfg.eval_at_steps)}: verl evaluates every test_freq steps only; "
+                     f"test_freq={freq} holds them all and adds evaluations at steps {_short(extra)}", warnings)
+    o["trainer.test_freq"] = freq if freq else -1
+    o["trainer.val_before_train"] = bool(freq)
     o["trainer.save_freq"] = cfg.checkpoint_every if cfg.checkpoint_every else -1
     o["trainer.project_name"] = "brorl_lab"
     o["trainer.experiment_name"] = cfg.run_name or "verl"
@@ -225,6 +233,20 @@ def verl_overrides(cfg: Config, *, data_dir: str, model_path: str, max_prompt_le
     o["reward.custom_reward_function.path"] = f"{data_dir}/reward.py"
     o["reward.custom_reward_function.name"] = "compute_score"
     return o, warnings
+
+
+def test_freq(cfg: Config) -> int:
+    """verl's trainer.test_freq for our evaluation schedule: the gcd of eval_every and eval_at_steps (0: none)."""
+    return math.gcd(cfg.eval_every, *cfg.eval_at_steps) if (cfg.eval_every or cfg.eval_at_steps) else 0
+
+
+def eval_steps(freq: int, steps: int) -> set[int]:
+    """The training steps verl evaluates after with test_freq=freq: every multiple, and the last step."""
+    return {s for s in range(1, steps + 1) if s % freq == 0 or s == steps} if freq else set()
+
+
+def _short(xs: list[int], n: int = 8) -> str:
+    return ", ".join(map(str, xs[:n])) + (f", ... ({len(xs)} in all)" if len(xs) > n else "")
 
 
 # ---- Hydra's override grammar ----------------------------------------------------------------------------------------
