@@ -302,7 +302,7 @@ def test_verdict_with_three_seeds_tests_the_gap_against_seed_noise():
     # per-seed gaps on gcd: 0.1 + (0.002, -0.002, 0): mean 0.1, s.e. 0.0012; on products: (0.002, -0.002, 0)
     clear = E.verdict(results({"gcd": 2e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
                               bro_offsets=[0.002, -0.002, 0.0]))
-    assert "larger than twice their standard error over 3 seeds: gcd (gap +10.0, s.e. 0.1), mean" in clear
+    assert "95% t interval over 3 paired seeds excludes 0: gcd (gap +10.0, 95% interval [+9.5, +10.5]), mean" in clear
     assert "products (gap" not in clear
     # per-seed gaps on gcd: 0.01 + (0.08, -0.08, 0.01): mean 0.0133 against an s.e. of 0.047
     noisy = E.verdict(results({"gcd": 1.1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),

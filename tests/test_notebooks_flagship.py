@@ -1,5 +1,6 @@
 """Runs notebooks/00_quickstart.ipynb and notebooks/02_rollout_scaling.ipynb headless under papermill, tiny sizes."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from brorl_lab.study import experiments as E
+from brorl_lab.study import revival as R
 
 from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync
 
@@ -15,9 +16,10 @@ papermill = pytest.importorskip("papermill")
 
 PLOTLY = "application/vnd.plotly.v1+json"
 QUICK = dict(prompts_per_step=4, rollouts_per_prompt=8, trainer_steps=2, seed=0, torch_threads=1)
-SCALING = dict(steps=2, eval_every=2, seeds=[0, 1], n_small=4, n_large=16, prompts_small=4, prompts_large=2,
-               optimizer_steps_per_step=1, eval_prompts=8, eval_samples=2, torch_threads=1, ablation_prompts=[2, 4],
-               ablation_seeds=[0], mechanism_prompts=4, mechanism_draws=16)
+SCALING = dict(steps=2, eval_every=1, seeds=[0, 1], n_small=4, n_large=16, prompts_small=2, prompts_large=2,
+               n_mid=8, prompts_mid=2, middle_seeds=[0], optimizer_steps_per_step=1, eval_prompts=8, eval_samples=4,
+               eval_k=[1, 4], torch_threads=1, run_ablations=True, ablation_prompts=[1, 2], ablation_seeds=[0],
+               mechanism_prompts=8, mechanism_draws=16)
 
 
 @pytest.mark.parametrize("name, params", [("00_quickstart", QUICK), ("02_rollout_scaling", SCALING)])
@@ -72,46 +74,52 @@ def test_quickstart_shows_every_stage_and_a_trainer_run(tmp_path, monkeypatch):
     assert {len([y for y in t["y"] if y is not None]) for t in figures[0]["data"] if t["name"] == "quickstart"} == {2}
 
 
-def test_rollout_scaling_notebook_is_a_study_with_bands_ablations_and_mechanism(tmp_path, monkeypatch):
+def test_rollout_scaling_notebook_is_a_study_on_a_shared_grid_with_intervals_and_the_rule(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     run_dir = tmp_path / "demo"
     outputs = run("02_rollout_scaling", tmp_path, {**SCALING, "run_dir": str(run_dir), "export_png": True})
     figures = [o.data[PLOTLY] for o in outputs if o.output_type in ("display_data", "execute_result")
                and PLOTLY in o.data]
-    assert len(figures) == 6  # pass@1 vs samples, vs updates, vs time, diagnostics, ablations, mechanism
+    # pass@1 vs samples, vs updates, vs time, diagnostics, grid gaps, mechanism, ablations
+    assert len(figures) == 7
     names = {t.get("name") for f in figures for t in f["data"]}
-    assert {"ProRL (N=4)", "BroRL (N=16)"} <= names
+    assert {"ProRL (N=4)", "BroRL (N=16)", "Middle (N=8)"} <= names
     assert any(str(n).endswith("seed range") for n in names)  # two seeds: the band is drawn
-    assert {"equal samples generated", "equal optimizer updates"} <= names  # the ablation bars per budget
+    assert {"BroRL (N=16) - ProRL (N=4)", "Middle (N=8) - ProRL (N=4)"} <= names  # the paired gaps with intervals
     assert "P(group of N=4 informative)" in names and "P(group of N=16 informative)" in names
-    html = shown(outputs, "text/html")
-    assert "final pass@1 mean" in html  # the summary table
     text = printed(outputs)
-    assert "Verdict (BroRL (N=16) vs ProRL (N=4)" in text and "At equal generated samples" in text
-    assert "At equal optimizer updates" in text
+    assert "The rule, fixed before the run" in text and R.REVIVES_RULE in text
+    assert "Does BroRL revive the plateau?" in text and "MDE" in text and "pass@4 at equal samples" in text
+    assert "Verdict (BroRL (N=16) vs ProRL (N=4)" in text
     df = pd.read_parquet(run_dir / "metrics.parquet")
-    assert set(df["arm"]) == {"prorl", "brorl"} and set(df["seed"]) == {0, 1}
-    assert df.groupby("arm")["step"].max().to_dict() == {"brorl": 2, "prorl": 4}
-    verdict_part, findings_part = (run_dir / "verdict.txt").read_text().strip().split("\n\n- ", 1)
-    assert verdict_part in text and findings_part in text  # the verdict, then the study's computed reading
-    assert "Best BroRL setting at equal samples" in findings_part and "reached only by the large N" in findings_part
+    assert set(df["arm"]) == {"prorl", "brorl", "middle"} and set(df["seed"]) == {0, 1}
+    assert df.groupby("arm")["step"].max().to_dict() == {"brorl": 2, "middle": 4, "prorl": 8}
+    assert set(df.loc[df["arm"] == "middle", "seed"]) == {0}
+    # the shared grid: every BroRL-arm budget (samples and updates) is a measured point of both other arms
+    ev = df[df["eval/mean/pass@1"].notna()]
+    for x in R.GRID_AXES:
+        bro = set(ev.loc[ev["arm"] == "brorl", x])
+        assert len(bro) == 3 and all(bro <= set(ev.loc[(ev["arm"] == a) & (ev["seed"] == 0), x])
+                                     for a in ("prorl", "middle"))
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["seeds"] == 2 and set(verdict["conditions"]) == {
+        "prorl_stalled", "brorl_rising", "ahead_at_equal_samples", "gain_on_rare_side"}
+    assert verdict["revives"] == all(c["met"] for c in verdict["conditions"].values())
+    assert verdict["gap_at_equal_samples"]["t"] == pytest.approx(12.706, abs=1e-3)  # t_{0.975, 1}
+    assert set(verdict["pass_at_k_at_equal_samples"]) == {"1", "4"}
+    mech = verdict["mechanism"]  # condition 4: one paired difference per seed (none when the class is empty)
+    assert set(mech["per_seed"]) == {"0", "1"} and mech["n"] == (2 if mech["prompts"] else 0)
+    assert (run_dir / "verdict.txt").read_text().startswith("Does BroRL revive the plateau?")
+    grid = pd.read_csv(run_dir / "grid_samples.csv")
+    assert list(grid["budget"]) == [0, 32, 64] and (grid["n"] == 2).all()
     abl = pd.read_csv(run_dir / "ablations.csv", index_col="variant")
-    assert list(abl.index) == ["main", "prompts_large=4", "lr_scaling=sqrt_samples",
-                               "lr_scaling=sqrt_samples, prompts_large=4", "advantage=grpo"]
-    assert abl.loc["main", "seeds"] == 2 and abl.loc["prompts_large=4", "seeds"] == 1
-    # main's row is the main comparison: the same budget and gap as compare_arms on the main runs
-    main = E.compare_arms(df, "cum_samples").set_index("family").loc["mean"]
-    assert abl.loc["main", "samples: budget"] == pytest.approx(main["budget"])
-    assert abl.loc["main", "samples: gap (points)"] == pytest.approx(100 * main["gap"])
-    reach = pd.read_csv(run_dir / "mechanism_reach.csv", index_col=0)
-    assert reach.iloc[-1]["family"] == "all" and reach.iloc[-1]["prompts"] == 4
-    change = pd.read_csv(run_dir / "mechanism_change.csv", index_col=0)
-    assert set(change["arm"]) == {"ProRL (N=4)", "BroRL (N=16)"}
+    assert list(abl.index) == ["main", "prompts_large=1", "lr_scaling=sqrt_samples, prompts_large=1",
+                               "lr_scaling=sqrt_samples", "advantage=grpo"]
     prompts = pd.read_csv(run_dir / "mechanism_prompts.csv")
-    assert len(prompts) == 4 and {"p", "reach", "p after ProRL (N=4)", "p after BroRL (N=16)"} <= set(prompts)
+    assert len(prompts) == 8 and {"p", "reach", "p after ProRL (N=4) s1", "p after BroRL (N=16) s0"} <= set(prompts)
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
     if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
-        assert pngs == ["ablations.png", "diagnostics.png", "mechanism.png", "pass_at_1_vs_samples.png",
-                        "pass_at_1_vs_time.png", "pass_at_1_vs_updates.png"]
+        assert pngs == ["ablations.png", "diagnostics.png", "grid_gaps.png", "mechanism.png",
+                        "pass_at_1_vs_samples.png", "pass_at_1_vs_time.png", "pass_at_1_vs_updates.png"]
     else:
         assert "PNG export skipped" in text

@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from brorl_lab.core.config import Config
+
 from brorl_lab.study import ablations as A
 from brorl_lab.study import experiments as E
 from brorl_lab.study import mechanism as M
@@ -116,6 +118,11 @@ def test_prompt_pass_rates_on_the_real_model_are_consistent(tmp_path):
     pd.testing.assert_frame_equal(rates, again)  # seeded: the same draws
     with pytest.raises(ValueError, match="n_small"):
         M.prompt_pass_rates(policy, tok, items, cfg, n_draws=32, n_small=5)
+    default = Config(tasks=cfg.tasks)  # template='auto' is resolved as the Trainer does, not an error
+    auto = M.prompt_pass_rates(policy, tok, items, default, n_draws=32, n_small=4, chunk_prompts=3)
+    plain = M.prompt_pass_rates(policy, tok, items, default.replace(template="plain"), n_draws=32, n_small=4,
+                                chunk_prompts=3)
+    pd.testing.assert_frame_equal(auto, plain)  # the default model has no chat template: 'auto' means 'plain'
 
 
 # ---- iso-compute -----------------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ evaluations and never extrapolated: the grid spans only the range every compared
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Optional
 from collections.abc import Mapping, Sequence
@@ -25,6 +24,7 @@ import numpy as np
 import pandas as pd
 from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int, is_finite_number
+from brorl_lab.lab.stats import t_interval
 
 # Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
 ARMS = ("prorl", "brorl")  # the flagship's two arms (study.arms), in display order
@@ -228,7 +228,8 @@ def compare_arms(df: pd.DataFrame, x: str = "cum_samples") -> pd.DataFrame:
     largest value every run (arm x seed) reached, each run's eval curve interpolated there
     (:func:`brorl_lab.lab.analysis.curves_on_grid`, never extrapolated). One row per family and the mean: budget,
     each arm's mean over seeds, gap = BroRL - ProRL, and with paired seeds the spread (std) of the per-seed gaps,
-    its standard error and, with >= 3 seeds, whether |gap| > 2 s.e."""
+    its standard error, its 95% t interval (gap_lo, gap_hi; t with seeds - 1 degrees of freedom) and whether that
+    interval excludes 0 (``exceeds_noise``)."""
     df = _check_frame(df)
     if x not in X_AXES:
         raise ValueError(f"x: got {x!r}; allowed: {', '.join(X_AXES)}")
@@ -245,12 +246,12 @@ def compare_arms(df: pd.DataFrame, x: str = "cum_samples") -> pd.DataFrame:
         common = sorted(set(per["prorl"].index) & set(per["brorl"].index))
         gaps = per["brorl"].loc[common] - per["prorl"].loc[common]
         n = len(common)
-        spread = float(gaps.std(ddof=1)) if n >= 2 else float("nan")
-        se = spread / math.sqrt(n) if n >= 2 else float("nan")
+        ci = t_interval(gaps.to_numpy(float))
         gap = float(per["brorl"].mean() - per["prorl"].mean())
         rows.append({"family": fam, "x": x, "budget": float(grid["x"].max()), "prorl": float(per["prorl"].mean()),
-                     "brorl": float(per["brorl"].mean()), "gap": gap, "seeds": n, "gap_spread": spread,
-                     "gap_se": se, "exceeds_noise": bool(abs(gap) > 2 * se) if n >= 3 else None})
+                     "brorl": float(per["brorl"].mean()), "gap": gap, "seeds": n, "gap_spread": ci["sd"],
+                     "gap_se": ci["se"], "gap_lo": ci["lo"], "gap_hi": ci["hi"],
+                     "exceeds_noise": ci["excludes_zero"] if n >= 2 else None})
     return pd.DataFrame(rows)
 
 
@@ -295,8 +296,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 def verdict(df: pd.DataFrame, *, tie_points: float = 0.5) -> str:
     """A plain-words verdict computed from ``df`` (:func:`compare_arms` at equal generated samples and at equal
     training wall time): where BroRL is ahead, behind or level, by how many points (1 point = 0.01 pass@1; gaps
-    within ``tie_points`` are level), and with >= 3 paired seeds which gaps exceed twice their standard error over
-    seeds. Whatever the data say, the text says."""
+    within ``tie_points`` are level), and with >= 2 paired seeds which gaps have a 95% t interval excluding 0.
+    Whatever the data say, the text says."""
     if not (is_finite_number(tie_points) and tie_points >= 0):
         raise ValueError(f"tie_points: got {tie_points!r}; allowed: a finite float >= 0")
     df = _check_frame(df)
@@ -322,17 +323,17 @@ def verdict(df: pd.DataFrame, *, tie_points: float = 0.5) -> str:
         if overall is not None:
             line += (f"; mean over families {_side_words(overall['gap'], tie_points)} "
                      f"({overall['brorl']:.3f} vs {overall['prorl']:.3f})")
-        if seeds >= 3:
-            sig = [f"{r.family} (gap {100 * r.gap:+.1f}, s.e. {100 * r.gap_se:.1f})"
+        if seeds >= 2:
+            sig = [f"{r.family} (gap {100 * r.gap:+.1f}, 95% interval [{100 * r.gap_lo:+.1f}, {100 * r.gap_hi:+.1f}])"
                    for r in cmp_.itertuples() if r.exceeds_noise]
-            line += (f". Gaps larger than twice their standard error over {seeds} seeds: "
+            line += (f". Gaps whose 95% t interval over {seeds} paired seeds excludes 0: "
                      + (", ".join(sig) if sig else "none; every gap is within seed noise"))
         body.append(line + ".")
     head = (f"Verdict ({bro} vs {pro}, held-out pass@1, {seeds} seed{'s' * (seeds != 1)}): "
             + "on the mean over families BroRL is " + " and ".join(heads) + ".")
-    if seeds < 3:
-        body.append(f"With {seeds} seed{'s' * (seeds != 1)} these gaps cannot be told apart from seed noise; run "
-                    ">= 3 seeds before trusting a difference of a few points.")
+    if seeds < 2:
+        body.append(f"With {seeds} seed these gaps cannot be told apart from seed noise; run paired seeds before "
+                    "trusting a difference of a few points.")
     return "\n".join([head, *body])
 
 

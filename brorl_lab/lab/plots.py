@@ -183,7 +183,9 @@ def budget_figure(budget: pd.DataFrame, *, title: str = "Fixed budget of draws: 
 
 DASHBOARD_METRICS = ("reward_mean", "ds_pass_rate", "entropy", "kl", "eval/mean/pass@1")
 X_AXES = {"step": "step", "cum_samples": "samples generated", "cum_updates": "optimizer updates",
-          "cum_wall_s": "training time (s, eval excluded)"}
+          "cum_wall_s": "training time (s, eval excluded)",
+          "cum_nominal_samples": "samples (steps x prompts x N)",
+          "cum_nominal_updates": "optimizer updates (steps x updates per step)"}
 METRIC_LABELS = {"reward_mean": "mean reward", "pass_at_1": "train pass@1", "ds_pass_rate": "dynamic-sampling pass rate",
                  "entropy": "entropy (nats/token)", "kl": "KL to reference", "approx_kl": "KL to rollout policy",
                  "clipfrac_high": "clipped share (upper)", "clipfrac_low": "clipped share (lower)",
@@ -383,7 +385,7 @@ def pass_at_k_figure(pooled: pd.DataFrame, *, family: str = "mean",
 # that they all cover (analysis.curves_on_grid, per arm so the longer arm is not cut) and pooled (analysis.arm_curves):
 # the mean line, and with >= 2 seeds the min-max band over seeds.
 
-ARM_COLORS = {"prorl": "#1f77b4", "brorl": "#d62728"}
+ARM_COLORS = {"prorl": "#1f77b4", "brorl": "#d62728", "middle": "#2ca02c"}
 ARM_DIAGNOSTICS = (("ds_pass_rate", "dynamic-sampling pass rate"), ("entropy", "entropy (nats/token)"),
                    ("kl", "KL to the reference policy"), ("response_length_mean", "mean response length (tokens)"),
                    ("samples_per_s", "generation samples/s"))

@@ -99,6 +99,15 @@ def grid_comparison(df: pd.DataFrame, x: str = "cum_nominal_samples", *, arm: st
     return pd.DataFrame(rows)
 
 
+def in_points(grid: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`grid_comparison` table for reading: indexed by budget, the gap, its interval, sd and MDEs in points
+    (0.01 pass@1), the arms' means as pass@1."""
+    out = grid.drop(columns="x").set_index("budget")
+    cols = ["gap", "lo", "hi", "sd", "mde", "mde_power"]
+    out[cols] = 100 * out[cols]
+    return out
+
+
 def arm_slope(df: pd.DataFrame, arm: str, *, metric: str = METRIC, x: str = "cum_nominal_samples",
               per: float = SLOPE_PER) -> dict:
     """The arm's trend over the branch: for each seed the least-squares slope of ``metric`` against ``x`` over its
@@ -221,3 +230,30 @@ def revival_text(report: dict) -> str:
     else:
         lines.append("The mechanism was not measured: condition 4 is not met by default.")
     return "\n".join(lines)
+
+
+def grid_gap_figure(tables: Mapping[str, pd.DataFrame], *, title: Optional[str] = None):
+    """One panel per shared-grid axis: the paired gap (points of pass@1) at every measured budget with its 95% t
+    interval as error bars, one trace per comparison (``tables``: {name: {x: grid_comparison(...)}}), a line at 0."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from brorl_lab.lab.plots import PALETTE, X_AXES
+
+    axes = list(GRID_AXES)
+    fig = make_subplots(rows=1, cols=len(axes), subplot_titles=[f"at equal {X_AXES[x]}" for x in axes])
+    for i, (name, per_axis) in enumerate(tables.items()):
+        for j, x in enumerate(axes):
+            g = per_axis[x]
+            fig.add_trace(go.Scatter(
+                name=name, legendgroup=name, showlegend=j == 0, x=g["budget"], y=100 * g["gap"], mode="lines+markers",
+                line_color=PALETTE[i % len(PALETTE)],
+                error_y=dict(type="data", symmetric=False, array=100 * (g["hi"] - g["gap"]).fillna(0),
+                             arrayminus=100 * (g["gap"] - g["lo"]).fillna(0), visible=True)), row=1, col=j + 1)
+            fig.update_xaxes(title_text=X_AXES[x], row=1, col=j + 1)
+    for j in range(len(axes)):
+        fig.add_hline(y=0, line_color="black", line_width=1, row=1, col=j + 1)
+    fig.update_yaxes(title_text="gap (points of mean pass@1)", row=1, col=1)
+    fig.update_layout(title_text=title or "Paired gap on the shared grid, with 95% t intervals over seeds",
+                      height=420, legend=dict(orientation="h", y=-0.25), margin=dict(t=80, b=40, l=60, r=20))
+    return fig
