@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
@@ -81,6 +82,15 @@ def test_launch_of_the_flagship_arms_composes_in_verls_config(verl, arms, arm, t
     assert all(s % got["trainer.test_freq"] == 0 or s == cfg.steps for s in due)  # every evaluation we meant happens
     assert any("max_resample_rounds" in w for w in res.warnings)
     assert (tmp_path / "WARNINGS.txt").read_text().splitlines() == res.warnings
+    # what run_verl.sh hands verl: absolute paths (its trainer is a Ray actor without our shell's environment), and
+    # verl's file logger pointed at OUT/logs through Ray's runtime_env; composed with no environment at all
+    lines = subprocess.run(["bash", str(tmp_path / "run_verl.sh"), "--dry-run"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    got = compose_verl(lines, ["data.val_files", "reward.custom_reward_function.path",
+                               "ray_kwargs.ray_init.runtime_env.env_vars"], env={"BRORL_VERL_DIR": ""})
+    assert got["data.val_files"] == f"{tmp_path}/eval.parquet"
+    assert got["reward.custom_reward_function.path"] == f"{tmp_path}/reward.py"
+    assert got["ray_kwargs.ray_init.runtime_env.env_vars"]["VERL_FILE_LOGGER_PATH"] == f"{tmp_path}/logs/metrics.jsonl"
 
 
 def test_verls_config_refuses_a_typod_key_and_a_changed_value(verl, tmp_path):

@@ -20,8 +20,10 @@ manager read):
     reward_model  {"style": "rule", "ground_truth": the item's answer}
     extra_info    {"split", "index", "uid", "item" (the TaskItem as JSON), "template", "reward", "task_config"}
 
-Paths in overrides.txt are ``${oc.env:BRORL_VERL_DIR}/...``: run_verl.sh sets BRORL_VERL_DIR to its own directory,
-so OUT/ can be copied to the cluster as it is.
+Paths in overrides.txt are ``${oc.env:BRORL_VERL_DIR}/...``: run_verl.sh replaces that prefix with its own
+directory before verl sees the lines (verl's trainer runs in a Ray actor, which does not inherit the shell's
+environment), so OUT/ can be copied to the cluster as it is; it also hands verl's file logger its path
+(OUT/logs/metrics.jsonl) through Ray's runtime_env.
 """
 
 from __future__ import annotations
@@ -160,14 +162,21 @@ def prompt_lengths(rows: list[dict], tokenizer, chat_template: Optional[str]) ->
 RUN_SCRIPT = """#!/usr/bin/env bash
 # Written by `{command}` for verl {version}. Run it on the head node of a Ray cluster
 # (`ray start --head` there, `ray start --address=HEAD:6379` on the others), in an environment with
-# `pip install verl=={version} brorl_lab` (+ vllm); extra Hydra overrides on the command line win.
+# `pip install verl=={version} brorl_lab` (+ vllm), from a directory every node sees at the same path (the reward
+# workers load reward.py from it). Extra Hydra overrides on the command line win; --dry-run prints the overrides.
 set -euo pipefail
-export {env}="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-export VERL_FILE_LOGGER_PATH="${{VERL_FILE_LOGGER_PATH:-${env}/logs/metrics.jsonl}}"
-export TENSORBOARD_DIR="${{TENSORBOARD_DIR:-${env}/logs/tensorboard}}"
+{env}="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 mkdir -p "${env}/logs"
-mapfile -t OVERRIDES < <(grep -v '^#' "${env}/overrides.txt")
-python3 -m verl.trainer.main_ppo "${{OVERRIDES[@]}}" "$@" 2>&1 | tee "${env}/logs/console.log"
+OVERRIDES=()
+while IFS= read -r line; do
+  [[ -z "$line" || "$line" == "#"* ]] && continue
+  OVERRIDES+=("${{line//'{marker}'/${env}}}")
+done < "${env}/overrides.txt"
+# verl's trainer (and its file logger) runs in a Ray actor: its environment comes through Ray's runtime_env.
+OVERRIDES+=("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH='${env}/logs/metrics.jsonl'")
+OVERRIDES+=("+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR='${env}/logs/tensorboard'")
+if [[ "${{1:-}}" == "--dry-run" ]]; then printf '%s\\n' "${{OVERRIDES[@]}}"; exit 0; fi
+${{PYTHON:-python3}} -m verl.trainer.main_ppo "${{OVERRIDES[@]}}" "$@" 2>&1 | tee "${env}/logs/console.log"
 """
 
 
@@ -241,7 +250,8 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
     header = [f"# {command}", f"# verl {VERL_VERSION} main_ppo overrides (brorl_lab names: README 'verl names'); "
                               f"paths under ${DATA_DIR_ENV}, set by run_verl.sh"]
     atomic_write_text(out / "overrides.txt", "\n".join(header + override_lines(overrides)) + "\n")
-    atomic_write_text(out / "run_verl.sh", RUN_SCRIPT.format(command=command, version=VERL_VERSION, env=DATA_DIR_ENV))
+    atomic_write_text(out / "run_verl.sh", RUN_SCRIPT.format(command=command, version=VERL_VERSION, env=DATA_DIR_ENV,
+                                                             marker=DATA_DIR))
     (out / "run_verl.sh").chmod(0o755)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     atomic_write_text(out / "WARNINGS.txt", "".join(f"{w}\n" for w in warnings))
