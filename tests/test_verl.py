@@ -199,7 +199,7 @@ def _log_like_verl(path, families, P, steps=3):
 
     os.environ["VERL_FILE_LOGGER_PATH"] = str(path)
     try:
-        t = Tracking(project_name="brorl_lab", experiment_name="t", default_backend=["file"])
+        t = Tracking(project_name="brorl_lab", experiment_name="t", default_backend=["file", "console"])
 
         def val(p):
             return {**{f"val-core/{f}/acc/mean@8": p + 0.01 * i for i, f in enumerate(families)},
@@ -238,13 +238,19 @@ def test_import_run_reads_verls_file_logger_and_report_draws_it(verl, tmp_path, 
     assert m["eval/mean/pass@1"].dropna().tolist() == pytest.approx([0.305, 0.355])
     assert m["kl"].iloc[-1] == pytest.approx(3e-3) and m["reward_mean"].iloc[-1] == pytest.approx(0.45)
     assert "perf/throughput" in pd.read_parquet(run / "verl_metrics.parquet")
+    # the console logger's lines (what `tee` keeps in logs/console.log) import to the same metrics
+    console = out / "logs" / "console.log"
+    console.write_text(capsys.readouterr().out)
+    assert main(["import-run", "--from", "verl", str(console), str(tmp_path / "runs" / "from_console"),
+                 "--config", str(out / "brorl_config.yaml")]) == 0
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "runs" / "from_console" / "metrics.parquet"), m)
     assert main(["report", str(run)]) == 0
     html = (run / "report.html").read_text()
     for panel in ("mean reward", "dynamic-sampling pass rate", "KL to reference", "spell_backward pass@1 (eval)",
                   "mean pass@1 (eval)"):
         assert f'"text":"{panel}"' in html.replace(": ", ":"), panel
-    idx = run_index(tmp_path / "runs")  # what the run browser lists
-    assert idx.loc[0, "run"] == "from_verl" and idx.loc[0, "status"] == "finished"
+    idx = run_index(tmp_path / "runs").set_index("run")  # what the run browser lists
+    assert idx.loc["from_verl", "status"] == "finished" and idx.loc["from_verl", "source"] == "verl"
 
 
 def test_import_run_refuses_what_it_cannot_read(tmp_path):
