@@ -22,6 +22,7 @@ from brorl_lab.core.rundir import atomic_write_text
 from brorl_lab.core.paths import NOTEBOOK_DIR, REPO_ROOT
 
 FLAGSHIP = "02_rollout_scaling.ipynb"
+REGIME_MAP = "06_regime_map.ipynb"
 THEORY = "01_mass_balance_theory.ipynb"
 
 
@@ -315,18 +316,44 @@ def cmd_plateau(args) -> int:
     return 0 if res.plateaued else 3
 
 
-def cmd_scaling(args) -> int:
-    from brorl_lab.lab.analysis import summarize, verdict
-    from brorl_lab.study.arms import run_rollout_scaling
-    from brorl_lab.study.plateau import recipe_config
+SCALING_OPTIONS = ("steps", "eval_every", "seeds", "middle_seeds", "n_small", "n_large", "prompts_small",
+                   "prompts_large", "n_mid", "prompts_mid", "model", "eval_prompts", "eval_samples",
+                   "measure_mechanism", "run_ablations")
 
-    base = recipe_config(model=args.model, steps=args.steps, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
-                         checkpoint_every=args.eval_every, torch_threads=args.threads)
-    df = run_rollout_scaling(base, seeds=args.seeds, root=args.root, n_small=args.n_small, n_large=args.n_large,
-                             prompts_small=args.prompts_small, prompts_large=args.prompts_large)
-    print(summarize(df).T.to_string(float_format=lambda v: f"{v:.4g}"))
-    print(verdict(df))
-    return 0
+
+def cmd_scaling(args) -> int:
+    """The flagship study headless: notebook 02 under papermill into ``--out`` (resumable: finished arm runs are
+    read back, a partial one resumes), then its verdict.txt printed."""
+    from brorl_lab.lab.sweep import run_notebook
+
+    params = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k) is not None}
+    params.update(_params(args.param), full_size=args.full_size, torch_threads=args.threads)
+    out = Path(args.out)
+    print(f"running {FLAGSHIP} under papermill -> {out}/ ({'full size: 8 paired seeds' if args.full_size else 'demo size'})")
+    status = run_notebook(NOTEBOOK_DIR / FLAGSHIP, out, params, progress=True)
+    print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else "")
+          + f"; wall time {status['wall_s']:.0f} s")
+    if (out / "verdict.txt").is_file():
+        print((out / "verdict.txt").read_text())
+        print(f"verdict: {out / 'verdict.txt'}, {out / 'verdict.json'}; executed notebook: {out / FLAGSHIP}")
+    return 0 if status["status"] == "finished" else 1
+
+
+def cmd_regime_map(args) -> int:
+    """The regime map headless: notebook 06 under papermill into ``--out`` (resumable per setting), its reading
+    printed."""
+    from brorl_lab.lab.sweep import run_notebook
+
+    params = {**_params(args.param), "torch_threads": args.threads}
+    out = Path(args.out)
+    print(f"running {REGIME_MAP} under papermill -> {out}/")
+    status = run_notebook(NOTEBOOK_DIR / REGIME_MAP, out, params, progress=True)
+    print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else "")
+          + f"; wall time {status['wall_s']:.0f} s")
+    if (out / "regime.txt").is_file():
+        print((out / "regime.txt").read_text())
+        print(f"table: {out / 'regime_map.csv'}; executed notebook: {out / REGIME_MAP}")
+    return 0 if status["status"] == "finished" else 1
 
 
 def cmd_make_data(args) -> int:
@@ -393,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True,
                          metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
-                                 "scaling,make-data,train-default,launch,import-run}")
+                                 "scaling,regime-map,make-data,train-default,launch,import-run}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -489,7 +516,6 @@ def build_parser() -> argparse.ArgumentParser:
     ir.set_defaults(func=cmd_import_run)
 
     from brorl_lab.core.paths import EVAL_DIR, DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR
-    from brorl_lab.study.arms import DEFAULT_ROOT
     from brorl_lab.study.plateau import RECIPE
     from brorl_lab.rl.train_default import MODEL_SHAPE, TRAIN_DEFAULTS
     from brorl_lab.rollout.make_data import DEFAULT_EVAL_FAMILIES, EVAL_SEED, EVAL_SIZE
@@ -509,19 +535,36 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--threads", type=int, default=1, help="torch threads")
     a.set_defaults(func=cmd_plateau)
 
-    s = sub.add_parser("scaling", help="run both arms from the plateau checkpoint; print summary and verdict")
-    s.add_argument("--root", default=str(DEFAULT_ROOT))
-    s.add_argument("--steps", type=int, default=24, help="BroRL-arm steps (the ProRL arm gets ratio x as many)")
-    s.add_argument("--eval-every", type=int, default=4, help="in BroRL-arm steps")
-    s.add_argument("--seeds", type=int, nargs="+", default=[0])
-    s.add_argument("--n-small", type=int, default=16)
-    s.add_argument("--n-large", type=int, default=512)
-    s.add_argument("--prompts-small", type=int, default=16)
+    s = sub.add_parser("scaling", help="the flagship study headless (notebook 02): arms on the shared grid, paired "
+                       "intervals and the pre-declared revives test")
+    s.add_argument("--full-size", action="store_true", help="8 paired seeds and the middle arm N=64")
+    s.add_argument("--out", default="runs/scaling", help="run directory (arm runs in OUT/arms; resumable)")
+    s.add_argument("--steps", type=int, default=None, help="BroRL-arm steps (the ProRL arm gets ratio x as many)")
+    s.add_argument("--eval-every", type=int, default=None, help="BroRL-arm steps between shared-grid points")
+    s.add_argument("--seeds", type=int, nargs="+", default=None)
+    s.add_argument("--middle-seeds", type=int, nargs="+", default=None, help="seeds of the middle arm")
+    s.add_argument("--n-small", type=int, default=None)
+    s.add_argument("--n-large", type=int, default=None)
+    s.add_argument("--prompts-small", type=int, default=None)
     s.add_argument("--prompts-large", type=int, default=None)
-    s.add_argument("--model", default="plateau")
-    s.add_argument("--eval-prompts", type=int, default=64)
+    s.add_argument("--n-mid", type=int, default=None, help="middle arm's N (0: none)")
+    s.add_argument("--prompts-mid", type=int, default=None)
+    s.add_argument("--model", default=None, help="default: plateau")
+    s.add_argument("--eval-prompts", type=int, default=None)
+    s.add_argument("--eval-samples", type=int, default=None)
+    s.add_argument("--measure-mechanism", action=argparse.BooleanOptionalAction, default=None)
+    s.add_argument("--run-ablations", action=argparse.BooleanOptionalAction, default=None)
+    s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other notebook parameter")
     s.add_argument("--threads", type=int, default=1)
     s.set_defaults(func=cmd_scaling)
+
+    g = sub.add_parser("regime-map", help="the same branch on several task settings: BroRL - ProRL against the "
+                       "rare-success share (notebook 06, papermill)")
+    g.add_argument("--out", default="runs/regime_map", help="run directory (each setting's arm runs below it)")
+    g.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
+                   help="a notebook parameter (settings, seeds, steps, model, ...)")
+    g.add_argument("--threads", type=int, default=1)
+    g.set_defaults(func=cmd_regime_map)
 
     m = sub.add_parser("make-data", help="regenerate the frozen eval sets data/eval/<family>.jsonl")
     m.add_argument("--families", nargs="+", default=list(DEFAULT_EVAL_FAMILIES))

@@ -76,8 +76,18 @@ def test_quickstart_shows_every_stage_and_a_trainer_run(tmp_path, monkeypatch):
 
 def test_rollout_scaling_notebook_is_a_study_on_a_shared_grid_with_intervals_and_the_rule(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    run_dir = tmp_path / "demo"
-    outputs = run("02_rollout_scaling", tmp_path, {**SCALING, "run_dir": str(run_dir), "export_png": True})
+    from brorl_lab.cli import main
+
+    run_dir = tmp_path / "demo"  # through `python -m brorl_lab scaling`: the notebook headless, its verdict printed
+    argv = ["scaling", "--out", str(run_dir), "--steps", "2", "--eval-every", "1", "--seeds", "0", "1",
+            "--middle-seeds", "0", "--n-small", "4", "--n-large", "16", "--prompts-small", "2", "--prompts-large", "2",
+            "--n-mid", "8", "--prompts-mid", "2", "--eval-prompts", "8", "--eval-samples", "4", "--run-ablations"]
+    argv += [x for k, v in SCALING.items() if k not in {a.lstrip("-").replace("-", "_") for a in argv}
+             for x in ("-p", f"{k}={v!r}")]
+    assert main(argv) == 0
+    nb = nbformat.read(run_dir / "02_rollout_scaling.ipynb", as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
     figures = [o.data[PLOTLY] for o in outputs if o.output_type in ("display_data", "execute_result")
                and PLOTLY in o.data]
     # pass@1 vs samples, vs updates, vs time, diagnostics, grid gaps, mechanism, ablations
