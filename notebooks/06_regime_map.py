@@ -70,7 +70,6 @@ from pathlib import Path
 
 import pandas as pd
 import transformers
-from IPython.display import display
 
 from brorl_lab.core.models import load_policy
 from brorl_lab.core.paths import RUNS_DIR
