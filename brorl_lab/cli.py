@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.rundir import atomic_write_text
-from brorl_lab.core.paths import NOTEBOOK_DIR, REPO_ROOT
+from brorl_lab.core.paths import NOTEBOOK_DIR, REPO_ROOT, RUNS_DIR
 
 FLAGSHIP = "02_rollout_scaling.ipynb"
 REGIME_MAP = "06_regime_map.ipynb"
@@ -356,6 +356,24 @@ def cmd_regime_map(args) -> int:
     return 0 if status["status"] == "finished" else 1
 
 
+def cmd_theorem(args) -> int:
+    import time
+
+    import torch
+
+    from brorl_lab.study.theorem import theorem_study
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    res = theorem_study(args.models, n_values=args.n_values, seeds=range(args.seeds), prompts=args.prompts,
+                        held_out=args.held_out, lr=args.lr, optimizer=args.optimizer, trials=args.trials,
+                        root=args.root, figure_dir=args.figure_dir)
+    print(res["table"])
+    print(f"figure: {res['png']}; tables: {args.root}; wall {time.perf_counter() - t0:.0f} s, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    return 0
+
+
 def cmd_make_data(args) -> int:
     from brorl_lab.rollout.make_data import make_eval_sets
 
@@ -420,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True,
                          metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
-                                 "scaling,regime-map,make-data,train-default,launch,import-run}")
+                                 "scaling,regime-map,theorem,make-data,train-default,launch,import-run}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -565,6 +583,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a notebook parameter (settings, seeds, steps, model, ...)")
     g.add_argument("--threads", type=int, default=1)
     g.set_defaults(func=cmd_regime_map)
+
+    th = sub.add_parser("theorem", help="Theorem 1 on the model: one update at each N, dQ_pos per prompt, vs theory")
+    th.add_argument("--models", nargs="+", default=["plateau", "default"])
+    th.add_argument("--n-values", type=int, nargs="+", default=[4, 16, 64, 256, 512])
+    th.add_argument("--seeds", type=int, default=8, help="rollout seeds 0..K-1")
+    th.add_argument("--prompts", type=int, default=16, help="in-batch prompts (prompts_per_step)")
+    th.add_argument("--held-out", type=int, default=16, help="held-out prompts per family (frozen eval sets)")
+    th.add_argument("--lr", type=float, default=None, help="default: the flagship recipe's")
+    th.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+    th.add_argument("--trials", type=int, default=400, help="Monte-Carlo draws per prompt and N for P(dQ<0)")
+    th.add_argument("--root", default=str(RUNS_DIR / "theorem"))
+    th.add_argument("--figure-dir", default=str(NOTEBOOK_DIR / "figures"))
+    th.add_argument("--threads", type=int, default=1)
+    th.set_defaults(func=cmd_theorem)
 
     m = sub.add_parser("make-data", help="regenerate the frozen eval sets data/eval/<family>.jsonl")
     m.add_argument("--families", nargs="+", default=list(DEFAULT_EVAL_FAMILIES))

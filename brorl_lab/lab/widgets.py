@@ -1,7 +1,8 @@
 """ipywidgets for the notebooks.
 
 Sections (each self-contained; later dashboards go below their own header):
-    1. The mass-balance explorer (theory of BroRL Sec. 2): :func:`mass_balance_explorer`.
+    1. The mass-balance explorer (theory of BroRL Sec. 2): :func:`mass_balance_explorer`, and :class:`ProblemPicker`
+       (one explorer over a choice of vocabularies, e.g. real prompts' first-token distributions).
     2. The live training dashboard: :class:`TrainingDashboard`, a Trainer callback with a Stop button.
     3. The run browser: :func:`run_browser`, overlay runs under a directory by metric and x axis.
 """
@@ -207,6 +208,39 @@ def mass_balance_explorer(problem: Optional[theory.Problem] = None, *, logits=No
             raise ValueError("pass either problem, or both logits and correct (a boolean mask like logits)")
         problem = theory.logit_problem(logits, correct)
     return MassBalanceExplorer(problem, **kwargs)
+
+
+class ProblemPicker(w.VBox):
+    """Pick one of several named vocabularies (e.g. a real prompt's first-token distribution, one per prompt) and
+    explore it: a dropdown, a line of HTML about the pick, and a :class:`MassBalanceExplorer` rebuilt on each pick.
+
+    ``problems`` maps a label to ``(problem, note_html)``; other keywords go to the explorer (n, n_values, trials,
+    seed). ``pick(label)`` does what choosing it in the dropdown does (for scripts and tests)."""
+
+    def __init__(self, problems, **explorer_kwargs):
+        if not problems:
+            raise ValueError("problems: got none; allowed: a mapping label -> (Problem, note html)")
+        self.problems, self.kwargs = dict(problems), explorer_kwargs
+        self.picker = w.Dropdown(options=list(self.problems), description="prompt",
+                                 layout=w.Layout(width="720px"), style={"description_width": "60px"})
+        self.note = w.HTML()
+        self.explorer: Optional[MassBalanceExplorer] = None
+        self.holder = w.VBox()
+        self.picker.observe(lambda ch: self.pick(ch["new"]), names="value")
+        super().__init__([self.picker, self.note, self.holder])
+        self.pick(self.picker.value)
+
+    def pick(self, label: str) -> MassBalanceExplorer:
+        if label not in self.problems:
+            raise ValueError(f"label: got {label!r}; allowed: {', '.join(self.problems)}")
+        problem, note = self.problems[label]
+        if self.picker.value != label:
+            self.picker.value = label  # observe calls pick again; that call builds the explorer
+            return self.explorer
+        self.note.value = note
+        self.explorer = MassBalanceExplorer(problem, vocab=max(problem.vocab, 2), n_correct=1, **self.kwargs)
+        self.holder.children = [self.explorer]
+        return self.explorer
 
 
 # =================================================================================================================

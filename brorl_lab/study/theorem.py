@@ -1,0 +1,405 @@
+"""BroRL's Theorem 1 measured on the language model: one real update, decomposed per prompt, against the one-token
+theory fed with the model's own first-token distribution.
+
+What is measured (the *experiment*). From one checkpoint (the plateau branch point, or the default model), for each
+N in ``n_values`` and each rollout seed s: sample N responses for each of the same ``prompts`` training prompts,
+score them, filter the groups (dynamic sampling), and take ONE trainer update with the flagship recipe
+(:data:`brorl_lab.study.plateau.FLAGSHIP_RECIPE`, one optimizer step of a fresh AdamW, same lr at every N). Then for
+every in-batch prompt and ``held_out`` prompts per family from the frozen eval sets (never sampled):
+
+    dQ(x) = Q_pos(x; theta_after) - Q_pos(x; theta_before)            (exact, brorl_lab.rl.answer_mass)
+
+and, per seed, the share of prompts with dQ < 0 and the means of dQ, dQ / lr and N dQ / lr. Intervals are t
+intervals over seeds (:func:`brorl_lab.lab.stats.t_interval`, quantile t_{0.975, seeds-1}).
+
+Which normalisation. Theorem 1 is about one SGD step on the logits: every term carries lr / N, so N dQ / lr is the
+quantity comparable across N (docs/THEORY.md). The trainer's first AdamW step is not SGD: with fresh moments
+m_1 = (1-b1) g, v_1 = (1-b2) g^2 and bias correction, the step is
+
+    d theta = -lr * g / (|g| + eps)  ~  -lr * sign(g)                       (element-wise)
+
+whatever the gradient's size, so 1/N in the gradient cancels and dQ ~ lr * sum_i |dQ/d theta_i| does not shrink with
+N. For Adam the meaningful normalisation is dQ / lr (and the sign: the share of prompts with dQ < 0); N dQ / lr then
+grows like N. Both are reported, with raw dQ; ``optimizer='sgd'`` runs the same experiment with plain SGD, where
+THEORY.md's N dQ / lr is the right scale.
+
+What is predicted (the *theory*). At each in-batch prompt's first answer position the policy is a softmax over the
+real vocabulary with a known correct set (:func:`brorl_lab.rl.answer_mass.first_token_problem`); fed to
+:func:`brorl_lab.theory.balance.logit_problem` it gives, at each N, the expected Theorem 1 terms (normalised,
+N E[dQ] / lr, exact) and P(dQ < 0) (Monte Carlo over draws), for the one-token, one-SGD-step model of the paper.
+
+    df = run_theorem("plateau", seeds=range(8), root="runs/theorem")      # resumable; one CSV per (N, seed)
+    summary = summarise_theorem(df)                                      # per N and split, t intervals over seeds
+    pred = theory_predictions("plateau", ...)                            # per prompt and N
+    theorem_figure(summary, pred)
+
+or from a shell: ``python -m brorl_lab theorem``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Optional
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from brorl_lab.core.config import Config
+from brorl_lab.core.models import load_policy, make_reference
+from brorl_lab.core.paths import RUNS_DIR
+from brorl_lab.core.rundir import atomic_write_text
+from brorl_lab.core.seeding import derive_seed
+from brorl_lab.core.validation import check_int, check_seeds
+from brorl_lab.lab.stats import t_interval
+from brorl_lab.rl import answer_mass as AM
+from brorl_lab.rl import steps as S
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
+from brorl_lab.rollout.tasks import eval_set
+from brorl_lab.rollout.tasks.templates import resolve_template
+from brorl_lab.study.plateau import FLAGSHIP_RECIPE, recipe_config
+from brorl_lab.theory import balance
+
+N_VALUES = (4, 16, 64, 256, 512)
+DEFAULT_ROOT = RUNS_DIR / "theorem"
+OPTIMIZERS = ("adamw", "sgd")
+SPLITS = ("in_batch", "kept", "held_out")
+METRICS = ("share_neg", "dq", "dq_per_lr", "n_dq_per_lr")
+
+__all__ = ["N_VALUES", "DEFAULT_ROOT", "OPTIMIZERS", "METRICS", "theorem_config", "TheoremSetup", "setup",
+           "one_update", "measure_update", "run_theorem", "per_seed", "summarise_theorem", "theory_predictions",
+           "theory_summary", "compare", "theorem_figure", "theorem_table", "first_order_dq", "theorem_study"]
+
+
+def theorem_config(model: str = "plateau", *, lr: Optional[float] = None, **overrides) -> Config:
+    """The flagship recipe (``prorl_v2``) as ONE optimizer step: ``optimizer_steps_per_step=1`` (the recipe's 2
+    mini-batches would be two steps), one rollout round (``max_resample_rounds=0``: refills draw new prompts), no
+    lr scaling (the same lr at every N). ``lr`` defaults to the recipe's."""
+    extra = {} if lr is None else {"lr": lr}
+    return recipe_config(FLAGSHIP_RECIPE, model=model, optimizer_steps_per_step=1, max_resample_rounds=0,
+                         lr_scaling="none", reset_every=0, **extra, **overrides)
+
+
+class TheoremSetup:
+    """The checkpoint, its frozen reference, the prompts (in-batch and held-out) and their answer candidates."""
+
+    def __init__(self, cfg: Config, *, prompts: int, held_out: int, prompt_seed: int = 0):
+        check_int("prompts", prompts, 1)
+        check_int("held_out", held_out, 0)
+        self.cfg = cfg
+        self.policy, self.tokenizer = load_policy(cfg.model, device="cpu")
+        self.template = resolve_template(cfg.template, cfg.model, self.tokenizer)
+        self.reference = make_reference(self.policy) if cfg.kl_beta > 0 else None
+        self.train_items = S.sample_prompts(cfg.tasks, prompts, seed=prompt_seed)
+        self.held_items = [it for fam in cfg.tasks for it in eval_set(fam, limit=held_out)]
+        self.items = self.train_items + self.held_items
+        self.split = np.array(["in_batch"] * len(self.train_items) + ["held_out"] * len(self.held_items))
+        self.cands = AM.answer_candidates(self.items, self.tokenizer, template=self.template)
+        self.q_before = self.q_pos(self.policy)
+
+    def q_pos(self, policy) -> np.ndarray:
+        return AM.q_pos(policy, self.tokenizer, self.items, temperature=self.cfg.temperature, cands=self.cands,
+                        micro_batch_tokens=self.cfg.train_micro_batch_tokens)
+
+
+def setup(model: str = "plateau", *, prompts: int = 16, held_out: int = 16, lr: Optional[float] = None,
+          prompt_seed: int = 0, **overrides) -> TheoremSetup:
+    return TheoremSetup(theorem_config(model, lr=lr, **overrides), prompts=prompts, held_out=held_out,
+                        prompt_seed=prompt_seed)
+
+
+def _optimizer(policy, cfg: Config, optimizer: str) -> torch.optim.Optimizer:
+    if optimizer == "adamw":  # what the Trainer makes (Trainer._make_optimizer), fresh
+        return torch.optim.AdamW(policy.parameters(), lr=cfg.effective_lr, betas=tuple(cfg.adam_betas),
+                                 weight_decay=cfg.weight_decay)
+    if optimizer == "sgd":
+        return torch.optim.SGD(policy.parameters(), lr=cfg.effective_lr)
+    raise ValueError(f"optimizer: got {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+
+
+def one_update(st: TheoremSetup, n: int, seed: int, *, engine=None, optimizer: str = "adamw"):
+    """ONE trainer update from the checkpoint at N = ``n`` with rollout seed ``seed``: rollout -> score -> filter ->
+    advantages -> :func:`brorl_lab.rl.steps.update` on a copy of the policy. Returns ``(policy_after, info)`` with
+    ``info`` = correct counts per in-batch prompt [P], which groups were kept, and the update's metrics."""
+    check_int("n", n, 2)
+    cfg = st.cfg
+    own = engine is None
+    engine = engine if engine is not None else make_engine("torch", st.policy, st.tokenizer)
+    try:
+        sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                                   seed=derive_seed(seed, "theorem", n))
+        batch = S.score(S.rollout(engine, st.train_items, n, sampling, template=st.template,
+                                  tokenizer=st.tokenizer), template=st.template, reward=cfg.reward)
+    finally:
+        if own:
+            engine.close()
+    k = batch.grouped(batch.correct).sum(1).numpy()  # [P] correct per group
+    kept = (k > 0) & (k < n) if cfg.dynamic_sampling else np.ones(len(k), dtype=bool)
+    policy = copy.deepcopy(st.policy)
+    policy.train()
+    metrics = {}
+    if kept.any():
+        train = batch.select_prompts(np.flatnonzero(kept).tolist())
+        train.meta["temperature"] = cfg.temperature
+        adv = S.advantages(train, cfg.advantage, **({"std_norm": cfg.adv_std_norm} if cfg.advantage == "grpo"
+                                                    else {}))
+        metrics = S.update(policy, _optimizer(policy, cfg, optimizer), train, adv, cfg=cfg,
+                           reference=st.reference).metrics
+    return policy, {"k": k, "kept": kept, "metrics": metrics}
+
+
+def measure_update(st: TheoremSetup, n: int, seed: int, *, engine=None, optimizer: str = "adamw") -> pd.DataFrame:
+    """One row per prompt (in-batch, then held-out) for one update: q_before, q_after, dq, and for in-batch prompts
+    the group's correct count k and whether it was kept."""
+    policy, info = one_update(st, n, seed, engine=engine, optimizer=optimizer)
+    q_after = st.q_pos(policy)
+    P = len(st.train_items)
+    k = np.concatenate([info["k"], np.full(len(st.held_items), -1)])
+    kept = np.concatenate([info["kept"], np.zeros(len(st.held_items), dtype=bool)])
+    return pd.DataFrame({"n": n, "seed": seed, "uid": [it.uid for it in st.items],
+                         "family": [it.family for it in st.items], "split": st.split, "k": k, "kept": kept,
+                         "q_before": st.q_before, "q_after": q_after, "dq": q_after - st.q_before,
+                         "lr": st.cfg.effective_lr, "groups_kept": int(info["kept"][:P].sum()),
+                         "grad_norm": info["metrics"].get("grad_norm", 0.0)})
+
+
+def run_theorem(model: str = "plateau", *, n_values: Sequence[int] = N_VALUES, seeds: Iterable[int] = range(8),
+                prompts: int = 16, held_out: int = 16, lr: Optional[float] = None, optimizer: str = "adamw",
+                root: str | Path = DEFAULT_ROOT, prompt_seed: int = 0, progress: bool = True,
+                st: Optional[TheoremSetup] = None) -> pd.DataFrame:
+    """Every (N, seed) update of :func:`measure_update`, one CSV each under ``root/<model name>_<optimizer>/``;
+    finished ones are read back (resumable: interrupt and call again), and a root written with other settings is
+    an error, not a mix. Returns the long per-prompt table with a ``model`` column."""
+    seeds = check_seeds(seeds)
+    n_values = [check_int("n_values", n, 2) for n in n_values]
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer: got {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+    st = st if st is not None else setup(model, prompts=prompts, held_out=held_out, lr=lr, prompt_seed=prompt_seed)
+    name = Path(model).name if model not in ("plateau", "default") else model
+    out = Path(root) / f"{name}_{optimizer}"
+    plan = {"model": st.cfg.model, "optimizer": optimizer, "lr": st.cfg.effective_lr, "prompts": prompts,
+            "held_out": held_out, "prompt_seed": prompt_seed, "uids": [it.uid for it in st.items]}
+    meta = out / "plan.json"
+    if meta.is_file():
+        old = json.loads(meta.read_text())
+        if old != plan:
+            diff = sorted(k for k in plan if old.get(k) != plan[k])
+            raise ValueError(f"root: {out} holds a run with other settings ({', '.join(diff)}); allowed: the same "
+                             "settings (to resume) or another root")
+    else:
+        atomic_write_text(meta, json.dumps(plan, indent=1))
+    frames = []
+    todo = [(n, s) for n in n_values for s in seeds]
+    engine = None
+    try:
+        bar = tqdm(todo, desc=f"theorem {name}", disable=not progress)
+        for n, s in bar:
+            path = out / f"n{n}_s{s}.csv"
+            if path.is_file():
+                frames.append(pd.read_csv(path))
+                continue
+            bar.set_postfix_str(f"N={n} seed={s}")
+            engine = engine or make_engine("torch", st.policy, st.tokenizer)
+            df = measure_update(st, n, s, engine=engine, optimizer=optimizer)
+            atomic_write_text(path, df.to_csv(index=False))
+            frames.append(df)
+    finally:
+        if engine is not None:
+            engine.close()
+    df = pd.concat(frames, ignore_index=True)
+    df.insert(0, "model", name)
+    return df
+
+
+# ---- summaries -----------------------------------------------------------------------------------------------------
+def per_seed(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, N, split, seed): the share of prompts with dQ < 0 and the means of dQ, dQ / lr and
+    N dQ / lr over the prompts. Splits: ``in_batch`` (every sampled prompt), ``kept`` (the in-batch prompts whose
+    group survived dynamic sampling, i.e. carried a gradient; a seed where none did has no row) and
+    ``held_out``."""
+    d = pd.concat([df, df[df["kept"].astype(bool)].assign(split="kept")], ignore_index=True)
+    d = d.assign(neg=d["dq"] < 0, dq_per_lr=d["dq"] / d["lr"], n_dq_per_lr=d["n"] * d["dq"] / d["lr"])
+    keys = [c for c in ("model", "n", "split", "seed") if c in d]
+    return d.groupby(keys, sort=True).agg(share_neg=("neg", "mean"), dq=("dq", "mean"), dq_per_lr=("dq_per_lr", "mean"),
+                                          n_dq_per_lr=("n_dq_per_lr", "mean"),
+                                          groups_kept=("groups_kept", "first")).reset_index()
+
+
+def summarise_theorem(df: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
+    """Per (model, N, split): for each of :data:`METRICS` the mean over seeds with its t interval (``_lo``,
+    ``_hi``), and the number of seeds."""
+    ps = per_seed(df)
+    rows = []
+    keys = [c for c in ("model", "n", "split") if c in ps]
+    for key, g in ps.groupby(keys, sort=True):
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        row["seeds"] = len(g)
+        row["groups_kept"] = g["groups_kept"].mean()
+        for m in METRICS:
+            r = t_interval(g[m].to_numpy(), level=level)
+            row.update({m: r["mean"], f"{m}_lo": r["lo"], f"{m}_hi": r["hi"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---- the theory on the model's own first-token distribution --------------------------------------------------------
+def theory_predictions(st: TheoremSetup, *, n_values: Sequence[int] = N_VALUES, r_c: float = 1.0,
+                       r_w: float = -1.0, trials: int = 400, seed: int = 0, progress: bool = False) -> pd.DataFrame:
+    """For each in-batch prompt and N: the one-token problem at its first answer position
+    (:func:`brorl_lab.rl.answer_mass.first_token_problem`) through :func:`brorl_lab.theory.balance.n_sweep`: the
+    expected normalised Theorem 1 terms N E[dQ] / lr (exact: V is small enough for pair probabilities), the
+    probability that dQ < 0 (``p_neg``, Monte Carlo over ``trials`` draws), q_pos_first (the one-token Q_pos) and
+    the sequence-level Q_pos for comparison. Rewards (r_c, r_w) are the theory's (paper: +1 / -1)."""
+    rows = []
+    for i, it in enumerate(tqdm(st.train_items, desc="theory", disable=not progress)):
+        d = AM.first_token_problem(st.policy, st.tokenizer, it, temperature=st.cfg.temperature, template=st.template)
+        if not d["correct"].any():
+            continue
+        prob = balance.logit_problem(d["logits"], d["correct"], name=it.uid)
+        sweep = balance.n_sweep(prob.p, prob.correct, list(n_values), r_c=r_c, r_w=r_w, trials=trials,
+                                seed=seed + i, exact_max_vocab=prob.vocab)
+        sweep.insert(0, "uid", it.uid)
+        sweep.insert(1, "family", it.family)
+        sweep["q_pos_first"] = d["q_pos_first"]
+        sweep["ambiguous_mass"] = d["ambiguous_mass"]
+        sweep["q_pos"] = float(st.q_before[i])
+        rows.append(sweep)
+    return pd.concat(rows, ignore_index=True)
+
+
+def theory_summary(pred: pd.DataFrame) -> pd.DataFrame:
+    """Per N, over prompts: the expected share of prompts with dQ < 0 (mean of p_neg) and the mean expected terms."""
+    cols = [*balance.TERMS_AND_TOTAL, "p_neg"]
+    return pred.groupby("n")[cols].mean().reset_index().rename(columns={"p_neg": "share_neg", "total": "n_dq_per_lr"})
+
+
+def compare(summary: pd.DataFrame, theory: pd.DataFrame) -> pd.DataFrame:
+    """Measured (in-batch) beside predicted, per N: share of prompts with dQ < 0 and the sign of N dQ / lr."""
+    m = summary[summary["split"] == "in_batch"][["n", "share_neg", "share_neg_lo", "share_neg_hi", "n_dq_per_lr",
+                                                 "n_dq_per_lr_lo", "n_dq_per_lr_hi", "dq_per_lr"]]
+    t = theory[["n", "share_neg", "n_dq_per_lr", *balance.TERMS]].rename(
+        columns={"share_neg": "theory_share_neg", "n_dq_per_lr": "theory_n_dq_per_lr"})
+    return m.merge(t, on="n")
+
+
+def theorem_table(summary: pd.DataFrame, theory: Optional[pd.DataFrame] = None) -> str:
+    """A markdown table: per model, N and split, share of dQ < 0 and mean N dQ / lr and dQ / lr with intervals."""
+    def iv(r, m, f):
+        return f"{f(r[m])} [{f(r[m + '_lo'])}, {f(r[m + '_hi'])}]"
+
+    head = "| model | N | prompts | share dQ<0 | mean N·dQ/lr | mean dQ/lr | mean dQ | theory P(dQ<0) |"
+    lines = [head, "|---|---:|---|---|---|---|---|---|"]
+    for _, r in summary.iterrows():
+        th = ""
+        if theory is not None and r["split"] == "in_batch":
+            hit = theory[(theory["n"] == r["n"]) & (theory.get("model", r.get("model")) == r.get("model"))]
+            th = f"{hit['share_neg'].iloc[0]:.2f}" if len(hit) else ""
+        lines.append(f"| {r.get('model', '')} | {int(r['n'])} | {r['split'].replace('_', '-')} | "
+                     f"{iv(r, 'share_neg', lambda v: f'{v:.2f}')} | {iv(r, 'n_dq_per_lr', lambda v: f'{v:+.3g}')} | "
+                     f"{iv(r, 'dq_per_lr', lambda v: f'{v:+.3g}')} | {r['dq']:+.2e} | {th} |")
+    return "\n".join(lines)
+
+
+def theorem_figure(summary: pd.DataFrame, theory: Optional[pd.DataFrame] = None, *,
+                   title: str = "Theorem 1 on the language model: one update, measured vs predicted"):
+    """Rows: models. Columns: share of prompts with dQ < 0 (measured in-batch and held-out, with t intervals over
+    seeds; the theory's expected share dashed), mean dQ / lr (Adam's scale) and mean N dQ / lr (THEORY.md's scale;
+    the theory's N E[dQ] / lr on the right axis). ``theory``: :func:`theory_summary` rows with a ``model`` column."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from brorl_lab.lab.plots import PALETTE
+
+    models = list(dict.fromkeys(summary["model"])) if "model" in summary else [""]
+    fig = make_subplots(rows=len(models), cols=3, specs=[[{}, {}, {"secondary_y": True}]] * len(models),
+                        subplot_titles=[t for m in models for t in (f"{m}: share of prompts with dQ_pos < 0",
+                                                                    f"{m}: mean dQ_pos / lr (Adam's scale)",
+                                                                    f"{m}: mean N·dQ_pos / lr (theorem's scale)")],
+                        vertical_spacing=0.12)
+    for row, m in enumerate(models, start=1):
+        sm = summary[summary["model"] == m] if m else summary
+        for j, split in enumerate(SPLITS):
+            g = sm[sm["split"] == split].sort_values("n")
+            for col, metric in enumerate(("share_neg", "dq_per_lr", "n_dq_per_lr"), start=1):
+                fig.add_trace(go.Scatter(
+                    x=g["n"], y=g[metric], mode="lines+markers", name=f"measured, {split.replace('_', '-')}",
+                    legendgroup=split, showlegend=row == 1 and col == 1, line=dict(color=PALETTE[j]),
+                    error_y=dict(type="data", symmetric=False, array=g[f"{metric}_hi"] - g[metric],
+                                 arrayminus=g[metric] - g[f"{metric}_lo"])), row=row, col=col)
+        if theory is not None:
+            th = theory[theory["model"] == m] if "model" in theory else theory
+            fig.add_trace(go.Scatter(x=th["n"], y=th["share_neg"], mode="lines+markers", name="theory (one token, "
+                                     "one SGD step): E[share]", legendgroup="theory", showlegend=row == 1,
+                                     line=dict(color="black", dash="dash")), row=row, col=1)
+            fig.add_trace(go.Scatter(x=th["n"], y=th["n_dq_per_lr"], mode="lines+markers", name="theory: N E[dQ]/lr "
+                                     "(right axis)", legendgroup="theory2", showlegend=row == 1,
+                                     line=dict(color="black", dash="dot")), row=row, col=3, secondary_y=True)
+        for col in (1, 2, 3):
+            fig.update_xaxes(type="log", title_text="N (rollouts per prompt)", row=row, col=col)
+        fig.update_yaxes(range=[0, 1], row=row, col=1)
+    fig.update_layout(title_text=title, height=380 * len(models) + 80, legend=dict(orientation="h", y=-0.12))
+    return fig
+
+
+def first_order_dq(st: TheoremSetup, policy_after: torch.nn.Module) -> np.ndarray:
+    """The first-order prediction of each prompt's dQ from the gradient at the checkpoint:
+    dQ_1(x) = grad_theta Q_pos(x; theta_before) . (theta_after - theta_before)   [prompts]. At a small enough step
+    it equals the measured dQ; how far it is at the recipe's lr says how non-linear one update is."""
+    params = [p for p in st.policy.parameters()]
+    after = dict(policy_after.named_parameters())
+    delta = [(after[name].detach() - p.detach()) for name, p in st.policy.named_parameters()]
+    q = AM.q_pos_tensor(st.policy, st.cands, temperature=st.cfg.temperature,
+                        micro_batch_tokens=st.cfg.train_micro_batch_tokens)  # [prompts], in the graph
+    out = np.zeros(len(q))
+    for i in range(len(q)):
+        grads = torch.autograd.grad(q[i], params, retain_graph=i + 1 < len(q), allow_unused=True)
+        out[i] = sum(float((g.double() * d.double()).sum()) for g, d in zip(grads, delta) if g is not None)
+    return out
+
+
+FIGURE_NAME = "theorem_on_the_model"
+
+
+def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: Sequence[int] = N_VALUES,
+                  seeds: Iterable[int] = range(8), prompts: int = 16, held_out: int = 16,
+                  lr: Optional[float] = None, optimizer: str = "adamw", trials: int = 400,
+                  root: str | Path = DEFAULT_ROOT, figure_dir: Optional[str | Path] = None,
+                  progress: bool = True) -> dict:
+    """The whole study: :func:`run_theorem` and :func:`theory_predictions` for each model, the summaries, the
+    markdown table and the figure. Writes ``root/{per_prompt,summary,theory,theory_per_prompt}.csv`` and
+    ``root/table.md``, and the figure as PNG into ``figure_dir`` (when given). Resumable like run_theorem."""
+    seeds = check_seeds(seeds)
+    frames, theories, preds = [], [], []
+    for model in models:
+        st = setup(model, prompts=prompts, held_out=held_out, lr=lr)
+        frames.append(run_theorem(model, n_values=n_values, seeds=seeds, prompts=prompts, held_out=held_out,
+                                  lr=lr, optimizer=optimizer, root=root, progress=progress, st=st))
+        name = frames[-1]["model"].iloc[0]
+        pred = theory_predictions(st, n_values=n_values, trials=trials, progress=progress)
+        pred.insert(0, "model", name)
+        preds.append(pred)
+        th = theory_summary(pred)
+        th.insert(0, "model", name)
+        theories.append(th)
+    df, pred, theory = (pd.concat(x, ignore_index=True) for x in (frames, preds, theories))
+    summary = summarise_theorem(df)
+    root = Path(root)
+    for fname, table in (("per_prompt", df), ("summary", summary), ("theory", theory), ("theory_per_prompt", pred)):
+        atomic_write_text(root / f"{fname}.csv", table.to_csv(index=False))
+    table = theorem_table(summary, theory)
+    atomic_write_text(root / "table.md", table + "\n")
+    fig = theorem_figure(summary, theory)
+    png = None
+    if figure_dir is not None:
+        png = Path(figure_dir) / f"{FIGURE_NAME}.png"
+        png.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fig.write_image(str(png), width=1300)
+        except Exception as e:  # noqa: BLE001 - no Chromium/kaleido: the tables are still written
+            png = f"PNG export skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
+    return {"per_prompt": df, "summary": summary, "theory": theory, "theory_per_prompt": pred, "table": table,
+            "figure": fig, "png": png}
