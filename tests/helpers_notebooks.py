@@ -49,3 +49,26 @@ def assert_notebook_pair_in_sync(name: str, params, notebooks: Path = NOTEBOOKS)
     assert len(tagged) == 1 and all(f"{k} =" in tagged[0].source for k in params)
     assigned = {t.id for node in ast.parse(tagged[0].source).body for t in node.targets}
     assert set(notebook_parameters(committed)) == assigned
+
+
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def execute_small(notebook: Path, tmp_path: Path, parameters: dict, monkeypatch) -> dict:
+    """Run ``notebook`` headless under papermill with ``parameters`` (cwd ``tmp_path``, one OpenMP thread in the
+    kernel) and return its code outputs: ``outputs`` (all), ``kinds`` (display mime types), ``text`` (stream text)
+    and ``figures`` (plotly JSON), after asserting no cell raised."""
+    import papermill
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel is a child process; keep it to one core
+    out = tmp_path / f"{notebook.stem}_out.ipynb"
+    papermill.execute_notebook(str(notebook), str(out), parameters=parameters, kernel_name="python3",
+                               cwd=str(tmp_path), progress_bar=False)
+    nb = nbformat.read(out, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    shown = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
+    return {"outputs": outputs, "kinds": [k for o in shown for k in o.data],
+            "text": "".join(o.get("text", "") for o in outputs if o.output_type == "stream"),
+            "figures": [o.data[PLOTLY] for o in shown if PLOTLY in o.data]}
