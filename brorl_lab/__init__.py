@@ -16,16 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from brorl_lab.core import registry as _registry
-
 __version__ = "0.1.0"
-
-# Where each kind of named thing is registered (core validates names without importing the layers above it).
-_registry.provide("engine", "brorl_lab.rollout.engines:ENGINES")
-_registry.provide("task", "brorl_lab.rollout.tasks:TASKS")
-_registry.provide("advantage", "brorl_lab.rl.algo:ADVANTAGES")
-_registry.provide("policy_loss", "brorl_lab.rl.algo:POLICY_LOSSES")
-_registry.provide("tracker", "brorl_lab.rl.trackers:TRACKERS")
 
 _EXPORTS = {
     "Config": "core.config", "ConfigError": "core.config", "scaled_lr": "core.config",
@@ -37,6 +28,7 @@ _EXPORTS = {
     "advantages": "rl.steps", "update": "rl.steps", "sync": "rl.steps",
     "compute_logprobs": "rl.logprobs",
     "evaluate": "rl.evaluation",
+    "RunSpec": "rl.spec", "resolve": "rl.spec",
     "Trainer": "rl.trainer", "TRACKERS": "rl.trackers", "read_tensorboard": "rl.trackers", "read_wandb": "rl.trackers",
     "RunDir": "core.rundir", "load_runs": "lab.tracking", "run_index": "lab.tracking",
     "run_notebook": "lab.sweep", "run_sweep": "lab.sweep", "iso_compute_plan": "lab.sweep",

@@ -158,20 +158,20 @@ def cmd_eval(args) -> int:
     from brorl_lab.rollout.engines.base import RolloutSampling
     from brorl_lab.rl.evaluation import evaluate
     from brorl_lab.core.models import load_policy
-    from brorl_lab.rollout.tasks import configure_tasks
+    from brorl_lab.rl.spec import resolve
+    from brorl_lab.rollout.tasks import TASKS
 
-    cfg = eval_config(args)  # validate every option against its config field before loading anything
-    configure_tasks(cfg.tasks, cfg.task_configs)
+    if args.tasks is None:  # every registered family but code (its sandboxed runs are slow)
+        args.tasks = [t for t in TASKS.names() if t != "code"]
+    spec = resolve(eval_config(args))  # every option against its config field, tasks built, before any load
     policy, tok = load_policy(args.model)
+    spec = spec.with_tokenizer(tok)
     engine = make_engine(args.engine, policy, tok)
-    from brorl_lab.rollout.tasks.templates import resolve_template
-
-    template = resolve_template(args.template, args.model, tok)
     try:
         res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
                        sampling=RolloutSampling(temperature=args.temperature, top_p=args.top_p,
                                                 max_new_tokens=args.max_new_tokens, seed=args.seed),
-                       template=template, progress=not args.quiet)
+                       template=spec.template, progress=not args.quiet, task_families=spec.families)
     finally:
         engine.close()
     table = res.table()
@@ -627,10 +627,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = None if argv is None else list(argv)
-    if getattr(args, "tasks", "x") is None:
-        from brorl_lab.core.registry import names_of
-
-        args.tasks = [t for t in names_of("task") if t != "code"]
     try:
         return args.func(args)
     except (ConfigError, ValueError) as e:

@@ -42,6 +42,7 @@ import transformers
 from IPython.display import display
 
 from brorl_lab.rl import steps as S
+from brorl_lab.rl.spec import resolve
 from brorl_lab.core.config import Config
 from brorl_lab.lab import plots
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
@@ -60,6 +61,7 @@ cfg = Config(model=model, tasks=tasks, rollouts_per_prompt=rollouts_per_prompt, 
              lr=3e-4, seed=seed, template="plain", torch_threads=torch_threads,
              run_dir=run_dir or tempfile.mkdtemp(prefix="quickstart_"), run_name="quickstart")
 policy, tok = load_policy(cfg.model)            # trainable policy (train mode) and its tokenizer
+spec = resolve(cfg, tokenizer=tok)               # names checked, tasks built, template fixed: the Trainer's first step
 reference = make_reference(policy)               # frozen copy: the KL term's pi_ref
 engine = make_engine("torch", policy, tok)       # the rollout engine keeps its own copy of the weights
 optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
@@ -74,7 +76,7 @@ print(f"{sum(p.numel() for p in policy.parameters()):,} parameters; engine: {typ
 # %%
 items = S.sample_prompts(cfg.tasks, cfg.prompts_per_step, seed=seed)
 display([(it.family, it.question, it.answer) for it in items[:4]])
-print("the exact prompt the model sees:", repr(TASKS[items[0].family].format_prompt(items[0], "plain")))
+print("the exact prompt the model sees:", repr(TASKS[items[0].family].format_prompt(items[0], spec.template)))
 
 # %% [markdown]
 # ## 2 · Rollout: N samples per prompt
@@ -85,7 +87,7 @@ print("the exact prompt the model sees:", repr(TASKS[items[0].family].format_pro
 # %%
 sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                            seed=seed)
-batch = S.rollout(engine, items, n=cfg.rollouts_per_prompt, sampling=sampling, template="plain")
+batch = S.rollout(engine, items, n=cfg.rollouts_per_prompt, sampling=sampling, template=spec.template)
 batch
 
 # %% [markdown]
@@ -94,7 +96,7 @@ batch
 # Each family's verifier turns a response into a `reward` and a binary `correct`.
 
 # %%
-batch = S.score(batch)
+batch = S.score(batch, template=spec.template)
 batch.to_pandas()[["prompt_index", "response", "reward", "correct"]].head(8)
 
 # %% [markdown]
@@ -110,7 +112,8 @@ for extra in range(1, 5):
     if kept.num_prompts:
         break
     more = S.score(S.rollout(engine, S.sample_prompts(cfg.tasks, cfg.prompts_per_step, seed=seed + extra),
-                             n=cfg.rollouts_per_prompt, sampling=sampling, template="plain"))
+                             n=cfg.rollouts_per_prompt, sampling=sampling, template=spec.template),
+                   template=spec.template)
     kept, stats = S.filter_groups(more)
 assert kept.num_prompts, "no informative group: raise rollouts_per_prompt or prompts_per_step"
 print(f"pass rate {stats.pass_rate:.0%}: kept {stats.kept_groups} of {stats.generated_groups} groups")
@@ -129,9 +132,11 @@ kept.grouped(adv).numpy().round(2)
 # %% [markdown]
 # ## 6 · Update
 #
-# `update` recomputes the behaviour log-probs, splits the groups into `optimizer_steps_per_step` mini-batches and
-# takes one AdamW step per mini-batch on PPO-clip (ε_low 0.2, ε_high 0.28) plus β·KL to the reference. The
-# `UpdateReport` carries the averaged loss, KL, entropy, clipped shares and gradient norm.
+# `update` splits the groups into `optimizer_steps_per_step` mini-batches and takes one AdamW step per mini-batch
+# on PPO-clip (ε_low 0.2, ε_high 0.28) plus β·KL to the reference. The behaviour log-probs it clips against are
+# recomputed first, except on-policy (one mini-batch, no importance correction: here), where they equal the
+# current ones and `update` uses `logp.detach()`. The `UpdateReport` carries the averaged loss, KL, entropy,
+# clipped shares and gradient norm.
 
 # %%
 report = S.update(policy, optimizer, kept, adv, cfg=cfg, reference=reference)

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from brorl_lab.rl import algo
 
-from brorl_lab.core import registry
 from brorl_lab.rl.algo import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, aggregate, compute_advantages,
                             entropy_from_logits, kl_penalty, loss_normalisers, merge_metrics, pass_at_k,
                             pass_at_k_array, truncated_is_weights)
@@ -66,29 +65,35 @@ def hand_ppo_token(r, a, eps_low, eps_high):
 
 
 # ---- registries and config -------------------------------------------------------------------------------------
-def test_registries_hold_the_names_config_expects():
+def test_registries_are_the_names_a_config_may_use():
+    """Config keeps no copy of these lists: rl.spec.check reads the registries, so every registered name passes
+    and a name outside them is one ConfigError naming the field."""
+    from brorl_lab.rl.spec import check
+
     assert ADVANTAGES.names() == ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"]
     assert POLICY_LOSSES.names() == ["ppo_clip", "pg"]
-    assert registry.names_of("advantage") == ADVANTAGES.names() and registry.registry_of("advantage") is ADVANTAGES
-    assert registry.names_of("policy_loss") == POLICY_LOSSES.names()
     assert all(getattr(ADVANTAGES.get(name), "needs_group", True) is True for name in ADVANTAGES)
-    import brorl_lab.core.config as config
-
-    assert tuple(KL_ESTIMATORS.names()) == config.KL_ESTIMATORS
-    assert tuple(LOSS_AGGREGATIONS.names()) == config.LOSS_AGGREGATIONS
+    for field, registry_ in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
+                             ("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGGREGATIONS)):
+        for name in registry_.names():
+            check(Config(**{field: name}))
+        with pytest.raises(ConfigError, match=f"'{field}'.*allowed: {', '.join(registry_.names())}"):
+            check(Config(**{field: "nope"}))
 
 
 def test_config_validates_algo_names_against_the_registries():
+    from brorl_lab.rl.spec import check
+
     for name in ADVANTAGES:
-        assert Config(advantage=name).advantage == name
+        assert check(Config(advantage=name)).advantage == name
     for name in POLICY_LOSSES:
-        assert Config(policy_loss=name).policy_loss == name
+        assert check(Config(policy_loss=name)).policy_loss == name
     with pytest.raises(ConfigError, match="'grpoo'.*did you mean 'grpo'"):
-        Config(advantage="grpoo")
+        check(Config(advantage="grpoo"))
     with pytest.raises(ConfigError, match="policy_loss"):
-        Config(policy_loss="ppo")
+        check(Config(policy_loss="ppo"))
     with pytest.raises(ConfigError, match="rollouts_per_prompt.*>= 2.*rloo"):
-        Config(advantage="rloo", rollouts_per_prompt=1)
+        check(Config(advantage="rloo", rollouts_per_prompt=1))
 
 
 # ---- advantages --------------------------------------------------------------------------------------------------

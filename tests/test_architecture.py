@@ -1,13 +1,18 @@
 """The layer contract of docs/ARCHITECTURE.md, checked over the real import graph of brorl_lab/.
 
 core -> {theory, rollout} -> rl -> lab -> study -> cli: a module imports its own layer or a layer below, never above, never
-the sibling layer; module-level imports have no cycle. The checker is itself tested on an injected upward import.
+the sibling layer; module-level imports have no cycle. Every import counts, wherever it is written: at module level,
+inside a function (a lazy import is still a dependency), and as an import string (``"brorl_lab.rl.algo:ADVANTAGES"``
+handed to importlib or a registry), which is how a lower layer could otherwise reach up unseen. The checker is itself
+tested on injected upward imports of each kind.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,12 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "brorl_lab"
 RANK = {"core": 0, "theory": 1, "rollout": 1, "rl": 2, "lab": 3, "study": 4, "cli": 5}
 ROOT = "brorl_lab"  # the composition root (brorl_lab/__init__.py): above every layer, imports lazily
+IMPORT_STRING = re.compile(r"^(brorl_lab(?:\.\w+)+)(?::\w+)?$")  # "brorl_lab.rl.algo" or "brorl_lab.rl.algo:ADVANTAGES"
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or path.is_dir()
 
 
 def module_name(path: Path) -> str:
@@ -29,7 +40,8 @@ def layer_of(module: str) -> str:
 
 
 def imports_of(module: str, source: str, is_package: bool) -> list[tuple[str, int, bool]]:
-    """``(imported module, line, at module level)`` for every brorl_lab import in ``source``."""
+    """``(imported module, line, at module level)`` for every brorl_lab import in ``source``: import statements at
+    any depth, and string constants naming a brorl_lab module (import strings; never module level)."""
     tree = ast.parse(source)
     top = {id(n) for n in tree.body}
     for n in tree.body:  # `if TYPE_CHECKING:` / try blocks at module level still run at import
@@ -47,9 +59,12 @@ def imports_of(module: str, source: str, is_package: bool) -> list[tuple[str, in
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             # `from pkg import sub` imports the submodule when one exists
-            names = [f"{base}.{a.name}" if (PACKAGE.parent / (f"{base}.{a.name}".replace(".", "/") + ".py")).exists()
-                     or (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).is_dir() else base
-                     for a in node.names]
+            names = [f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and IMPORT_STRING.match(node.value):
+            module = IMPORT_STRING.match(node.value).group(1)
+            if is_module(module):
+                out.append((module, node.lineno, False))
+            continue
         else:
             continue
         out += [(n, node.lineno, id(node) in top) for n in names if n == ROOT or n.startswith(ROOT + ".")]
@@ -106,6 +121,12 @@ def test_no_import_runs_upward_or_in_a_circle():
 
 @pytest.mark.parametrize("module, source, needle", [
     ("brorl_lab.core.config", "def f():\n    from brorl_lab.rl import algo\n", "layer 'core' may not import layer 'rl'"),
+    ("brorl_lab.core.config", "class C:\n    def f(self):\n        import brorl_lab.rollout.tasks\n",
+     "layer 'core' may not import layer 'rollout'"),
+    ("brorl_lab.core.registry", "KINDS = {'advantage': 'brorl_lab.rl.algo:ADVANTAGES'}\n",
+     "layer 'core' may not import layer 'rl'"),
+    ("brorl_lab.core.config", "import importlib\ndef f():\n    importlib.import_module('brorl_lab.rl.trackers')\n",
+     "layer 'core' may not import layer 'rl'"),
     ("brorl_lab.rollout.rewards", "from brorl_lab.theory import softmax\n", "layer 'rollout' may not import layer 'theory'"),
     ("brorl_lab.rl.steps", "from ..lab import plots\n", "layer 'rl' may not import layer 'lab'"),
     ("brorl_lab.lab.plots", "def f():\n    from brorl_lab.study import mechanism\n", "layer 'lab' may not import layer 'study'"),
@@ -122,6 +143,17 @@ def test_the_checker_catches_a_cycle():
     graph["brorl_lab.core.batch"] = graph["brorl_lab.core.batch"] + [("brorl_lab.core.config", 1, True)]
     graph["brorl_lab.core.config"] = graph["brorl_lab.core.config"] + [("brorl_lab.core.batch", 1, True)]
     assert any(v.startswith("import cycle") for v in violations(graph))
+
+
+def test_importing_and_building_a_config_imports_no_torch():
+    """Config is plain data: importing it and building one (with user-named tasks and a bad registry name, which
+    only rl.spec.resolve looks up) loads nothing above core, and so no torch."""
+    code = ("import sys; from brorl_lab.core.config import Config; "
+            "Config(tasks=['rg:basic_arithmetic'], engine='no_such_engine', report_to=['x']); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('brorl_lab.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert eval(out) == ["brorl_lab.core", "brorl_lab.core.config", "brorl_lab.core.trl_names",
+                         "brorl_lab.core.validation"]
 
 
 MACHINE_PATHS = ("/work/", "/root/", "/home/", "/Users/", "/tmp/bash_jobs")

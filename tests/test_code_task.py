@@ -7,7 +7,6 @@ from dataclasses import asdict
 
 import pytest
 
-from brorl_lab.core.registry import names_of
 from brorl_lab.rollout.sandbox import UnitTest, run_untrusted
 from brorl_lab.rollout.tasks import TASKS, RewardResult, TaskItem
 from brorl_lab.rollout.tasks import code as C
@@ -39,7 +38,7 @@ def one_item_per_spec() -> list[TaskItem]:
 
 
 def test_family_is_registered_with_unique_spec_names():
-    assert "code" in names_of("task") and TASKS.get("code") is FAM
+    assert "code" in TASKS.names() and TASKS.get("code") is FAM
     assert 30 <= len(C.SPECS) <= 60 and len({s.name for s in C.SPECS}) == len(C.SPECS)
 
 

@@ -92,8 +92,10 @@ def test_a_run_dir_without_policy_fails_naming_export(tmp_path):
     from brorl_lab.core.models import resolve_model
 
     (tmp_path / "old" / "checkpoint").mkdir(parents=True)
+    from brorl_lab.rl.spec import check
+
     with pytest.raises(ConfigError, match="config field 'model'.*run directory with policy/"):
-        Config(model=str(tmp_path / "old"))
+        check(Config(model=str(tmp_path / "old")))
     with pytest.raises(ValueError, match="without policy/.*brorl_lab export"):
         resolve_model(str(tmp_path / "old"))
 
@@ -216,8 +218,10 @@ def test_tensorboard_command_converts_existing_runs(run, tmp_path, capsys):
 
 
 def test_report_to_names_are_checked_before_anything_runs():
+    from brorl_lab.rl.spec import check
+
     with pytest.raises(ConfigError, match="config field 'report_to': got 'tensorbord'.*did you mean 'tensorboard'"):
-        Config(report_to=["tensorbord"])
+        check(Config(report_to=["tensorbord"]))
     with pytest.raises(ConfigError, match="config field 'report_to'.*distinct"):
         Config(report_to=["wandb", "wandb"])
     assert cli.config_from_args(cli.build_parser().parse_args(["train", "--report-to", "tensorboard"])).report_to == [

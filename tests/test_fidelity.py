@@ -204,8 +204,10 @@ def test_is_correction_knobs_are_validated_and_old_tis_cap_configs_still_load():
     cfg = Config(is_correction="icepop_mask")
     assert (cfg.icepop_low, cfg.icepop_high) == (0.5, 5.0) and not S.is_on_policy(cfg)
     assert S.is_on_policy(Config())
+    from brorl_lab.rl.spec import check
+
     with pytest.raises(ConfigError, match="config field 'is_correction': got 'ice_pop'"):
-        Config(is_correction="ice_pop")
+        check(Config(is_correction="ice_pop"))  # a name of rl.algo.IS_CORRECTIONS: checked at the rl boundary
     with pytest.raises(ConfigError, match=r"config field 'icepop_low': got 2.0; allowed: a float in \(0, 1\]"):
         Config(icepop_low=2.0)
     with pytest.raises(ConfigError, match="config field 'is_cap'"):

@@ -116,6 +116,13 @@ def test_prompt_pass_rates_on_the_real_model_are_consistent(tmp_path):
     assert rates["signal_small"].between(0, 1).all() and ((rates["signal_small"] * 8) % 1 == 0).all()  # 8 groups of 4
     again = M.prompt_pass_rates(policy, tok, items, cfg, n_draws=32, n_small=4, chunk_prompts=3)
     pd.testing.assert_frame_equal(rates, again)  # seeded: the same draws
+    # a default Config (template='auto') goes through rl.spec.resolve: the default tokenizer has no chat
+    # template, so 'auto' is 'plain' and the draws are the ones template='plain' gives
+    auto = M.prompt_pass_rates(policy, tok, items[:2], Config(max_new_tokens=6), n_draws=8, n_small=4)
+    plain = M.prompt_pass_rates(policy, tok, items[:2], Config(max_new_tokens=6, template="plain"), n_draws=8,
+                                n_small=4)
+    assert Config().template == "auto" and len(auto) == 2
+    pd.testing.assert_frame_equal(auto, plain)
     with pytest.raises(ValueError, match="n_small"):
         M.prompt_pass_rates(policy, tok, items, cfg, n_draws=32, n_small=5)
     default = Config(tasks=cfg.tasks)  # template='auto' is resolved as the Trainer does, not an error

@@ -13,7 +13,8 @@ import pytest
 from brorl_lab import cli
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.paths import DATA_DIR
-from brorl_lab.rollout.tasks import TASKS, configure_tasks, eval_path, eval_set, sample_items
+from brorl_lab.rl.spec import resolve
+from brorl_lab.rollout.tasks import TASKS, build_tasks, eval_path, eval_set, sample_items
 from brorl_lab.rollout.tasks.gym import split_of
 from brorl_lab.rollout.tasks.user import USER_EVAL_SIZE, held_out
 
@@ -41,14 +42,15 @@ def write_sums(path: Path, n: int = 81, *, q: str = "question", a: str = "answer
 
 # ---- rg:<dataset> -----------------------------------------------------------------------------------------------------
 def test_an_rg_dataset_by_name_samples_with_its_config_and_scores_with_score_answer():
-    configure_tasks([RG], {RG: EASY})
-    items = sample_items([RG], 20, seed=3)
-    assert items == sample_items([RG], 20, seed=3) and items != sample_items([RG], 20, seed=4)
+    own = build_tasks([RG], {RG: EASY})
+    items = sample_items([RG], 20, seed=3, task_families=own)
+    assert items == sample_items([RG], 20, seed=3, task_families=own)
+    assert items != sample_items([RG], 20, seed=4, task_families=own)
     assert all(i.family == RG and split_of(i.question) == "train" for i in items)
     for it in items:  # the config reached the generator: sums of two small numbers only
         a, b = it.question.removeprefix("Calculate ").rstrip(".").split(" + ")
         assert abs(int(a)) < 100 and abs(int(b)) < 100 and int(it.answer) == int(a) + int(b)
-    fam, it = TASKS[RG], items[0]
+    fam, it = own[RG], items[0]
     right = fam.score(f"<answer>{it.answer}</answer>", it, "chat")
     partial = fam.score(f"<answer>{it.answer} apples</answer>", it, "chat")  # score_answer's partial credit
     wrong = fam.score(f"<answer>{int(it.answer) + 1}</answer>", it, "chat")
@@ -58,21 +60,22 @@ def test_an_rg_dataset_by_name_samples_with_its_config_and_scores_with_score_ans
 
 
 def test_an_rg_eval_set_is_built_once_into_the_cache_and_disjoint_from_training(cache):
-    configure_tasks([RG], {RG: EASY})
-    path = eval_path(RG)
+    own = build_tasks([RG], {RG: EASY})
+    path = eval_path(RG, own)
     assert path.is_file() and cache in path.parents and DATA_DIR not in path.parents
-    items = eval_set(RG)
+    items = eval_set(RG, task_families=own)
     questions = [i.question for i in items]
     assert 1 <= len(items) <= USER_EVAL_SIZE and len(set(questions)) == len(questions)
     assert all(split_of(q) == "eval" for q in questions)
-    train = {i.question for s in range(5) for i in sample_items([RG], 200, seed=s)}
+    train = {i.question for s in range(5) for i in sample_items([RG], 200, seed=s, task_families=own)}
     assert not train & set(questions)
     stamp = path.stat().st_mtime_ns
-    assert eval_path(RG) == path and path.stat().st_mtime_ns == stamp  # frozen: not rebuilt
-    # another config is another eval set (its own cache key), and is what the name now means
-    configure_tasks([RG], {RG: {**EASY, "operators": ["-"]}})
-    other = eval_path(RG)
-    assert other != path and all(" - " in i.question for i in eval_set(RG, limit=10))
+    assert eval_path(RG, own) == path and path.stat().st_mtime_ns == stamp  # frozen: not rebuilt
+    # another config is another eval set (its own cache key); the first config's families still mean theirs
+    minus = build_tasks([RG], {RG: {**EASY, "operators": ["-"]}})
+    other = eval_path(RG, minus)
+    assert other != path and all(" - " in i.question for i in eval_set(RG, limit=10, task_families=minus))
+    assert eval_path(RG, own) == path
     # a stream with no held-out question is one clear error, not an empty eval set
     tiny = TASKS.build(RG, EASY)
     tiny.stream_len = 3
@@ -83,6 +86,7 @@ def test_an_rg_eval_set_is_built_once_into_the_cache_and_disjoint_from_training(
 def test_config_validates_rg_names_and_their_config_naming_the_field():
     cfg = Config(tasks=[RG], task_configs={RG: EASY}, eval_tasks=["gcd", RG])
     assert cfg.task_configs == {RG: EASY} and Config.from_dict(cfg.to_dict()) == cfg
+    assert list(resolve(cfg).families) == [RG, "gcd"]
     cases = [
         (dict(tasks=["rg:basic_arithmetik"]), "'tasks'", "did you mean 'basic_arithmetic'"),
         (dict(tasks=["nope:x"]), "'tasks'", "rg:<reasoning-gym dataset>"),
@@ -96,7 +100,7 @@ def test_config_validates_rg_names_and_their_config_naming_the_field():
     ]
     for kw, field, needle in cases:
         with pytest.raises(ConfigError) as e:
-            Config(**kw)
+            resolve(Config(**kw))  # the shape fails in Config, names and settings in resolve
         msg = str(e.value)
         assert field in msg and needle in msg and "allowed" in msg and len(msg.splitlines()) == 1, msg
 
@@ -106,15 +110,16 @@ def test_config_validates_rg_names_and_their_config_naming_the_field():
 def test_a_local_file_splits_deterministically_and_scores_with_math_verify(tmp_path, suffix):
     path = write_sums(tmp_path / f"sums{suffix}", q="problem", a="solution")
     name = f"local:{path}"
-    configure_tasks([name], {name: {"question_column": "problem", "answer_column": "solution"}})
-    fam = TASKS[name]
-    ev = eval_set(name)
-    train = {i.question for s in range(3) for i in sample_items([name], 100, seed=s)}
+    own = build_tasks([name], {name: {"question_column": "problem", "answer_column": "solution"}})
+    fam = own[name]
+    ev = eval_set(name, task_families=own)
+    train = {i.question for s in range(3) for i in sample_items([name], 100, seed=s, task_families=own)}
     assert ev and train and not train & {i.question for i in ev}
     assert len(ev) + len(train) == 81  # every row on exactly one side (the train draws cycle through all)
     assert all(held_out(i.question, 0.125) for i in ev) and not any(held_out(q, 0.125) for q in train)
-    a = sample_items([name], 30, seed=1)
-    assert a == sample_items([name], 30, seed=1) and a != sample_items([name], 30, seed=2)
+    a = sample_items([name], 30, seed=1, task_families=own)
+    assert a == sample_items([name], 30, seed=1, task_families=own)
+    assert a != sample_items([name], 30, seed=2, task_families=own)
     it = a[0]
     assert it.uid.startswith(f"{name}:")
     right, wrong = it.answer, str(int(it.answer) + 1)
@@ -131,15 +136,36 @@ def test_local_split_ignores_row_order_and_honours_eval_fraction_and_answer_afte
     b = tmp_path / "b.jsonl"
     b.write_text("\n".join(reversed(lines)) + "\n")
     conf = {"answer_after": "####", "eval_fraction": 0.5}
-    configure_tasks([f"local:{a}", f"local:{b}"], {f"local:{a}": conf, f"local:{b}": conf})
-    ev_a = {(i.question, i.answer) for i in eval_set(f"local:{a}")}
-    ev_b = {(i.question, i.answer) for i in eval_set(f"local:{b}")}
+    own = build_tasks([f"local:{a}", f"local:{b}"], {f"local:{a}": conf, f"local:{b}": conf})
+    ev_a = {(i.question, i.answer) for i in eval_set(f"local:{a}", task_families=own)}
+    ev_b = {(i.question, i.answer) for i in eval_set(f"local:{b}", task_families=own)}
     assert ev_a == ev_b and 20 < len(ev_a) < 61  # about half of 81, whatever the row order
     assert all(ans.isdigit() for _, ans in ev_a)  # the reference is what follows '####'
-    # the file edited since: the next configure reads it again
+    # the file edited since: the next resolve reads it again
     b.write_text("\n".join(lines[:40]) + "\n")
-    Config(tasks=[f"local:{b}"], task_configs={f"local:{b}": conf})
-    assert sum(len(rows) for rows in TASKS[f"local:{b}"].splits.values()) == 40
+    spec = resolve(Config(tasks=[f"local:{b}"], task_configs={f"local:{b}": conf}))
+    assert sum(len(rows) for rows in spec.families[f"local:{b}"].splits.values()) == 40
+
+
+def test_two_configs_of_one_local_file_each_sample_their_own(tmp_path):
+    """Building or resolving a Config writes no global state: a second Config with other task_configs for the
+    same local: file changes nothing the first one's run samples (it used to: the last configuration won)."""
+    name = f"local:{write_sums(tmp_path / 'qa.jsonl')}"
+    first = Config(tasks=[name], task_configs={name: {"eval_fraction": 0.125}})
+    before = resolve(first)
+    items = sample_items([name], 40, seed=0, task_families=before.families)
+    second = Config(tasks=[name], task_configs={name: {"eval_fraction": 0.75}})
+    other = resolve(second)
+    assert other.families[name] is not before.families[name]
+    assert sample_items([name], 40, seed=0, task_families=before.families) == items  # the first keeps its own
+    assert sample_items([name], 40, seed=0, task_families=resolve(first).families) == items
+    # ... and each samples its own split: a quarter of the rows train for the second, seven eighths for the first
+    train_first = {i.question for s in range(4) for i in sample_items([name], 100, seed=s,
+                                                                      task_families=before.families)}
+    train_second = {i.question for s in range(4) for i in sample_items([name], 100, seed=s,
+                                                                       task_families=other.families)}
+    assert train_second < train_first and len(train_second) < len(train_first) / 2
+    assert name not in TASKS  # nothing was registered globally
 
 
 def test_local_files_fail_with_the_field_and_what_is_allowed(tmp_path):
@@ -163,7 +189,7 @@ def test_local_files_fail_with_the_field_and_what_is_allowed(tmp_path):
     ]
     for kw, field, needle in cases:
         with pytest.raises(ConfigError) as e:
-            Config(**kw)
+            resolve(Config(**kw))
         msg = str(e.value)
         assert field in msg and needle in msg and "allowed" in msg and len(msg.splitlines()) == 1, msg
 
@@ -176,16 +202,16 @@ def test_training_on_an_rg_dataset_and_a_local_file_with_the_default_model(tmp_p
     cfg = Config(tasks=[RG, local], task_configs={RG: EASY}, rollouts_per_prompt=4, prompts_per_step=2,
                  max_new_tokens=6, steps=2, eval_every=2, eval_prompts=8, eval_samples=2, eval_k=[1],
                  dynamic_sampling=False, run_dir=str(tmp_path / "runs"), torch_threads=1, seed=0)
-    Config(tasks=[RG], task_configs={RG: {"operators": ["*"]}})  # another config of the name: the run keeps its own
+    resolve(Config(tasks=[RG], task_configs={RG: {"operators": ["*"]}}))  # another config of the name: changes nothing
     with Trainer(cfg, progress=False) as t:
         df = t.run()
+        assert all(" + " in i.question for i in t.spec.families[RG].sample(8, seed=0))  # the run's own config
     assert t.run_dir.path.parent == tmp_path / "runs" and t.run_dir.path.name.startswith(f"{RG}-local-sums_")
     assert df["step"].max() == 2
     ev = df.dropna(subset=[f"eval/{RG}/pass@1"])
     assert len(ev) == 2 and f"eval/{local}/pass@1" in df.columns
     # the default model knows one-digit sums in chain_sum's wording: math-verify scores some right
     assert ev[f"eval/{local}/pass@1"].max() > 0
-    assert all(" + " in i.question for i in TASKS[RG].sample(8, seed=0))  # the trainer re-applied its config
 
 
 def test_cli_eval_takes_user_tasks_and_their_configs(tmp_path, capsys):

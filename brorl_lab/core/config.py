@@ -9,6 +9,12 @@ each mini-batch into micro-batches of at most ``train_micro_batch_tokens`` token
     cfg = Config.from_dict({"rollouts_per_prompt": 512})        # unknown keys rejected with a suggestion
 
 Bad values raise :class:`ConfigError` (a ``ValueError``) naming the field, the value and what is allowed.
+
+A Config is plain data: building one checks types and ranges only, imports nothing above core (no torch) and
+changes no global state. Names that live in registries next to their implementations (engine, advantage,
+policy_loss, loss_agg, kl_estimator, is_correction, template, tasks, report_to), the task_configs of user-named
+tasks and the model path are checked where the run is resolved, at the rl boundary: ``brorl_lab.rl.spec.resolve``
+(what the Trainer, the CLI and the study call before any model loads).
 """
 
 from __future__ import annotations
@@ -17,15 +23,12 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Optional
 
-from brorl_lab.core.registry import names_of, registry_of
-from brorl_lab.core.validation import did_you_mean, is_int, is_number
+from brorl_lab.core.trl_names import config_kwargs_from_trl
+from brorl_lab.core.validation import ConfigError, did_you_mean, is_int, is_number
 
-
-class ConfigError(ValueError):
-    """A config field has a value outside what is allowed. The message names field, value and the allowed set."""
+__all__ = ["Config", "ConfigError", "knob", "scaled_lr", "LR_SCALINGS", "LOGPROB_LAYOUTS"]
 
 
 def knob(default: Any, help: str, **kw) -> Any:
@@ -35,13 +38,9 @@ def knob(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
 
-# The registries' names are checked here so a bad config fails before any model is loaded. The sets themselves
-# live next to their implementations (rollout.tasks.TASKS, rl.algo.ADVANTAGES, ...) and are found by kind through
-# core.registry.registry_of, so this module imports nothing above core.
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+# Choices this module owns. Names kept in registries (rl.algo.LOSS_AGGREGATIONS, rollout.tasks.TASKS, ...) are
+# checked against those registries by brorl_lab.rl.spec.check, never copied here.
 KL_PLACEMENTS = ("loss", "reward")
-IS_CORRECTIONS = ("none", "truncate", "icepop_mask")
 LR_SCALINGS = ("none", "sqrt_samples", "sqrt_prompts")
 REWARDS = ("correct", "score")  # which field of a task's RewardResult the policy is trained on
 DEVICES = ("auto", "cpu", "cuda")
@@ -213,8 +212,6 @@ class Config:
         names (``tasks``, ``model``: TRL takes those elsewhere). A GRPOConfig field that changes the algorithm and
         has no equivalent here, set away from TRL's default, is one ConfigError naming every such field (not a
         warning: a run that silently trains something else is worse than a refusal)."""
-        from brorl_lab.core.trl_names import config_kwargs_from_trl
-
         return cls.from_dict({**config_kwargs_from_trl(grpo_config), **overrides})
 
     def to_dict(self) -> dict:
@@ -298,81 +295,45 @@ class Config:
         _require("eval_at_steps", all(is_int(k) and k >= 1 for k in self.eval_at_steps), "a list of integers >= 1")
         _require("optimizer_steps_per_step", self.prompts_per_step % self.optimizer_steps_per_step == 0,
                  f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
-        _choice("loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
-        _choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
-        _choice("is_correction", self.is_correction, IS_CORRECTIONS)
         _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         _choice("reward", self.reward, REWARDS)
         _require("reset_every_samples", not (self.reset_every and self.reset_every_samples),
                  f"0 when reset_every={self.reset_every} is set (one reset schedule: steps or samples)")
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
-        _choice("template", self.template, ("auto", "plain", "chat"))
         _choice("logprob_layout", self.logprob_layout, LOGPROB_LAYOUTS)
         _require("model", bool(self.model.strip()), "'default', a local HF model directory or a hub id")
         _require("run_dir", bool(self.run_dir.strip()), "a non-empty directory path")
         _require("run_name", self.run_name is None or (self.run_name.strip() not in ("", ".", "..")
                                                        and "/" not in self.run_name and "\\" not in self.run_name),
                  "None or one directory name (no '/', not '.' or '..'), created under run_dir")
-        self._validate_registries()
+        self._validate_lists()
 
-    def _validate_registries(self) -> None:
-        """Names that live in registries next to their implementations (imported lazily, see module note)."""
-        _require = self._require
-        engines = names_of("engine")
-        _choice("engine", self.engine, engines)
-        _choice("ray_worker_engine", self.ray_worker_engine, [e for e in engines if e != "ray"])
-        _choice("advantage", self.advantage, names_of("advantage"))
-        _choice("policy_loss", self.policy_loss, names_of("policy_loss"))
-        if getattr(registry_of("advantage").get(self.advantage), "needs_group", True):
-            _require("rollouts_per_prompt", self.rollouts_per_prompt >= 2,
-                     f"an integer >= 2 for the group estimator advantage='{self.advantage}'")
-        trackers = names_of("tracker")
-        _require("report_to", all(isinstance(t, str) for t in self.report_to), f"a list of {', '.join(trackers)}")
-        for t in self.report_to:
-            _choice("report_to", t, trackers)
-        _require("report_to", len(set(self.report_to)) == len(self.report_to), "a list of distinct tracker names")
-        self._validate_tasks()
-        if self.model != "default" and (self.model.startswith((".", "/", "~")) or Path(self.model).exists()):
-            from brorl_lab.core.rundir import hf_model_dir
-
-            _require("model", hf_model_dir(self.model) is not None,
-                     "an existing HF model directory (with config.json), a run directory with policy/, 'default' "
-                     "or a hub id")
-
-    def _validate_tasks(self) -> None:
-        """Task names, then task_configs. A user-named task (``rg:``/``local:``) is built here with its config and
-        becomes what the task registry returns for that name, so a bad dataset kwarg, a missing file or column
-        fails now, before any model loads."""
-        registry = registry_of("task")
-        known = registry.names()
+    def _validate_lists(self) -> None:
+        """The shape of the list fields: names are strings, each once; task_configs only for user-named tasks
+        (``rg:``/``local:``) of tasks/eval_tasks. Whether the names exist is brorl_lab.rl.spec.check's question."""
         for name, value in (("tasks", self.tasks), ("eval_tasks", self.eval_tasks)):
             if value is None and name == "eval_tasks":
                 continue
             self._require(name, len(value) >= 1 and all(isinstance(t, str) for t in value),
                           "a non-empty list of task names")
-            for t in value:
-                if ":" in t:
-                    try:
-                        registry.check_name(t)
-                    except ValueError as e:
-                        raise ConfigError(f"config field '{name}': {e}") from None  # e names the value
-                elif t not in known:
-                    raise ConfigError(f"config field '{name}': got {t!r}{did_you_mean(t, known)}; "
-                                      f"allowed: {registry.allowed()}")
             self._require(name, len(set(value)) == len(value), "a list of distinct task names")
-        named = list(dict.fromkeys([*self.tasks, *(self.eval_tasks or [])]))
-        user = [t for t in named if ":" in t]
+        self._require("report_to", all(isinstance(t, str) for t in self.report_to), "a list of tracker names")
+        self._require("report_to", len(set(self.report_to)) == len(self.report_to), "a list of distinct tracker names")
+        user = self.user_tasks()
         allowed = (f"a dict from user-named tasks of tasks/eval_tasks ({', '.join(user) or 'none here'}) to dicts of "
                    "settings (built-in families take none)")
         for t, conf in self.task_configs.items():
             self._require("task_configs", t in user and isinstance(conf, dict), allowed)
-        for t in user:
-            try:
-                registry.configure(t, self.task_configs.get(t))
-            except ValueError as e:
-                raise ConfigError(f"config field 'task_configs': got {self.task_configs!r}; {e}") from None
+
+    def task_names(self) -> list[str]:
+        """Every task this config names, training tasks first, each once."""
+        return list(dict.fromkeys([*self.tasks, *(self.eval_tasks or [])]))
+
+    def user_tasks(self) -> list[str]:
+        """The user-named tasks (``rg:<dataset>``, ``local:<file>``) of tasks and eval_tasks."""
+        return [t for t in self.task_names() if ":" in t]
 
 
 def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: str = "sqrt_samples", *,
@@ -433,3 +394,8 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
     if not ok:
         raise ConfigError(f"config field '{name}': got {value!r} of type {type(value).__name__}; "
                           f"allowed: a value of type {getattr(want, '__name__', want)}")
+
+
+# brorl_lab.rl.spec checks the registry names with these, so its errors read exactly like Config's own.
+require_field = _require
+check_choice = _choice

@@ -1,15 +1,15 @@
 """String-keyed registries (verl style): a sweep varies names, not code.
 
 ``Registry`` maps a name to an implementation; looking up a wrong name raises one ``ValueError`` that names the
-registry, the value and the nearest valid name. ``registry_of(kind)`` finds the registry of a kind declared
-by the package root, so :mod:`brorl_lab.core.config` validates names without importing the layers above it
-(engines are registered as import strings, so naming the vllm engine never imports vllm).
+registry, the value and the nearest valid name. The registries live next to their implementations
+(``rollout.tasks.TASKS``, ``rollout.engines.ENGINES``, ``rl.algo.ADVANTAGES``, ...); a Config's names are checked
+against them at the rl boundary (:func:`brorl_lab.rl.spec.check`), never by :mod:`brorl_lab.core.config`, which
+imports nothing above core. Engines are registered as import strings, so naming the vllm engine never imports vllm.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import dataclass
 from typing import Any, Optional
 from collections.abc import Callable, Iterator
@@ -36,15 +36,16 @@ class Registry:
 
     Besides registered names, a registry may accept prefixed names built on demand (:meth:`add_prefix`): an open
     set (any of reasoning-gym's datasets, any local file) cannot be registered up front. :meth:`names` lists the
-    registered names only; :meth:`get` builds a prefixed name with an empty config on first use, and
-    :meth:`configure` rebuilds it with a config (the latest configuration of a name is the one used).
+    registered names only; :meth:`get` builds a prefixed name with its default (empty) config on first use and keeps
+    it; :meth:`build` returns a fresh object for a config and keeps nothing, so configuring a name never changes
+    what another caller gets (a run owns the families it built: ``brorl_lab.rl.spec.resolve``).
     """
 
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, Any] = {}
         self._prefixes: dict[str, Prefix] = {}
-        self._built: dict[str, tuple[dict, Any]] = {}  # prefixed name -> (config, object)
+        self._built: dict[str, Any] = {}  # prefixed name -> object built with the default (empty) config
 
     def register(self, name: str, obj: Any = None) -> Callable:
         def add(o):
@@ -98,30 +99,21 @@ class Registry:
         prefix, spec = self._prefix_of(name)
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"{self.kind} {name!r}: config {config!r} is a {type(config).__name__}; allowed: a dict")
-        try:
-            return prefix.build(spec, dict(config or {}))
+        try:  # a deep copy: a notebook editing its dict later must not edit the built object's
+            return prefix.build(spec, copy.deepcopy(dict(config or {})))
         except ValueError as e:
             raise ValueError(f"{self.kind} {name!r}: {e}") from None
 
-    def configure(self, name: str, config: Optional[dict] = None) -> Any:
-        """Build ``name`` with ``config`` and make it what :meth:`get` returns (registered names: returned as is)."""
-        config = copy.deepcopy(dict(config or {}))  # a notebook editing its dict later must not edit this one
-        if name in self._items and not config:
-            return self._items[name]
-        cached = self._built.get(name)
-        if cached is not None and cached[0] == config and not getattr(cached[1], "is_stale", lambda: False)():
-            return cached[1]  # built objects may say their source changed (a local file edited since)
-        obj = self.build(name, config)
-        self._built[name] = (config, obj)
-        return obj
-
     def get(self, name: str) -> Any:
+        """A registered object, or a prefixed name built with its default config (kept, and rebuilt when the object
+        says its source changed: a local file edited since)."""
         if isinstance(name, str) and name in self._items:
             return self._items[name]
-        if isinstance(name, str) and name in self._built:
-            return self._built[name][1]
         if self._prefix_of(name) is not None:
-            return self.configure(name, {})
+            cached = self._built.get(name)
+            if cached is None or getattr(cached, "is_stale", lambda: False)():
+                cached = self._built[name] = self.build(name, {})
+            return cached
         raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._items)}; allowed: {self.allowed()}")
 
     __getitem__ = get
@@ -141,28 +133,3 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._items)})"
-
-
-# ---- registries by kind ----------------------------------------------------------------------------------------
-# Core validates names (Config.engine, Config.advantage, ...) whose registries live in the layers above it. Core
-# may not import upward, so the package root (brorl_lab/__init__.py, the composition root) declares where each kind
-# lives as an import string, the way entry points work; the owning module is imported on first lookup only.
-_PROVIDERS: dict[str, str] = {}
-
-
-def provide(kind: str, target: str) -> None:
-    """Declare that the registry of ``kind`` is ``target`` (``"package.module:ATTRIBUTE"``)."""
-    _PROVIDERS[kind] = target
-
-
-def registry_of(kind: str) -> Registry:
-    """The registry declared for ``kind`` (``'engine'``, ``'advantage'``, ``'policy_loss'``, ``'task'``,
-    ``'tracker'``)."""
-    if kind not in _PROVIDERS:
-        raise ValueError(f"registry kind: got {kind!r}; allowed: {', '.join(_PROVIDERS)}")
-    module, _, attr = _PROVIDERS[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def names_of(kind: str) -> list[str]:
-    return registry_of(kind).names()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brorl_lab.core.config import ConfigError
+from brorl_lab.core.validation import ConfigError
 
 #: TRL GRPOConfig field -> (our Config field, note). One row per line of the README table.
 TRL_FIELDS: dict[str, tuple[str, str]] = {

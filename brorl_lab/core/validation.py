@@ -12,6 +12,11 @@ from collections.abc import Iterable
 import numpy as np
 
 
+class ConfigError(ValueError):
+    """A config field has a value outside what is allowed. The message names field, value and the allowed set.
+    (Defined here, below :mod:`brorl_lab.core.config` and :mod:`brorl_lab.core.trl_names`, which both raise it.)"""
+
+
 def is_int(value: Any) -> bool:
     """An integer (Python or numpy), not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

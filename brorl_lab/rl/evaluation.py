@@ -11,7 +11,8 @@ pass@k is estimated per item from n samples with c correct as 1 - C(n-c, k) / C(
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import pandas as pd
 
@@ -19,7 +20,7 @@ from brorl_lab.rl.algo import pass_at_k
 from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rl.steps import rollout
-from brorl_lab.rollout.tasks import eval_set
+from brorl_lab.rollout.tasks import TaskFamily, eval_set
 from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int
 
@@ -43,12 +44,14 @@ class EvalResult:
 
 def evaluate(engine: RolloutEngine, families: Sequence[str], *, samples: int = 8, k: Sequence[int] = (1,),
              prompts: int = 64, sampling: RolloutSampling | None = None, template: str = "plain",
-             chunk_prompts: int = 64, progress: bool = True) -> EvalResult:
+             chunk_prompts: int = 64, progress: bool = True,
+             task_families: Optional[Mapping[str, TaskFamily]] = None) -> EvalResult:
     """Sample ``samples`` responses for the first ``prompts`` items of each family's frozen eval set and score them.
 
     Use the same ``sampling.seed`` to compare checkpoints on identical randomness. ``progress`` shows a bar over
     families x chunks with pass@1 so far (over every item scored yet, and the current family's), since with a real
-    model this is the longest silent stretch of a run.
+    model this is the longest silent stretch of a run. ``task_families``: the run's own families
+    (``RunSpec.families``), so a user-named task is evaluated on the eval set of the run's task_configs.
     """
     from tqdm.auto import tqdm
 
@@ -58,14 +61,15 @@ def evaluate(engine: RolloutEngine, families: Sequence[str], *, samples: int = 8
         raise ValueError(f"k: got {list(k)!r}; allowed: integers in [1, samples={samples}]")
     sampling = sampling or RolloutSampling(temperature=0.6, top_p=0.95)
     check_int("chunk_prompts", chunk_prompts, 1)
-    sets = {fam: eval_set(fam, limit=prompts) for fam in families}
+    sets = {fam: eval_set(fam, limit=prompts, task_families=task_families) for fam in families}
     chunks = [(fam, items[s:s + chunk_prompts]) for fam, items in sets.items() for s in range(0, len(items), chunk_prompts)]
     rows = []
     seen = {"all": [0, 0]}  # correct samples, samples: pass@1 so far is their ratio
     with tqdm(total=len(chunks), desc=f"eval {len(families)} families", unit="chunk", leave=False,
               disable=not progress) as bar:
         for fam, chunk in chunks:
-            batch = score(rollout(engine, chunk, n=samples, sampling=sampling, template=template), template=template)
+            batch = score(rollout(engine, chunk, n=samples, sampling=sampling, template=template,
+                                  task_families=task_families), template=template, task_families=task_families)
             correct = batch.grouped(batch.correct).sum(1).tolist()  # [P] correct samples per item
             reward = batch.grouped(batch.rewards).mean(1).tolist()
             for item, c, r in zip(chunk, correct, reward):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from typing import Optional
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -27,24 +27,29 @@ from brorl_lab.core.config import Config
 from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches, token_logprobs
 from brorl_lab.rollout.rewards import score
-from brorl_lab.rollout.tasks import TASKS, TaskItem, sample_items
+from brorl_lab.rollout.tasks import TaskFamily, TaskItem, family_of, sample_items
 
 __all__ = ["sample_prompts", "rollout", "score", "filter_groups", "kl_in_reward", "advantages", "update", "sync",
            "is_on_policy", "kl_in_loss", "UpdateReport", "NonFiniteError"]
 
 
-def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
-    """``count`` task items mixed uniformly over ``tasks``, deterministic in ``seed``.
+def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = "train",
+                   task_families: Optional[Mapping[str, TaskFamily]] = None) -> list[TaskItem]:
+    """``count`` task items mixed uniformly over ``tasks``, deterministic in ``seed``. ``task_families`` are a run's
+    own families (``RunSpec.families``: user-named tasks built with the run's task_configs); names it lacks come
+    from the registry.
 
     >>> items = sample_prompts(["chain_sum"], count=4, seed=0)
     >>> items[0].question
     """
-    return sample_items(list(tasks), count, seed=seed, split=split)
+    return sample_items(list(tasks), count, seed=seed, split=split, task_families=task_families)
 
 
 def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: Optional[RolloutSampling] = None,
-            *, template: str = "plain", tokenizer=None) -> RolloutBatch:
-    """N samples for each task item: formats each item's prompt with ``template`` and calls the engine.
+            *, template: str = "plain", tokenizer=None,
+            task_families: Optional[Mapping[str, TaskFamily]] = None) -> RolloutBatch:
+    """N samples for each task item: formats each item's prompt with ``template`` (by the item's family, from
+    ``task_families`` where it names it) and calls the engine.
 
     >>> engine = make_engine("torch", "default")
     >>> batch = rollout(engine, sample_prompts(["chain_sum"], 4, seed=0), n=16)
@@ -53,7 +58,7 @@ def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: 
     if not items:
         raise ValueError("items: got an empty list; allowed: a non-empty list of TaskItem (see sample_prompts)")
     tok = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
-    prompts = [TASKS[it.family].format_prompt(it, template, tok) for it in items]
+    prompts = [family_of(it.family, task_families).format_prompt(it, template, tok) for it in items]
     batch = engine.generate(prompts, n, sampling or RolloutSampling())
     batch.items = list(items)
     batch.meta["template"] = template

@@ -41,9 +41,9 @@ from brorl_lab.rollout.engines import make_engine
 from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rl.evaluation import evaluate
 from brorl_lab.rl.logprobs import compute_logprobs
+from brorl_lab.rl.spec import RunSpec, resolve
 from brorl_lab.rl.trackers import check_trackers
 from brorl_lab.core.seeding import derive_seed
-from brorl_lab.rollout.tasks.templates import resolve_template
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_dir, commit_dir, stage_dir
 
 CHECKPOINT_FILE = "state.pt"
@@ -62,16 +62,16 @@ class CheckpointError(RuntimeError):
         self.errno, self.kept = errno_, kept
 
 
-def _check_eval_sets(cfg: Config) -> None:
-    """Build the config's user-named tasks with its task_configs, then check every evaluated task has a frozen eval
-    set (user-named tasks build theirs into the cache here, on first use)."""
-    from brorl_lab.rollout.tasks import configure_tasks, eval_path
+def _check_eval_sets(spec: RunSpec) -> None:
+    """Check every evaluated task has a frozen eval set (the run's user-named tasks build theirs into the cache
+    here, on first use, for the run's task_configs)."""
+    from brorl_lab.rollout.tasks import eval_path
 
-    configure_tasks([*cfg.tasks, *(cfg.eval_tasks or [])], cfg.task_configs)
-    for t in (cfg.eval_tasks or cfg.tasks) if cfg.evaluates else ():
-        if not eval_path(t).is_file():
+    for t in spec.eval_tasks if spec.cfg.evaluates else ():
+        path = eval_path(t, spec.families)
+        if not path.is_file():
             raise ConfigError(f"config field 'eval_tasks' (default: tasks): task {t!r} has no frozen eval set "
-                              f"({eval_path(t)} missing); allowed: tasks with an eval set, eval_every=0, or "
+                              f"({path} missing); allowed: tasks with an eval set, eval_every=0, or "
                               f"generate it with `python -m brorl_lab make-data --families {t}`")
 
 
@@ -156,14 +156,12 @@ class Trainer:
                  run_dir: str | Path | None = None, progress: bool = True,
                  callbacks: Sequence[Callable[["Trainer", dict], None]] = (), overwrite: bool = False,
                  _resuming: bool = False):
-        if not isinstance(cfg, Config):
-            raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config")
         if not isinstance(overwrite, bool):
             raise ValueError(f"overwrite: got {overwrite!r}; allowed: True or False")
         from brorl_lab.core.models import load_policy, make_reference, pick_device
 
-        cfg.validate()  # again: a notebook may have edited fields since the Config was built
-        _check_eval_sets(cfg)  # fail before the model loads and before the run directory is touched
+        spec = resolve(cfg)  # names, tasks, model path: fail before the model loads and the run directory is touched
+        _check_eval_sets(spec)
         check_trackers(cfg.report_to)
         path = Path(run_dir) if run_dir is not None else Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
         if not (_resuming or overwrite) and RunDir.holds_run(path):
@@ -190,7 +188,8 @@ class Trainer:
         self.optimizer = self._make_optimizer()
         self.engine = engine if engine is not None else self._make_engine()
         self._own_engine = engine is None
-        self.template = resolve_template(cfg.template, cfg.model, tokenizer)
+        self.spec = spec.with_tokenizer(tokenizer)  # template 'auto' -> the tokenizer's
+        self.template = self.spec.template
         if overwrite and not _resuming:
             RunDir.clear_run(path)
         self.run_dir = RunDir(path)
@@ -239,11 +238,13 @@ class Trainer:
         rounds = 1 + (c.max_resample_rounds if c.dynamic_sampling else 0)
         for rnd in range(rounds):
             t0 = time.perf_counter()
-            items = S.sample_prompts(c.tasks, c.prompts_per_step, seed=derive_seed(c.seed, "prompts", step, rnd))
+            families = self.spec.families
+            items = S.sample_prompts(c.tasks, c.prompts_per_step, seed=derive_seed(c.seed, "prompts", step, rnd),
+                                     task_families=families)
             batch = S.rollout(self.engine, items, c.rollouts_per_prompt, self.sampling(step, rnd),
-                              template=self.template, tokenizer=self.tokenizer)
+                              template=self.template, tokenizer=self.tokenizer, task_families=families)
             t1 = time.perf_counter()
-            batch = S.score(batch, template=self.template, reward=c.reward)
+            batch = S.score(batch, template=self.template, reward=c.reward, task_families=families)
             t2 = time.perf_counter()
             seen.append(batch)
             gen_s += batch.meta.get("generation_seconds", t1 - t0)
@@ -371,7 +372,8 @@ class Trainer:
         sampling = RolloutSampling(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
                                    seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
         return evaluate(self.engine, c.eval_tasks or c.tasks, samples=c.eval_samples, k=c.eval_k,
-                        prompts=c.eval_prompts, sampling=sampling, template=self.template, progress=self.progress)
+                        prompts=c.eval_prompts, sampling=sampling, template=self.template, progress=self.progress,
+                        task_families=self.spec.families)
 
     # ---- the loop -------------------------------------------------------------------------------------------------------
     def run(self, steps: Optional[int] = None) -> pd.DataFrame:

@@ -14,24 +14,29 @@ Notebook use:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Optional
 
 import torch
 
 from brorl_lab.core.batch import RolloutBatch
-from brorl_lab.rollout.tasks import TASKS, RewardResult, TaskItem
+from brorl_lab.rollout.tasks import RewardResult, TaskFamily, TaskItem, family_of
 from brorl_lab.rollout.tasks.templates import check_template
 
 
-def score_response(response: str, item: TaskItem, template: str = "plain") -> RewardResult:
-    """Score one response with the verifier of ``item.family``. Malformed output scores 0; it never raises."""
+def score_response(response: str, item: TaskItem, template: str = "plain",
+                   task_families: Optional[Mapping[str, TaskFamily]] = None) -> RewardResult:
+    """Score one response with the verifier of ``item.family`` (from ``task_families``, a run's own, where it names
+    it; else from ``TASKS``). Malformed output scores 0; it never raises."""
     if not isinstance(item, TaskItem):
         raise ValueError(f"item: got {type(item).__name__}; allowed: a brorl_lab.rollout.tasks.TaskItem")
     check_template(template)
-    return TASKS.get(item.family).score(response, item, template)
+    return family_of(item.family, task_families).score(response, item, template)
 
 
-def score(batch: RolloutBatch, *, template: str = "plain", reward: str = "score") -> RolloutBatch:
+def score(batch: RolloutBatch, *, template: str = "plain", reward: str = "score",
+          task_families: Optional[Mapping[str, TaskFamily]] = None) -> RolloutBatch:
     """A copy of ``batch`` with ``rewards`` [P*N] float32 and ``correct`` [P*N] bool filled from ``batch.items``.
 
     The input batch is not modified (``dataclasses.replace``); ``meta['reward_template']`` records the template.
@@ -48,7 +53,8 @@ def score(batch: RolloutBatch, *, template: str = "plain", reward: str = "score"
     check_template(template)
     if reward not in ("score", "correct"):
         raise ValueError(f"reward: got {reward!r}; allowed: 'score' or 'correct'")
-    results = [score_response(text, batch.items[b // batch.n], template) for b, text in enumerate(batch.texts)]
+    results = [score_response(text, batch.items[b // batch.n], template, task_families)
+               for b, text in enumerate(batch.texts)]
     rewards = torch.tensor([float(r.correct) if reward == "correct" else r.reward for r in results],
                            dtype=torch.float32)  # [P*N]
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool)  # [P*N]

@@ -110,6 +110,8 @@ def run_ablations(base: Config, variants: Mapping[str, Mapping], *, seeds: Itera
     ``variant`` column (a run shared by several variants appears once per variant)."""
     from tqdm.auto import tqdm
 
+    from brorl_lab.rl.spec import check  # imports torch: only when ablations run
+
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants: got nothing; allowed: a mapping name -> overrides (see ablation_grid)")
     seeds = check_seeds(seeds)
@@ -118,7 +120,7 @@ def run_ablations(base: Config, variants: Mapping[str, Mapping], *, seeds: Itera
     for name, variant in variants.items():
         for arm, cfg in variant_arms(base, variant, **arm_options).items():
             for seed in seeds:
-                plan.append((name, arm, seed, cfg.replace(seed=seed, run_dir=str(root))))
+                plan.append((name, arm, seed, check(cfg.replace(seed=seed, run_dir=str(root)))))
     existing = _finished_runs(root)  # read once: runs this call finishes are kept in `done`
     done: dict[str, pd.DataFrame] = {}
     frames = []

@@ -176,6 +176,8 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     """
     from tqdm.auto import tqdm
 
+    from brorl_lab.rl.spec import check  # imports torch: only when arms run
+
     seeds = check_seeds(seeds)
     if not isinstance(root, (str, Path)) or not str(root).strip():
         raise ValueError(f"root: got {root!r}; allowed: a directory path")
@@ -183,8 +185,8 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     arms = arm_configs(base, **arm_options)
     order = [(arm, seed) for seed in seeds for arm in arms if arm != "middle"]
     order += [("middle", seed) for seed in middle_seeds if "middle" in arms]
-    plan = [(arm, seed, arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}"))
-            for arm, seed in order]
+    plan = [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")))
+            for arm, seed in order]  # every name checked before any arm runs
     frames = []
     bar = tqdm(plan, desc="arms", disable=not progress)
     for arm, seed, cfg in bar:

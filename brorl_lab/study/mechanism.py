@@ -41,9 +41,9 @@ from brorl_lab.core.config import Config
 from brorl_lab.core.validation import check_int
 from brorl_lab.lab.plots import ARM_COLORS, PALETTE, empty_figure
 from brorl_lab.rl import steps as S
+from brorl_lab.rl.spec import resolve
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import TaskItem
-from brorl_lab.rollout.tasks.templates import resolve_template
 
 REACH = ("both", "only N=512", "neither")  # display order of the reach classes
 
@@ -51,7 +51,8 @@ REACH = ("both", "only N=512", "neither")  # display order of the reach classes
 def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskItem], cfg: Config, *,
                       n_draws: int = 512, n_small: int = 16, seed: int = 0, chunk_prompts: int = 8) -> pd.DataFrame:
     """Draw ``n_draws`` samples of each item with the training sampler (``cfg.temperature``, ``top_p``,
-    ``max_new_tokens``, ``template``) and return one row per item: family, uid, correct (K), p = K / n_draws,
+    ``max_new_tokens``; ``template`` and the user-named tasks' configs through :func:`brorl_lab.rl.spec.resolve`,
+    so ``template='auto'`` means the tokenizer's) and return one row per item: family, uid, correct (K), p = K / n_draws,
     ``signal_small`` (share of the n_draws / n_small disjoint groups of ``n_small`` that are informative),
     ``signal_large`` (whether the whole group of n_draws is informative) and ``reach`` (module docstring)."""
     check_int("n_draws", n_draws, 2)
@@ -60,7 +61,7 @@ def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskIt
         raise ValueError(f"n_small: got {n_small} for n_draws={n_draws}; allowed: a divisor of n_draws")
     if not items:
         raise ValueError("items: got no items; allowed: a non-empty list of TaskItem (steps.sample_prompts)")
-    template = resolve_template(cfg.template, cfg.model, tokenizer)  # 'auto' -> what the Trainer would use
+    spec = resolve(cfg, tokenizer=tokenizer)
     engine = make_engine("torch", policy, tokenizer)
     rows = []
     try:
@@ -68,8 +69,8 @@ def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskIt
             chunk = list(items[start:start + chunk_prompts])
             sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                       seed=seed + start)
-            batch = S.score(S.rollout(engine, chunk, n_draws, sampling, template=template,
-                                      tokenizer=tokenizer), template=template)
+            batch = S.score(S.rollout(engine, chunk, n_draws, sampling, template=spec.template, tokenizer=tokenizer,
+                                      task_families=spec.families), template=spec.template, task_families=spec.families)
             correct = batch.grouped(batch.correct).to(torch.int64)  # [P, n_draws]
             k_small = correct.view(len(chunk), -1, n_small).sum(-1)  # [P, n_draws / n_small] correct per small group
             informative_small = ((k_small > 0) & (k_small < n_small)).double().mean(1)  # [P]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from brorl_lab.core.paths import EVAL_DIR
@@ -74,3 +75,19 @@ def register_task(family: TaskFamily) -> TaskFamily:
 
 def get_task(name: str) -> TaskFamily:
     return TASKS.get(name)
+
+
+def family_of(name: str, task_families: Optional[Mapping[str, TaskFamily]] = None) -> TaskFamily:
+    """The family called ``name``: from ``task_families`` (a run's own, built from its config:
+    ``RunSpec.families``) when it holds the name, else from ``TASKS`` (user-named tasks with their default config)."""
+    if task_families is not None and name in task_families:
+        return task_families[name]
+    return TASKS.get(name)
+
+
+def build_tasks(names, task_configs: Optional[Mapping[str, dict]] = None) -> dict[str, TaskFamily]:
+    """A family for each name, user-named ones (``rg:``, ``local:``) built fresh with their entry of
+    ``task_configs``; built-in names as registered. The caller owns the result: nothing global changes, so two
+    configs of one name each keep their own. Raises one-line ``ValueError`` s naming the task."""
+    task_configs = task_configs or {}
+    return {name: TASKS.build(name, task_configs.get(name)) for name in dict.fromkeys(names)}

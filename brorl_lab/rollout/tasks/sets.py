@@ -9,53 +9,58 @@ import random
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from brorl_lab.rollout.tasks.base import TASKS, TaskItem
+from brorl_lab.rollout.tasks.base import TASKS, TaskFamily, TaskItem, family_of
 from brorl_lab.rollout.tasks.gym import check_sample_args
 from brorl_lab.core.validation import is_int
 
 
-def _check_names(names: str | Sequence[str]) -> list[str]:
+def _check_names(names: str | Sequence[str], task_families: Optional[Mapping[str, TaskFamily]]) -> list[str]:
     names = [names] if isinstance(names, str) else list(names)
     if not names:
         raise ValueError(f"names: got an empty list; allowed: task names from {', '.join(TASKS)}")
     for name in names:
-        TASKS.get(name)  # unknown name -> ValueError naming it and the nearest valid one
+        family_of(name, task_families)  # unknown name -> ValueError naming it and the nearest valid one
         if names.count(name) > 1:
             raise ValueError(f"names: got {names!r} (task {name!r} listed {names.count(name)} times); "
                              "allowed: each task name at most once")
     return names
 
 
-def sample_items(names: str | Sequence[str], count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
+def sample_items(names: str | Sequence[str], count: int, *, seed: int, split: str = "train",
+                 task_families: Optional[Mapping[str, TaskFamily]] = None) -> list[TaskItem]:
     """``count`` items mixing the families ``names`` uniformly, deterministic in ``(names, count, seed, split)``.
+    Families come from ``task_families`` (a run's own, ``RunSpec.families``) where it names them, else from ``TASKS``.
 
     Family counts differ by at most one (``count // k`` each, the remainder to families picked by the seed), and
     the positions of the families are shuffled with ``random.Random(seed)``; each family draws its share from its
     own seeded stream (``TASKS[name].sample(share, seed=seed, split=split)``).
     """
-    names = _check_names(names)
+    names = _check_names(names, task_families)
     check_sample_args(count, seed, split)
     rng = random.Random(seed)
     shuffled = rng.sample(names, len(names))
     order = [shuffled[i % len(names)] for i in range(count)]  # [count] family per position
     rng.shuffle(order)
-    streams = {name: iter(TASKS[name].sample(order.count(name), seed=seed, split=split)) for name in names}
+    streams = {name: iter(family_of(name, task_families).sample(order.count(name), seed=seed, split=split))
+               for name in names}
     return [next(streams[name]) for name in order]
 
 
-def eval_path(name: str) -> Path:
+def eval_path(name: str, task_families: Optional[Mapping[str, TaskFamily]] = None) -> Path:
     """The frozen eval set of family ``name``: ``data/eval/<name>.jsonl`` for the built-in families; for
-    ``rg:``/``local:`` tasks a file in the cache, built on first use (see :mod:`.user`)."""
-    return TASKS.get(name).eval_file()
+    ``rg:``/``local:`` tasks a file in the cache, built on first use (see :mod:`.user`), for the config of the
+    family in ``task_families`` when given."""
+    return family_of(name, task_families).eval_file()
 
 
-def eval_set(name: str, limit: Optional[int] = None) -> list[TaskItem]:
+def eval_set(name: str, limit: Optional[int] = None,
+             task_families: Optional[Mapping[str, TaskFamily]] = None) -> list[TaskItem]:
     """The frozen eval items of family ``name`` (see :func:`eval_path`), the first ``limit`` of them if given."""
     if limit is not None and (not is_int(limit) or limit < 0):
         raise ValueError(f"limit: got {limit!r}; allowed: None or an integer >= 0")
-    path = eval_path(name)
+    path = eval_path(name, task_families)
     if not path.is_file():
         raise ValueError(f"eval set for task {name!r}: {path} does not exist; generate it with "
                          f"`python -m brorl_lab make-data --families {name}`")

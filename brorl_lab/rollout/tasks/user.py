@@ -247,7 +247,7 @@ class LocalFamily(MathVerifyFamily):
         self.spec, self.splits, self.sha256, self.version = spec, splits, sha256, version
 
     def is_stale(self) -> bool:
-        """True when the file changed since it was read (the registry then reads it again on the next configure)."""
+        """True when the file changed since it was read (``TASKS.get`` then reads it again; a run's own build is fresh)."""
         try:
             stat = Path(self.spec).expanduser().resolve().stat()
         except OSError:
