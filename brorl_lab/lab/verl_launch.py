@@ -117,12 +117,12 @@ def user_content(family, item, template: str) -> str:
     return text[len(head):len(text) - len(tail)]
 
 
-def _rows(items, split: str, template: str, reward: str, task_configs: dict) -> list[dict]:
-    from brorl_lab.rollout.tasks import TASKS
+def _rows(items, split: str, template: str, reward: str, task_configs: dict, families) -> list[dict]:
+    from brorl_lab.rollout.tasks import family_of
 
     rows = []
     for i, item in enumerate(tqdm(items, desc=f"{split} rows", leave=False)):
-        family = TASKS.get(item.family)
+        family = family_of(item.family, families)  # the run's own (RunSpec.families)
         conf = task_configs.get(item.family)
         rows.append({
             "data_source": item.family,
@@ -190,7 +190,8 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
     the warnings (knobs verl cannot express) into one ConfigError, before anything is written; so does an ``out``
     that already holds launch files unless ``overwrite``."""
     from brorl_lab.core.models import resolve_model
-    from brorl_lab.rollout.tasks import configure_tasks, eval_set, resolve_template, sample_items
+    from brorl_lab.rl.spec import resolve
+    from brorl_lab.rollout.tasks import eval_set, sample_items
 
     if not isinstance(cfg, Config):
         raise ConfigError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab Config")
@@ -204,7 +205,8 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
     if existing and not overwrite:
         raise ConfigError(f"OUT: {out} already holds {', '.join(existing)}; allowed: a new directory, or --overwrite")
     tok = _tokenizer_or_none(cfg.model)
-    template = resolve_template(cfg.template, cfg.model, tok)
+    spec = resolve(cfg, tokenizer=tok)  # names checked, the run's own task families, template 'auto' resolved
+    template = spec.template
     chat_template = PLAIN_CHAT_TEMPLATE if template == "plain" else (
         None if tok is not None and getattr(tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE)
     # Validate everything (and collect warnings) before the slow part and before writing.
@@ -224,13 +226,13 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
         raise ConfigError(f"train_prompts: got {n_train!r}; allowed: an integer >= prompts_per_step="
                           f"{cfg.prompts_per_step}")
 
-    configure_tasks([*cfg.tasks, *(cfg.eval_tasks or [])], cfg.task_configs)
-    train_rows = _rows(sample_items(cfg.tasks, n_train, seed=cfg.seed, split="train"), "train", template, cfg.reward,
-                       cfg.task_configs)
+    train_rows = _rows(sample_items(cfg.tasks, n_train, seed=cfg.seed, split="train", task_families=spec.families),
+                       "train", template, cfg.reward, cfg.task_configs, spec.families)
     eval_rows: list[dict] = []
     per_family: dict[str, int] = {}
     for fam in cfg.eval_tasks or cfg.tasks:
-        rows = _rows(eval_set(fam, limit=cfg.eval_prompts), "eval", template, cfg.reward, cfg.task_configs)
+        rows = _rows(eval_set(fam, limit=cfg.eval_prompts, task_families=spec.families), "eval", template, cfg.reward,
+                     cfg.task_configs, spec.families)
         per_family[fam] = len(rows)
         eval_rows += rows
     if tok is not None:

@@ -32,7 +32,7 @@ def _family(name: str, task_config: Optional[dict]):
         return TASKS.get(name)
     with _lock:
         if name not in _configured:
-            _configured[name] = TASKS.configure(name, task_config)
+            _configured[name] = TASKS.build(name, task_config)  # this module's own, built once
         return _configured[name]
 
 
