@@ -321,39 +321,33 @@ SCALING_OPTIONS = ("steps", "eval_every", "seeds", "middle_seeds", "n_small", "n
                    "measure_mechanism", "run_ablations")
 
 
-def cmd_scaling(args) -> int:
-    """The flagship study headless: notebook 02 under papermill into ``--out`` (resumable: finished arm runs are
-    read back, a partial one resumes), then its verdict.txt printed."""
+def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str = "") -> int:
+    """Run a study notebook headless under papermill into ``out`` (its arm runs resume), then print its reading
+    (the ``reading`` file it wrote) and the wall time."""
     from brorl_lab.lab.sweep import run_notebook
 
-    params = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k) is not None}
-    params.update(_params(args.param), full_size=args.full_size, torch_threads=args.threads)
-    out = Path(args.out)
-    print(f"running {FLAGSHIP} under papermill -> {out}/ ({'full size: 8 paired seeds' if args.full_size else 'demo size'})")
-    status = run_notebook(NOTEBOOK_DIR / FLAGSHIP, out, params, progress=True)
+    print(f"running {notebook} under papermill -> {out}/{note}")
+    status = run_notebook(NOTEBOOK_DIR / notebook, out, params, progress=True)
     print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else "")
           + f"; wall time {status['wall_s']:.0f} s")
-    if (out / "verdict.txt").is_file():
-        print((out / "verdict.txt").read_text())
-        print(f"verdict: {out / 'verdict.txt'}, {out / 'verdict.json'}; executed notebook: {out / FLAGSHIP}")
+    if (out / reading).is_file():
+        print((out / reading).read_text())
+        print(f"written: {out / reading} (and beside it the tables and figures); executed notebook: {out / notebook}")
     return 0 if status["status"] == "finished" else 1
+
+
+def cmd_scaling(args) -> int:
+    """The flagship study headless: notebook 02 into ``--out`` (resumable: finished arm runs are read back, a
+    partial one resumes), then its verdict.txt (verdict.json beside it)."""
+    params = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k) is not None}
+    params.update(_params(args.param), full_size=args.full_size, torch_threads=args.threads)
+    return _run_study(FLAGSHIP, Path(args.out), params, "verdict.txt",
+                      " (full size: 8 paired seeds)" if args.full_size else "")
 
 
 def cmd_regime_map(args) -> int:
-    """The regime map headless: notebook 06 under papermill into ``--out`` (resumable per setting), its reading
-    printed."""
-    from brorl_lab.lab.sweep import run_notebook
-
-    params = {**_params(args.param), "torch_threads": args.threads}
-    out = Path(args.out)
-    print(f"running {REGIME_MAP} under papermill -> {out}/")
-    status = run_notebook(NOTEBOOK_DIR / REGIME_MAP, out, params, progress=True)
-    print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else "")
-          + f"; wall time {status['wall_s']:.0f} s")
-    if (out / "regime.txt").is_file():
-        print((out / "regime.txt").read_text())
-        print(f"table: {out / 'regime_map.csv'}; executed notebook: {out / REGIME_MAP}")
-    return 0 if status["status"] == "finished" else 1
+    """The regime map headless: notebook 06 into ``--out`` (resumable per setting), then its regime.txt."""
+    return _run_study(REGIME_MAP, Path(args.out), {**_params(args.param), "torch_threads": args.threads}, "regime.txt")
 
 
 def cmd_theorem(args) -> int:
