@@ -143,6 +143,9 @@ def test_iso_compute_summary_by_hand():
     assert s.loc[(4, 1), "seeds"] == 2 and s.loc[(4, 1), "final"] == pytest.approx(0.65)
     assert s.loc[(4, 1), "gain"] == pytest.approx(0.15) and s.loc[(16, 1), "prompts_per_step"] == 2
     assert s.loc[(4, 4), "final"] == pytest.approx(0.85) and pd.isna(s.loc[(16, 4), "final_std"])
+    # gains 0.1 and 0.2 over 2 seeds: 0.15 +- t_(0.975, 1) * 0.0707 / sqrt(2) = 0.15 +- 0.635, not resolved
+    assert s.loc[(4, 1), "gain_lo"] == pytest.approx(0.15 - 12.7062 * 0.05, abs=1e-4) and not s.loc[(4, 1), "resolved"]
+    assert pd.isna(s.loc[(16, 1), "gain_lo"])  # one seed: no interval
 
 
 @pytest.mark.notebook

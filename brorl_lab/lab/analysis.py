@@ -370,4 +370,22 @@ def iso_compute_summary(df: pd.DataFrame, *, family: str = MEAN) -> pd.DataFrame
                 gain=("gain", "mean"), gain_std=("gain", "std")).reset_index()
     out.insert(1, "prompts_per_step", out["N"].map(per_run.groupby("cfg.rollouts_per_prompt")
                                                    ["cfg.prompts_per_step"].first()).astype(int))
+    return with_intervals(out)
+
+
+def with_intervals(summary: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
+    """:func:`iso_compute_summary` (or its saved CSV) with the ``level`` t interval of each mean gain over its
+    seeds: gain_lo, gain_hi = gain -+ t_{(1+level)/2, seeds-1} * gain_std / sqrt(seeds), and ``resolved``
+    (the interval excludes 0). With 3 seeds t = 4.30: a gain must exceed 2.5 standard deviations to be resolved."""
+    from brorl_lab.lab.stats import t_quantile
+
+    need = {"gain", "gain_std", "seeds"}
+    if not isinstance(summary, pd.DataFrame) or not need <= set(summary.columns):
+        raise ValueError(f"summary: allowed: an iso_compute_summary table (columns {sorted(need)})")
+    out = summary.copy()
+    n = out["seeds"].astype(float)
+    t = [t_quantile(0.5 + level / 2, int(k) - 1) if k >= 2 else np.nan for k in n]
+    half = np.asarray(t) * out["gain_std"] / np.sqrt(n)
+    out["gain_lo"], out["gain_hi"] = out["gain"] - half, out["gain"] + half
+    out["resolved"] = (out["gain_lo"] > 0) | (out["gain_hi"] < 0)
     return out
