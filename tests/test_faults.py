@@ -383,17 +383,26 @@ def test_nan_and_inf_loss_and_nan_grads_skip_the_step_leave_state_alone_and_stop
     assert [e["step"] for e in skipped_events(t)] == [2, 3, 5, 6, 7]
 
 
-def test_a_nan_in_the_second_mini_batch_rolls_back_the_first(faulty_loss, tiny_model, tmp_path):
+def test_a_nan_in_the_second_mini_batch_keeps_the_first_and_the_engine_follows(faulty_loss, tiny_model, tmp_path):
+    """The update stops before the NaN mini-batch's optimizer step (no copy is kept to undo mini-batch 1, which was
+    a finite step on its own groups): the step is a skipped, bad step, mini-batch 1 stands, and the engine is synced
+    to the weights it left (steps.update's test checks those weights and AdamW's state exactly)."""
     cfg = Config(**dict(TINY, eval_every=0, optimizer_steps_per_step=2), model=tiny_model,
-                 policy_loss="test_faulty", run_dir=str(tmp_path), run_name="rollback")
+                 policy_loss="test_faulty", run_dir=str(tmp_path), run_name="partial")
     with Trainer(cfg, progress=False) as t:
-        t.step()  # AdamW now has moments, so a half-applied step would show in the optimizer state too
+        t.step()  # AdamW now has moments
         before = state_copy(t)
         faulty_loss.plan = ["ok", "nan_loss"]  # mini-batch 1 steps the optimizer, mini-batch 2 is NaN
         calls = faulty_loss.calls
         row = t.step()
-        assert faulty_loss.calls - calls == 2 and row["skipped"]
-        assert_same_state(before, state_copy(t))
+        assert faulty_loss.calls - calls == 2 and row["skipped"] and t.bad_steps == 1
+        with pytest.raises(AssertionError, match="weights changed"):
+            assert_same_state(before, state_copy(t))
+        assert all(int(s["step"]) == 3 for s in t.optimizer.state_dict()["state"].values())  # 2 + 1 steps, not 2 + 2
+        ev = skipped_events(t)[-1]
+        assert ev["optimizer_steps"] == 1 and ev["reason"].startswith("non-finite update: loss is nan"), ev
+        assert all(torch.equal(a, b) for a, b in zip(t.engine.model.state_dict().values(),
+                                                     t.policy.state_dict().values())), "engine not synced"
 
 
 class NonFiniteRewards(GymFamily):

@@ -3,47 +3,17 @@
 Pure torch (and numpy for pass@k): nothing here knows of engines, tasks or widgets. Every function takes explicit
 tensors and returns values; bad input raises one ``ValueError`` naming the argument, its value and what is allowed.
 Names are string-keyed (:class:`brorl_lab.core.registry.Registry`) so a sweep varies strings, not code, and
-:mod:`brorl_lab.core.config` validates ``advantage``, ``policy_loss``, ``loss_agg`` and ``kl_estimator`` against them.
+:func:`brorl_lab.rl.spec.check` validates a Config's ``advantage``, ``policy_loss``, ``loss_agg``, ``kl_estimator``
+and ``is_correction`` against them.
 
 Shapes: ``P`` prompts (groups), ``N`` rollouts per prompt, ``b`` sequences in a (micro-)batch, ``T`` response
 tokens, ``V`` vocabulary. Layout is prompt-major (sample ``b = p * N + s``), as in
 :class:`brorl_lab.core.batch.RolloutBatch`.
 
-One update: exactly what :func:`brorl_lab.rl.steps.update` runs (``tests/test_fidelity.py`` executes this block and
-compares its weights with ``steps.update``'s), given a scored batch, ``policy``, ``reference``, ``optimizer`` and
-``cfg`` (``is_on_policy`` and ``kl_in_loss`` are :mod:`brorl_lab.rl.steps`'s, ``compute_logprobs``,
-``plan_micro_batches`` and ``token_logprobs`` :mod:`brorl_lab.rl.logprobs`'s); ``steps.update`` adds device moves, metrics
-and the non-finite guards::
-
-    lp = dict(temperature=cfg.temperature, layout=cfg.logprob_layout)
-    adv = compute_advantages(cfg.advantage, batch.rewards, batch.n, std_norm=cfg.adv_std_norm)      # [P*N]
-    old = None if is_on_policy(cfg) else compute_logprobs(policy, batch,                          # [P*N, T]
-                                                          micro_batch_tokens=cfg.train_micro_batch_tokens, **lp)
-    ref = None if not kl_in_loss(cfg) else compute_logprobs(reference, batch,                     # [P*N, T]
-                                                            micro_batch_tokens=cfg.train_micro_batch_tokens, **lp)
-    isw = importance_weights(cfg.is_correction, old, batch.logprobs, cap=cfg.is_cap,             # [P*N, T] or None
-                             low=cfg.icepop_low, high=cfg.icepop_high)
-    mask = batch.response_mask                                                                    # [P*N, T]
-    for g in torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step):  # mini-batches of whole groups
-        rows = batch.rows_of(g)
-        norms = loss_normalisers([mask[rows]], max_response_len=cfg.max_new_tokens)  # the mini-batch's counts
-        optimizer.zero_grad(set_to_none=True)
-        for mb in plan_micro_batches(policy, batch, rows, cfg.train_micro_batch_tokens, cfg.logprob_layout):
-            r = rows[mb]
-            logp, ent = token_logprobs(policy, batch, r, with_entropy=True,                      # [b, T] with grad
-                                       entropy_grad=bool(cfg.entropy_coef), **lp)
-            m = mask[r]
-            loss, _ = POLICY_LOSSES[cfg.policy_loss](
-                logp, logp.detach() if old is None else old[r], adv[r], m, eps_low=cfg.eps_low,
-                eps_high=cfg.eps_high, loss_agg=cfg.loss_agg, is_weights=None if isw is None else isw[r], **norms)
-            if ref is not None:                   # L += beta * KL_est (kl_placement='loss')
-                loss = loss + cfg.kl_beta * aggregate(kl_penalty(logp, ref[r], cfg.kl_estimator), m,
-                                                      cfg.loss_agg, **norms)
-            if cfg.entropy_coef:                  # L -= c * H (an entropy bonus)
-                loss = loss - cfg.entropy_coef * aggregate(ent, m, cfg.loss_agg, **norms)
-            loss.backward()                       # micro-batch gradients add up to the mini-batch's
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-        optimizer.step()
+The update loop that calls these pieces lives in one place, :func:`brorl_lab.rl.steps.update` (read it top to
+bottom: log-probs once, then per mini-batch of whole groups and per micro-batch the loss
+``POLICY_LOSSES[policy_loss] + kl_beta * aggregate(kl_penalty(...)) - entropy_coef * aggregate(H)`` with the
+mini-batch's :func:`loss_normalisers`, backward, clip, step). This module holds no copy of it.
 
 With ``kl_placement='reward'`` the KL term is not in the loss: ``steps.kl_in_reward`` lowers each sample's reward by
 ``kl_beta * kl_reward_penalty(...)`` before the advantages are computed.

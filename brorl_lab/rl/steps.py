@@ -100,7 +100,12 @@ def advantages(batch: RolloutBatch, estimator: str = "grpo", **options) -> torch
 
 
 class NonFiniteError(RuntimeError):
-    """A loss or gradient was NaN/inf; the update was not applied."""
+    """A loss or gradient was NaN/inf. Its mini-batch was not applied, nor any after it; ``optimizer_steps`` says
+    how many earlier mini-batches of the same update were (their weights and optimizer state stand)."""
+
+    def __init__(self, message: str, *, optimizer_steps: int = 0):
+        super().__init__(message)
+        self.optimizer_steps = optimizer_steps
 
 
 @dataclass
@@ -115,34 +120,42 @@ class UpdateReport:
         return "UpdateReport(" + ", ".join(f"{k}={self.metrics[k]:.4g}" for k in keys if k in self.metrics) + ")"
 
 
-def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch, adv: torch.Tensor, *,
-           cfg: Config, reference: Optional[torch.nn.Module] = None,
+def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch,  # noqa: C901
+           adv: torch.Tensor, *, cfg: Config, reference: Optional[torch.nn.Module] = None,
            old_logprobs: Optional[torch.Tensor] = None) -> UpdateReport:
     """One RL update on a scored, filtered batch: ``cfg.optimizer_steps_per_step`` PPO mini-batches (whole groups),
-    each accumulated over micro-batches of at most ``cfg.train_micro_batch_tokens`` tokens.
+    each accumulated over micro-batches of at most ``cfg.train_micro_batch_tokens`` tokens. This is the project's
+    one update loop (the trainer calls it; :mod:`brorl_lab.rl.algo` documents the pieces it calls), written top to
+    bottom in four stages; it reads whole on purpose, so it is exempt from the complexity limit.
 
-    Loss per mini-batch (aggregated with ``cfg.loss_agg`` over the mini-batch's tokens):
+    Loss per mini-batch (aggregated with ``cfg.loss_agg`` over the mini-batch's tokens, so the micro-batches'
+    gradients add up to the mini-batch's):
 
         L = L_policy(ratio, A; eps_low, eps_high) + beta * KL_est - c_ent * H(pi)
 
     (the KL term only with ``cfg.kl_placement == 'loss'``; what its gradient regularises depends on
-    ``cfg.kl_estimator``, see :mod:`brorl_lab.rl.algo`). The loop is the one in :mod:`brorl_lab.rl.algo`'s docstring.
+    ``cfg.kl_estimator``, see :mod:`brorl_lab.rl.algo`).
 
     ``old_logprobs`` [P*N, T] are the behaviour policy's log-probs recomputed by the trainer (``compute_logprobs``);
     when not given they are computed here, or, if :func:`is_on_policy`, taken as each micro-batch's ``logp.detach()``
     (the same numbers, one no-grad forward fewer). With ``cfg.is_correction`` ('truncate' or 'icepop_mask') the
     engine's own log-probs give importance weights (:func:`brorl_lab.rl.algo.importance_weights`).
-    Raises :class:`NonFiniteError` (weights and optimizer untouched) if a loss or gradient is not finite.
+
+    A non-finite loss or gradient norm is caught before its ``optimizer.step``: that mini-batch and the ones after
+    it are not applied, the gradients are cleared, and :class:`NonFiniteError` says how many mini-batches before it
+    were (no copy of the model or optimizer is kept to roll those back).
     """
     if batch.size == 0:
         raise ValueError("batch: no samples to update on (all groups filtered?)")
     device = next(policy.parameters()).device
-    temperature = float(batch.meta.get("temperature", cfg.temperature))
+    lp_options = dict(temperature=float(batch.meta.get("temperature", cfg.temperature)), layout=cfg.logprob_layout)
     mask = batch.response_mask  # [P*N, T]
-    lp_options = dict(temperature=temperature, layout=cfg.logprob_layout)
+    loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
+
+    # ---- 1. behaviour, reference and importance log-probs: once, before any weight moves ----------------------------
     if old_logprobs is None and not is_on_policy(cfg):
         old_logprobs = compute_logprobs(policy, batch, micro_batch_tokens=cfg.train_micro_batch_tokens, **lp_options)
-    ref_logprobs = None
+    ref_logprobs = None  # [P*N, T]
     if kl_in_loss(cfg):
         if reference is None:
             raise ValueError("reference: kl_beta > 0 needs a reference policy (see models.make_reference)")
@@ -150,27 +163,22 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
                                         **lp_options)
     isw = algo.importance_weights(cfg.is_correction, old_logprobs, batch.logprobs, cap=cfg.is_cap,
                                   low=cfg.icepop_low, high=cfg.icepop_high)  # [P*N, T] or None
-    loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
 
-    # Mini-batches split whole groups, so each optimizer step sees complete groups.
-    groups = torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step)
-    snapshot = _snapshot(policy, optimizer) if len(groups) > 1 else None
     per_minibatch: list[dict] = []
-    for g in groups:
+    for g in torch.arange(batch.num_prompts).chunk(cfg.optimizer_steps_per_step):  # mini-batches of whole groups
         rows = batch.rows_of(g)  # [|g|*N]
-        # The mini-batch's global normalisers, so micro-batch losses (and gradients) add up to the mini-batch's.
-        norm = algo.loss_normalisers([mask[rows]], max_response_len=cfg.max_new_tokens)
+        norm = algo.loss_normalisers([mask[rows]], max_response_len=cfg.max_new_tokens)  # the mini-batch's counts
         optimizer.zero_grad(set_to_none=True)
         parts: list[dict] = []
         for mb in plan_micro_batches(policy, batch, rows, cfg.train_micro_batch_tokens, cfg.logprob_layout):
+            # ---- 2. loss of one micro-batch -------------------------------------------------------------------------
             r = rows[mb]
             logp, ent = token_logprobs(policy, batch, r, with_entropy=True, entropy_grad=bool(cfg.entropy_coef),
                                        **lp_options)  # [b, T]; H only logged (no graph) unless it is in the loss
             m = mask[r].to(device)
             old = logp.detach() if old_logprobs is None else old_logprobs[r].to(device)  # [b, T]
-            loss, met = loss_fn(logp, old, adv[r].to(device), m, eps_low=cfg.eps_low,
-                                eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
-                                is_weights=None if isw is None else isw[r].to(device), **norm)
+            loss, met = loss_fn(logp, old, adv[r].to(device), m, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                                loss_agg=cfg.loss_agg, is_weights=None if isw is None else isw[r].to(device), **norm)
             met = {**met, "policy_loss": met["loss"]}
             if ref_logprobs is not None:  # L += beta * KL_est (kl_placement='loss')
                 kl = algo.aggregate(algo.kl_penalty(logp, ref_logprobs[r].to(device), cfg.kl_estimator), m,
@@ -178,22 +186,24 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
                 loss = loss + cfg.kl_beta * kl
                 met["kl"] = kl.item()
             ent_agg = algo.aggregate(ent, m, cfg.loss_agg, **norm)  # H of the full distribution, not the NLL
-            if cfg.entropy_coef:
+            if cfg.entropy_coef:  # L -= c * H (an entropy bonus)
                 loss = loss - cfg.entropy_coef * ent_agg
             met.update(loss=loss.item(), entropy=ent_agg.item())
+            # ---- 3. backward: micro-batch gradients add up to the mini-batch's --------------------------------------
             if not torch.isfinite(loss):
                 optimizer.zero_grad(set_to_none=True)
-                _restore(policy, optimizer, snapshot)
-                raise NonFiniteError(f"loss is {loss.item()} (policy loss {met['policy_loss']})")
+                raise NonFiniteError(f"loss is {loss.item()} (policy loss {met['policy_loss']})",
+                                     optimizer_steps=len(per_minibatch))
             loss.backward()
             parts.append(met)
+        # ---- 4. clip and step, only a finite gradient ---------------------------------------------------------------
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
-            _restore(policy, optimizer, snapshot)
-            raise NonFiniteError(f"gradient norm is {grad_norm.item()}")
+            raise NonFiniteError(f"gradient norm is {grad_norm.item()}", optimizer_steps=len(per_minibatch))
         optimizer.step()
         per_minibatch.append({**algo.merge_metrics(parts), "grad_norm": grad_norm.item()})
+
     k = len(per_minibatch)
     keys = [key for key in per_minibatch[0] if key not in ("tokens",) and not key.endswith(("_tokens", "_sum"))]
     metrics = {key: sum(mb.get(key, 0.0) for mb in per_minibatch) / k for key in keys}  # mean over mini-batches
@@ -247,15 +257,3 @@ def kl_in_reward(batch: RolloutBatch, policy: torch.nn.Module, reference: Option
 def sync(engine: RolloutEngine, policy: torch.nn.Module) -> None:
     """Push the trainer's weights into the rollout engine, so the next rollout samples from the new policy."""
     engine.sync_weights(policy)
-
-
-# ---- helpers ------------------------------------------------------------------------------------------------------
-def _snapshot(policy, optimizer):
-    """Copies to roll back a multi-mini-batch step whose later mini-batch turns out non-finite."""
-    return ({k: v.detach().clone() for k, v in policy.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
-
-
-def _restore(policy, optimizer, snapshot) -> None:
-    if snapshot is not None:
-        policy.load_state_dict(snapshot[0])
-        optimizer.load_state_dict(snapshot[1])

@@ -3,14 +3,15 @@
     trainer = Trainer(Config(rollouts_per_prompt=16, steps=20))
     metrics = trainer.run()            # DataFrame, one row per step (row 0: the evaluation before training)
 
-One step, top to bottom (CleanRL style):
+One step, top to bottom (CleanRL style; the numbers are the ones on the calls in :meth:`Trainer.step`):
     1. rollout + score + filter   repeated (dynamic sampling) until `prompts_per_step` informative groups or the cap
-    2. advantages                 registered estimator over each group of N
-    3. logprobs                   behaviour (old) log-probs, micro-batched by tokens (skipped on-policy: update
-                                  then uses its own logp.detach()); reference log-probs inside update
-    4. update                     `optimizer_steps_per_step` mini-batches of PPO-clip + KL
+    2. logprobs                   behaviour (old) log-probs, micro-batched by tokens (skipped on-policy: update
+                                  then uses its own logp.detach()); the KL penalty here with kl_placement='reward'
+    3. advantages                 registered estimator over each group of N
+    4. update                     `optimizer_steps_per_step` mini-batches of PPO-clip + KL (the one loop:
+                                  :func:`brorl_lab.rl.steps.update`; reference log-probs inside it)
     5. sync                       engine gets the new weights
-    6. log / eval / reset / checkpoint
+    6. reset / eval / log / checkpoint
 
 Determinism: all sampling randomness is keyed by (seed, step, round), and checkpoints carry the RNG states, so a
 resumed run reproduces an uninterrupted one exactly on CPU. Ctrl-C (or a Jupyter kernel interrupt) stops after
@@ -290,7 +291,7 @@ class Trainer:
         batch, info = self.collect(step)                                                   # 1. rollout/score/filter
         row.update(info)
         rewards_ok = batch.rewards is None or bool(torch.isfinite(batch.rewards).all())
-        skipped = None
+        skipped, applied = None, 0  # applied: optimizer steps a non-finite update made before it stopped
         if batch.num_prompts == 0:
             skipped = "no informative groups"
         elif not rewards_ok:
@@ -311,13 +312,14 @@ class Trainer:
                                   reference=self.reference, old_logprobs=old)
                 row.update(report.metrics)
             except S.NonFiniteError as e:
-                skipped = f"non-finite update: {e}"
+                skipped, applied = f"non-finite update: {e}", e.optimizer_steps
             row["time/update"] = time.perf_counter() - t0
         if skipped:
             self.bad_steps += 1 if skipped.startswith("non-finite") else 0
-            self.run_dir.log_event("skipped_step", step=step, reason=skipped)
+            self.run_dir.log_event("skipped_step", step=step, reason=skipped, optimizer_steps=applied)
         else:
             self.bad_steps = 0
+        if not skipped or applied:  # mini-batches applied before a non-finite one moved the weights too
             t0 = time.perf_counter()
             S.sync(self.engine, self.policy)                                                # 5. sync
             row["time/sync"] = time.perf_counter() - t0
