@@ -135,7 +135,7 @@ def update_floor_seconds(batch, counts, peak: float) -> float:
     return 4 * forward_flops(counts, fed, responses) / peak
 
 
-def run(smoke: bool = False, threads=None) -> list[dict]:
+def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one benchmark regime measured top to bottom, each peer timed in turn
     import torch
 
     from brorl_lab.rollout.engines import RolloutSampling

@@ -58,7 +58,7 @@ def start_engines(path: str, names, threads: int, max_model_len: int,
     return engines, start
 
 
-def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:
+def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:  # noqa: C901 - one benchmark measured top to bottom, each engine timed in turn
     from transformers import AutoConfig
 
     from brorl_lab.rollout.engines import RolloutSampling

@@ -3,6 +3,11 @@
 Every Config field is a ``train`` option (``--rollouts-per-prompt 512``), and ``--config run.yaml`` reads a file
 of the same fields; options override the file. Everything is validated before any work starts, and a bad value
 ends with one line naming the field, the value and what is allowed.
+
+Parsing and checking the flags imports no torch (defaults the parser shows come from plain data; the commands
+import what they run). An error the user caused (a :class:`~brorl_lab.core.validation.UserError`: a bad flag, a
+config field, a path or run directory that is not what the command needs) is one line and exit status 2; any other
+exception is a bug and keeps its traceback. ``--debug`` shows the traceback of every error.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from typing import Any, Optional
 from collections.abc import Sequence
 
 from brorl_lab.core.config import Config, ConfigError
-from brorl_lab.core.rundir import atomic_write_text
-from brorl_lab.core.paths import NOTEBOOK_DIR, REPO_ROOT, RUNS_DIR
+from brorl_lab.core.paths import DEFAULT_MODEL_DIR, EVAL_DIR, NOTEBOOK_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, RUNS_DIR
+from brorl_lab.core.validation import UserError
 
 FLAGSHIP = "02_rollout_scaling.ipynb"
 REGIME_MAP = "06_regime_map.ipynb"
@@ -154,16 +159,18 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    cfg = eval_config(args)  # the flags' types and ranges, before anything heavy is imported
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rl.evaluation import evaluate
+    from brorl_lab.rl.spec import resolve
     from brorl_lab.rollout.engines import make_engine
     from brorl_lab.rollout.engines.base import RolloutSampling
-    from brorl_lab.rl.evaluation import evaluate
-    from brorl_lab.core.models import load_policy
-    from brorl_lab.rl.spec import resolve
     from brorl_lab.rollout.tasks import TASKS
 
     if args.tasks is None:  # every registered family but code (its sandboxed runs are slow)
         args.tasks = [t for t in TASKS.names() if t != "code"]
-    spec = resolve(eval_config(args))  # every option against its config field, tasks built, before any load
+        cfg = eval_config(args)
+    spec = resolve(cfg)  # every option against its config field, tasks built, before any load
     policy, tok = load_policy(args.model)
     spec = spec.with_tokenizer(tok)
     engine = make_engine(args.engine, policy, tok)
@@ -271,6 +278,7 @@ def _params(pairs: Optional[Sequence[str]]) -> dict:
 
 
 def cmd_iso_compute(args) -> int:
+    from brorl_lab.core.rundir import atomic_write_text
     from brorl_lab.lab.analysis import iso_compute_summary
     from brorl_lab.lab.plots import iso_compute_figure
     from brorl_lab.lab.sweep import run_iso_compute
@@ -306,8 +314,9 @@ def cmd_bench(args) -> int:
 def cmd_plateau(args) -> int:
     from brorl_lab.study.plateau import plateau_config, train_plateau
 
+    lr = {} if args.lr is None else {"lr": args.lr}  # default: the ProRL recipe's (study.plateau.RECIPE)
     cfg = plateau_config(steps=args.steps, tasks=args.families, seed=args.seed, eval_every=args.eval_every,
-                         checkpoint_every=args.eval_every, lr=args.lr, run_dir=args.run_dir, torch_threads=args.threads)
+                         checkpoint_every=args.eval_every, run_dir=args.run_dir, torch_threads=args.threads, **lr)
     res = train_plateau(cfg, out=args.out, gain=args.gain, min_delta=args.min_delta, patience=args.patience,
                         command=_command_line(args))
     print(res.curve.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -371,7 +380,8 @@ def cmd_theorem(args) -> int:
 def cmd_make_data(args) -> int:
     from brorl_lab.rollout.make_data import make_eval_sets
 
-    for name, path in make_eval_sets(args.families, size=args.size, seed=args.seed, out_dir=Path(args.out_dir)).items():
+    given = {k: getattr(args, k) for k in ("families", "size", "seed") if getattr(args, k) is not None}
+    for name, path in make_eval_sets(**given, out_dir=Path(args.out_dir)).items():
         print(f"{name}: {path}")
     return 0
 
@@ -379,8 +389,9 @@ def cmd_make_data(args) -> int:
 def cmd_train_default(args) -> int:
     from brorl_lab.rl.train_default import TRAIN_DEFAULTS, train_default_model
 
-    options = {k: getattr(args, k) for k in TRAIN_DEFAULTS}
-    report = train_default_model(args.out, args.families, command=_command_line(args), **options)
+    options = {k: getattr(args, k) for k in TRAIN_DEFAULTS if getattr(args, k) is not None}  # None: the default
+    families = {} if args.families is None else {"families": args.families}
+    report = train_default_model(args.out, command=_command_line(args), **families, **options)
     print(json.dumps(report, indent=1))
     return 0
 
@@ -427,9 +438,17 @@ def _literal(s: str) -> Any:
 
 
 # ---- parser ---------------------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported as one line (the usage is one --help away), like every other user error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="show the traceback of every error, also of bad input")
     sub = p.add_subparsers(dest="command", required=True,
                          metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
                                  "scaling,regime-map,theorem,make-data,train-default,launch,import-run}")
@@ -527,12 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--overwrite", action="store_true", help="replace a run already in RUN")
     ir.set_defaults(func=cmd_import_run)
 
-    from brorl_lab.core.paths import EVAL_DIR, DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR
-    from brorl_lab.study.plateau import RECIPE
-    from brorl_lab.rl.train_default import MODEL_SHAPE, TRAIN_DEFAULTS
-    from brorl_lab.rollout.make_data import DEFAULT_EVAL_FAMILIES, EVAL_SEED, EVAL_SIZE
-    from brorl_lab.rollout.tasks import BUILTIN_FAMILIES
-
+    # Defaults that live with their commands (study.plateau.RECIPE, rl.train_default.TRAIN_DEFAULTS,
+    # rollout.make_data): None here, so parsing imports none of them (nor torch); each command fills them in.
     a = sub.add_parser("plateau", help="train the default model with the ProRL recipe until held-out pass@1 stalls")
     a.add_argument("--steps", type=int, default=800, help="step cap (the plateau rule usually stops earlier)")
     a.add_argument("--out", default=str(PLATEAU_MODEL_DIR), help="HF model directory to write")
@@ -542,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--gain", type=float, default=0.05, help="plateau rule: pass@1 gained over the start first")
     a.add_argument("--min-delta", type=float, default=0.01, help="plateau rule: the improvement that counts as new best")
     a.add_argument("--patience", type=int, default=100, help="plateau rule: steps without a new best")
-    a.add_argument("--lr", type=float, default=RECIPE["lr"])
+    a.add_argument("--lr", type=float, default=None, help="default: the ProRL recipe's (study.plateau.RECIPE)")
     a.add_argument("--run-dir", default="runs", help="parent of the resumable run directory 'plateau'")
     a.add_argument("--threads", type=int, default=1, help="torch threads")
     a.set_defaults(func=cmd_plateau)
@@ -593,25 +608,22 @@ def build_parser() -> argparse.ArgumentParser:
     th.set_defaults(func=cmd_theorem)
 
     m = sub.add_parser("make-data", help="regenerate the frozen eval sets data/eval/<family>.jsonl")
-    m.add_argument("--families", nargs="+", default=list(DEFAULT_EVAL_FAMILIES))
-    m.add_argument("--size", type=int, default=EVAL_SIZE)
-    m.add_argument("--seed", type=int, default=EVAL_SEED)
+    m.add_argument("--families", nargs="+", default=None, help="default: the built-in families")
+    m.add_argument("--size", type=int, default=None, help="default: rollout.make_data.EVAL_SIZE (200)")
+    m.add_argument("--seed", type=int, default=None, help="default: rollout.make_data.EVAL_SEED (0)")
     m.add_argument("--out-dir", default=str(EVAL_DIR))
     m.set_defaults(func=cmd_make_data)
 
     d = sub.add_parser("train-default", help="train the shipped default model from scratch (supervised warm start)")
     d.add_argument("--out", default=str(DEFAULT_MODEL_DIR))
-    d.add_argument("--families", nargs="+", default=list(BUILTIN_FAMILIES))
-    d.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"])
-    d.add_argument("--sequences-per-step", type=int, default=TRAIN_DEFAULTS["sequences_per_step"])
-    d.add_argument("--lr", type=float, default=TRAIN_DEFAULTS["lr"])
-    d.add_argument("--seed", type=int, default=TRAIN_DEFAULTS["seed"])
-    d.add_argument("--hidden-size", type=int, default=MODEL_SHAPE["hidden_size"])
-    d.add_argument("--layers", type=int, default=MODEL_SHAPE["num_hidden_layers"])
-    d.add_argument("--eval-prompts", type=int, default=TRAIN_DEFAULTS["eval_prompts"],
-                   help="eval prompts per family for the report (0: skip)")
-    d.add_argument("--eval-samples", type=int, default=TRAIN_DEFAULTS["eval_samples"],
-                   help="samples per eval prompt at each temperature")
+    d.add_argument("--families", nargs="+", default=None, help="default: the built-in families")
+    for flag in ("--steps", "--sequences-per-step", "--lr", "--seed", "--hidden-size", "--layers"):
+        d.add_argument(flag, type=float if flag == "--lr" else int, default=None,
+                       help="default: rl.train_default.TRAIN_DEFAULTS")
+    d.add_argument("--eval-prompts", type=int, default=None,
+                   help="eval prompts per family for the report (0: skip; default: TRAIN_DEFAULTS)")
+    d.add_argument("--eval-samples", type=int, default=None,
+                   help="samples per eval prompt at each temperature (default: TRAIN_DEFAULTS)")
     d.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
     d.set_defaults(func=cmd_train_default)
     return p
@@ -623,8 +635,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.argv = None if argv is None else list(argv)
     try:
         return args.func(args)
-    except (ConfigError, ValueError) as e:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+    except UserError as e:  # bad input: one line. Anything else is a bug and keeps its traceback.
+        if args.debug:
+            raise
+        parser.exit(2, f"{parser.prog} {args.command}: error: {' '.join(str(e).splitlines())}\n")
     return 0
 
 

@@ -121,7 +121,7 @@ def _unknown_name(allowed):
 
 
 @st.composite
-def bad_field(draw, python_objects: bool = True):
+def bad_field(draw, python_objects: bool = True):  # noqa: C901 - one branch per kind of bad value: the specification of bad input, read as a table
     """(field, bad value, extra valid fields the error depends on)."""
     kind = draw(st.sampled_from(["int", "float", "choice", "bool", "list", "model", "run_name", "cross",
                                  "task_configs"]))

@@ -61,6 +61,43 @@ def test_cli_rejects_bad_arguments_with_one_clear_line(args, needle):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--lr", "abc"], "argument --lr: invalid float value: 'abc'"),
+    (["train", "--rollouts-per-prompt", "0"], "config field 'rollouts_per_prompt': got 0"),
+    (["eval", "--temperature", "0"], "config field 'eval_temperature': got 0.0"),
+    (["make-data", "--size", "many"], "argument --size: invalid int value"),
+])
+def test_a_bad_flag_is_refused_in_one_line_before_torch_is_imported(args, needle):
+    """The CLI parses and checks flags with plain data only: -X importtime lists every module the process imported,
+    and torch is not among them; the error is one line (argparse's usage is left to --help)."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "brorl_lab", *args], capture_output=True,
+                         text=True)
+    imported = [line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    errors = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+    assert out.returncode == 2 and len(errors) == 1 and needle in errors[0], out.stderr[-2000:]
+    assert "brorl_lab.cli" in imported and "torch" not in imported and "transformers" not in imported
+
+
+def test_a_bug_keeps_its_traceback_and_debug_shows_every_error(monkeypatch, capsys):
+    """Only user errors (UserError: ConfigError, a bad path or run directory) become one line; a ValueError from a bug
+    is not caught; --debug re-raises user errors too."""
+    from brorl_lab import cli
+    from brorl_lab.core.validation import UserError
+
+    def broken(args):
+        raise ValueError("too many values to unpack")  # what a bug deep in a command looks like
+
+    monkeypatch.setattr(cli, "cmd_export", broken)
+    with pytest.raises(ValueError, match="too many values") as e:
+        cli.main(["export", "a", "b"])
+    assert not isinstance(e.value, UserError)
+    with pytest.raises(ConfigError, match="rollouts_per_prompt"):
+        cli.main(["--debug", "train", "--rollouts-per-prompt", "0"])
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--rollouts-per-prompt", "0"])
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
 def test_config_roundtrip_and_unknown_key_suggestion():
     cfg = Config(rollouts_per_prompt=512, prompts_per_step=2)
     assert Config.from_dict(cfg.to_dict()) == cfg

@@ -17,6 +17,7 @@ import torch
 
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR
 from brorl_lab.core.rundir import hf_model_dir
+from brorl_lab.core.validation import UserError
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,7 +31,7 @@ def resolve_model(model: str) -> str:
     directory, so a typo in a path fails here with a clear message rather than as a hub lookup.
     """
     if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"model: got {model!r}; allowed: 'default', a local HF model directory or a hub id")
+        raise UserError(f"model: got {model!r}; allowed: 'default', a local HF model directory or a hub id")
     if model == "default":
         path = DEFAULT_MODEL_DIR
     elif model.startswith((".", "/", "~")) or Path(model).exists():
@@ -43,7 +44,7 @@ def resolve_model(model: str) -> str:
         if (path / "checkpoint").is_dir():
             hint = (f" (a run directory without policy/, written before runs exported one: `python -m brorl_lab "
                     f"export {model} OUT` makes it)")
-        raise ValueError(f"model: got {model!r} -> {str(path)!r}, which is not a directory containing config.json"
+        raise UserError(f"model: got {model!r} -> {str(path)!r}, which is not a directory containing config.json"
                          f"{hint}; allowed: 'default', a local HF model directory, a run directory or a hub id")
     return str(found.resolve())
 
@@ -51,11 +52,11 @@ def resolve_model(model: str) -> str:
 def pick_device(device: str = "auto") -> torch.device:
     """``'auto'`` -> CUDA when available, else CPU. ``'cuda'`` without a GPU is an error, not a silent fallback."""
     if device not in DEVICES:
-        raise ValueError(f"device: got {device!r}; allowed: {', '.join(DEVICES)}")
+        raise UserError(f"device: got {device!r}; allowed: {', '.join(DEVICES)}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: got 'cuda' but torch.cuda.is_available() is False; allowed here: 'auto', 'cpu'")
+        raise UserError("device: got 'cuda' but torch.cuda.is_available() is False; allowed here: 'auto', 'cpu'")
     return torch.device(device)
 
 
@@ -64,7 +65,7 @@ def pick_dtype(dtype: str = "auto", device: str | torch.device = "cpu") -> torch
     if dtype == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"dtype: got {dtype!r}; allowed: auto, {', '.join(DTYPES)}")
+        raise UserError(f"dtype: got {dtype!r}; allowed: auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 

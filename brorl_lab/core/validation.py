@@ -12,7 +12,12 @@ from collections.abc import Iterable
 import numpy as np
 
 
-class ConfigError(ValueError):
+class UserError(ValueError):
+    """Bad input the user gave (a flag, a config field, a path, a run directory), in one line naming it and what is
+    allowed. The CLI prints these as that one line; every other exception is a bug and keeps its traceback."""
+
+
+class ConfigError(UserError):
     """A config field has a value outside what is allowed. The message names field, value and the allowed set.
     (Defined here, below :mod:`brorl_lab.core.config` and :mod:`brorl_lab.core.trl_names`, which both raise it.)"""
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from brorl_lab.lab import analysis, plots, tracking
+from brorl_lab.core.validation import UserError
 
 REPORT_FILE = "report.html"
 TRAINING_METRICS = ("reward_mean", "pass_at_1", "ds_pass_rate", "kl", "entropy", "clipfrac_high", "clipfrac_low",
@@ -55,10 +56,10 @@ def collect_runs(paths: Sequence[str | os.PathLike], *, allow_empty: bool = Fals
     dirs: list[Path] = []
     for p in _check_paths(paths):
         if not p.is_dir():
-            raise ValueError(f"runs: {p} is not a directory; {RUNS_ALLOWED}")
+            raise UserError(f"runs: {p} is not a directory; {RUNS_ALLOWED}")
         found = tracking.find_run_dirs(p)
         if not found and not allow_empty:
-            raise ValueError(f"runs: {p} holds no training run (no config.yaml next to a metrics.parquet at or "
+            raise UserError(f"runs: {p} holds no training run (no config.yaml next to a metrics.parquet at or "
                              f"below it); {RUNS_ALLOWED}")
         dirs += [d.resolve() for d in found]
     dirs = list(dict.fromkeys(dirs))
@@ -70,7 +71,7 @@ def collect_runs(paths: Sequence[str | os.PathLike], *, allow_empty: bool = Fals
 
 def _check_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
     if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence) or not paths:
-        raise ValueError(f"runs: got {paths!r}; {RUNS_ALLOWED}: a list of one or more")
+        raise UserError(f"runs: got {paths!r}; {RUNS_ALLOWED}: a list of one or more")
     return [Path(p) for p in paths]
 
 
@@ -154,7 +155,7 @@ def report_html(paths: Sequence[str | os.PathLike], *, title: Optional[str] = No
     """The report page of the runs at or below ``paths`` (see the module docstring); ``index`` (a sweep's index)
     adds a table of every run the sweep made, its status and parameters."""
     if x not in plots.X_AXES:
-        raise ValueError(f"x: got {x!r}; allowed: {', '.join(plots.X_AXES)}")
+        raise UserError(f"x: got {x!r}; allowed: {', '.join(plots.X_AXES)}")
     runs = collect_runs(paths, allow_empty=allow_empty)
     df = tracking.load_run_dirs(runs)
     labels = run_labels(df)
@@ -191,14 +192,14 @@ def _out_path(paths: Sequence[str | os.PathLike], out: Optional[str | os.PathLik
     paths = _check_paths(paths)
     if out is None:
         if len(paths) != 1:
-            raise ValueError(f"out: needed for a report of {len(paths)} paths; allowed: a file name ending in .html "
+            raise UserError(f"out: needed for a report of {len(paths)} paths; allowed: a file name ending in .html "
                              f"(only the report of one path has a default, <path>/{REPORT_FILE})")
         return paths[0] / REPORT_FILE
     out = Path(out)
     if out.is_dir():
         return out / REPORT_FILE
     if out.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"out: got {str(out)!r}; allowed: a file name ending in .html, or an existing directory")
+        raise UserError(f"out: got {str(out)!r}; allowed: a file name ending in .html, or an existing directory")
     return out
 
 

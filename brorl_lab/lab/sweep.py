@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from brorl_lab.lab.tracking import RunDir, atomic_write
-from brorl_lab.core.validation import check_int, did_you_mean, is_int, is_number
+from brorl_lab.core.validation import UserError, check_int, did_you_mean, is_int, is_number
 
 KERNEL = "python3"
 
@@ -41,10 +41,10 @@ KERNEL = "python3"
 def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict]:
     """Cartesian product of a {name: [values]} grid, in a stable order."""
     if not isinstance(grid, Mapping) or not grid:
-        raise ValueError("grid: allowed: a non-empty mapping of parameter name -> list of values")
+        raise UserError("grid: allowed: a non-empty mapping of parameter name -> list of values")
     for k, v in grid.items():
         if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) == 0:
-            raise ValueError(f"grid[{k!r}]: got {v!r}; allowed: a non-empty list of values")
+            raise UserError(f"grid[{k!r}]: got {v!r}; allowed: a non-empty list of values")
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
@@ -69,11 +69,11 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict:
     import papermill as pm
 
     if not Path(notebook).is_file():
-        raise ValueError(f"notebook: {notebook} does not exist; allowed: a path to an .ipynb file")
+        raise UserError(f"notebook: {notebook} does not exist; allowed: a path to an .ipynb file")
     try:
         declared = pm.inspect_notebook(str(notebook))
     except Exception as e:  # noqa: BLE001 - not JSON, not nbformat, unreadable: one error naming the notebook
-        raise ValueError(f"notebook: {notebook} could not be read as a notebook ({type(e).__name__}: "
+        raise UserError(f"notebook: {notebook} could not be read as a notebook ({type(e).__name__}: "
                          f"{str(e).strip()[:200]}); allowed: a path to an .ipynb file") from e
     return {name: info["default"] for name, info in declared.items()}
 
@@ -83,11 +83,11 @@ def check_parameters(notebook: str | os.PathLike, params: Mapping[str, Any]) -> 
     cannot write into a cell (anything but None, bool, int, float, str and lists / str-keyed dicts of them)."""
 
     if not isinstance(params, Mapping):
-        raise ValueError(f"parameters: got {type(params).__name__}; allowed: a mapping of parameter name -> value")
+        raise UserError(f"parameters: got {type(params).__name__}; allowed: a mapping of parameter name -> value")
     known = notebook_parameters(notebook)
     for k, v in params.items():
         if k not in known:
-            raise ValueError(f"parameter {k!r}{did_you_mean(k, known)} is not in the parameters cell of {Path(notebook).name}; "
+            raise UserError(f"parameter {k!r}{did_you_mean(k, known)} is not in the parameters cell of {Path(notebook).name}; "
                              f"allowed: {', '.join(known)}")
         _check_value(k, v, v)
 
@@ -109,7 +109,7 @@ def _check_value(name: str, value: Any, part: Any) -> None:
         for x in part.values():
             _check_value(name, value, x)
         return
-    raise ValueError(f"parameter {name!r}: got {value!r} (contains {type(part).__name__} {part!r}); allowed: None, "
+    raise UserError(f"parameter {name!r}: got {value!r} (contains {type(part).__name__} {part!r}); allowed: None, "
                      "bool, int, float, UTF-8 str, or lists and str-keyed dicts of these")
 
 
@@ -155,10 +155,10 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parame
 
     notebook = Path(notebook)
     if not notebook.exists():
-        raise ValueError(f"notebook: {notebook} does not exist")
+        raise UserError(f"notebook: {notebook} does not exist")
     if timeout_s is not None and (not is_number(timeout_s)
                                   or not timeout_s > 0):
-        raise ValueError(f"timeout_s: got {timeout_s!r}; allowed: None or a number of seconds > 0")
+        raise UserError(f"timeout_s: got {timeout_s!r}; allowed: None or a number of seconds > 0")
     check_parameters(notebook, {} if parameters is None else parameters)
     params = dict(parameters or {})
     if "run_dir" in notebook_parameters(notebook):
@@ -205,7 +205,7 @@ def _export_html(nb_path: Path) -> Optional[str]:
         return f"html export failed: {e}"
 
 
-def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | Iterable[dict], *,
+def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | Iterable[dict], *,  # noqa: C901 - validate, plan, run in parallel and record, one loop the reader follows whole
               out: str | os.PathLike, parallel: int = 1, base: Optional[dict] = None,
               skip_finished: bool = True, progress: bool = True, poll_s: float = 2.0) -> pd.DataFrame:
     """Run ``notebook`` once per parameter set (a grid mapping or a list of dicts), ``parallel`` at a time.
@@ -219,22 +219,22 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
 
     check_int('parallel', parallel, 1)
     if not is_number(poll_s) or not 0 < poll_s < math.inf:
-        raise ValueError(f"poll_s: got {poll_s!r}; allowed: a number of seconds > 0")
+        raise UserError(f"poll_s: got {poll_s!r}; allowed: a number of seconds > 0")
     if isinstance(grid, Mapping):
         sets = expand_grid(grid)
     elif isinstance(grid, Iterable) and not isinstance(grid, (str, bytes)):
         sets = list(grid)
         for p in sets:
             if not isinstance(p, Mapping):
-                raise ValueError(f"grid: got an element {p!r}; allowed: a mapping name -> [values] or a list of "
+                raise UserError(f"grid: got an element {p!r}; allowed: a mapping name -> [values] or a list of "
                                  "parameter dicts")
         sets = [dict(p) for p in sets]
     else:
-        raise ValueError(f"grid: got {type(grid).__name__}; allowed: a mapping name -> [values] or a list of dicts")
+        raise UserError(f"grid: got {type(grid).__name__}; allowed: a mapping name -> [values] or a list of dicts")
     if not sets:
-        raise ValueError("grid: no parameter sets to run")
+        raise UserError("grid: no parameter sets to run")
     if base is not None and not isinstance(base, Mapping):
-        raise ValueError(f"base: got {type(base).__name__}; allowed: None or a mapping of fixed parameters")
+        raise UserError(f"base: got {type(base).__name__}; allowed: None or a mapping of fixed parameters")
     declared = notebook_parameters(notebook)
     base = dict(base or {})
     if "torch_threads" in declared and "torch_threads" not in base:
@@ -320,7 +320,7 @@ def iso_compute_plan(samples_per_step: int, n_values: Sequence[int]) -> pd.DataF
     rows = []
     for n in n_values:
         if not is_int(n) or n < 1:
-            raise ValueError(f"n_values: got {n!r}; allowed: integers >= 1")
+            raise UserError(f"n_values: got {n!r}; allowed: integers >= 1")
         ok = samples_per_step % n == 0
         rows.append({"rollouts_per_prompt": n, "prompts_per_step": samples_per_step // n if ok else None,
                      "samples_per_step": samples_per_step if ok else None,
@@ -344,9 +344,9 @@ def run_iso_compute(samples_per_step: int, n_values: Sequence[int], *, seeds: Se
     plan = iso_compute_plan(samples_per_step, n_values)
     bad = plan[plan["prompts_per_step"].isna()]
     if not bad.empty:
-        raise ValueError(f"n_values: {'; '.join(bad['note'])}; allowed: divisors of samples_per_step")
+        raise UserError(f"n_values: {'; '.join(bad['note'])}; allowed: divisors of samples_per_step")
     if not seeds or any(not is_int(s) or s < 0 for s in seeds):
-        raise ValueError(f"seeds: got {list(seeds)!r}; allowed: a non-empty list of integers >= 0")
+        raise UserError(f"seeds: got {list(seeds)!r}; allowed: a non-empty list of integers >= 0")
     grid = [{"rollouts_per_prompt": int(r.rollouts_per_prompt), "prompts_per_step": int(r.prompts_per_step),
              "seed": int(s)} for r in plan.itertuples() for s in seeds]
     nb = Path(notebook) if notebook else NOTEBOOK_DIR / ISO_COMPUTE_NOTEBOOK

@@ -37,6 +37,7 @@ import yaml
 
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.rundir import RunDir, atomic_write
+from brorl_lab.core.validation import UserError
 
 #: verl metric -> our metrics.parquet column (the first present wins for a column named twice).
 VERL_METRICS = {
@@ -83,7 +84,7 @@ def read_verl_log(path: str | Path) -> pd.DataFrame:
                     rec = json.loads(line)
                     step, data = int(rec["step"]), rec["data"]
                 except (ValueError, KeyError, TypeError) as e:
-                    raise ValueError(f"LOGDIR: {path} line {n} is not a verl file-logger record ({e}); "
+                    raise UserError(f"LOGDIR: {path} line {n} is not a verl file-logger record ({e}); "
                                      f"{LOG_ALLOWED}") from None
             elif m := CONSOLE_LINE.match(line):
                 step = int(m["step"])
@@ -93,7 +94,7 @@ def read_verl_log(path: str | Path) -> pd.DataFrame:
             row = by_step.setdefault(step, {"step": step})
             row.update({k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if not by_step:
-        raise ValueError(f"LOGDIR: {path} holds no verl metrics; {LOG_ALLOWED}")
+        raise UserError(f"LOGDIR: {path} holds no verl metrics; {LOG_ALLOWED}")
     return pd.DataFrame([by_step[s] for s in sorted(by_step)])
 
 
@@ -103,16 +104,16 @@ def find_log(logdir: str | Path) -> Path:
     if p.is_file():
         return p
     if not p.is_dir():
-        raise ValueError(f"LOGDIR: {p} does not exist; {LOG_ALLOWED}")
+        raise UserError(f"LOGDIR: {p} does not exist; {LOG_ALLOWED}")
     jsonl = sorted(p.rglob("*.jsonl"))
     if len(jsonl) > 1:
-        raise ValueError(f"LOGDIR: {p} holds several jsonl files ({', '.join(map(str, jsonl))}); allowed: name one")
+        raise UserError(f"LOGDIR: {p} holds several jsonl files ({', '.join(map(str, jsonl))}); allowed: name one")
     if jsonl:
         return jsonl[0]
     consoles = sorted(p.rglob("console.log"))
     if len(consoles) == 1:
         return consoles[0]
-    raise ValueError(f"LOGDIR: {p} holds no *.jsonl and {len(consoles)} console.log files; {LOG_ALLOWED}")
+    raise UserError(f"LOGDIR: {p} holds no *.jsonl and {len(consoles)} console.log files; {LOG_ALLOWED}")
 
 
 def find_config(logdir: str | Path, log: Path) -> Path:

@@ -180,7 +180,7 @@ ${{PYTHON:-python3}} -m verl.trainer.main_ppo "${{OVERRIDES[@]}}" "$@" 2>&1 | te
 """
 
 
-def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = None, gpus_per_node: int = 8,
+def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = None, gpus_per_node: int = 8,  # noqa: C901 - every check before the first write, then the writes, in one readable order
                 nodes: int = 1, rollout_engine: str = "vllm", train_prompts: Optional[int] = None,
                 max_prompt_length: Optional[int] = None, strict: bool = False, overwrite: bool = False,
                 command: str = "python -m brorl_lab launch --to verl") -> LaunchResult:

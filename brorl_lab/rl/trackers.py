@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from brorl_lab.core.registry import Registry
+from brorl_lab.core.validation import UserError
 
 TRACKERS = Registry("tracker")
 TENSORBOARD_DIR = "tensorboard"  # inside a run directory
@@ -169,7 +170,7 @@ def metrics_to_tensorboard(run_dir: str | Path) -> Path:
     run = Path(run_dir)
     metrics = run / "metrics.parquet"
     if not metrics.is_file():
-        raise ValueError(f"run: {run} has no metrics.parquet; allowed: a run directory written by Trainer")
+        raise UserError(f"run: {run} has no metrics.parquet; allowed: a run directory written by Trainer")
     rows = RunDir(run).read_metrics().to_dict("records")
 
     def write(tmp: Path) -> None:

@@ -45,13 +45,14 @@ from brorl_lab.rl.logprobs import compute_logprobs
 from brorl_lab.rl.spec import RunSpec, resolve
 from brorl_lab.rl.trackers import check_trackers
 from brorl_lab.core.seeding import derive_seed
+from brorl_lab.core.validation import UserError
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_dir, commit_dir, stage_dir
 
 CHECKPOINT_FILE = "state.pt"
 POLICY_INFO_FILE = "brorl_lab.json"  # in a policy/ directory: the step, run and config it was trained with
 
 
-class RunExistsError(ValueError):
+class RunExistsError(UserError):
     """A new Trainer was pointed at a directory that already holds a run (and neither resume nor overwrite)."""
 
 
@@ -118,17 +119,17 @@ def export_policy(run: str | Path, out: str | Path) -> Path:
 
     run, out = Path(run), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"out: {out} already exists and is not an empty directory; allowed: a new directory")
+        raise UserError(f"out: {out} already exists and is not an empty directory; allowed: a new directory")
     if run.name == RunDir.POLICY_DIR and (run / "config.json").is_file():
         run = run.parent
     if not run.is_dir():
-        raise ValueError(f"run: {run} is not a directory; allowed: a run directory written by Trainer")
+        raise UserError(f"run: {run} is not a directory; allowed: a run directory written by Trainer")
     policy_dir = run / RunDir.POLICY_DIR
     if (policy_dir / "config.json").is_file():
         return atomic_write_dir(out, lambda tmp: shutil.copytree(policy_dir, tmp, dirs_exist_ok=True))
     ckpt = run / "checkpoint" / CHECKPOINT_FILE
     if not ckpt.is_file() or not (run / "config.yaml").is_file():
-        raise ValueError(f"run: {run} has neither {RunDir.POLICY_DIR}/ nor checkpoint/{CHECKPOINT_FILE} with "
+        raise UserError(f"run: {run} has neither {RunDir.POLICY_DIR}/ nor checkpoint/{CHECKPOINT_FILE} with "
                          "config.yaml; allowed: a run directory with a checkpoint")
     cfg = Config.from_dict(RunDir(run).read_config())
     state = torch.load(ckpt, weights_only=False, map_location="cpu")
@@ -548,21 +549,21 @@ class Trainer:
     def resume(cls, run_dir: str | Path, **kwargs) -> "Trainer":
         """Re-open a run directory and continue from its last complete checkpoint."""
         if not Path(run_dir).is_dir():  # RunDir() would create it
-            raise ValueError(f"run_dir: {run_dir} is not a directory; allowed: a run directory with a checkpoint")
+            raise UserError(f"run_dir: {run_dir} is not a directory; allowed: a run directory with a checkpoint")
         run = RunDir(run_dir)
         ckpt = run.checkpoint_dir / CHECKPOINT_FILE
         if not ckpt.exists():
-            raise ValueError(f"run_dir: {run.path} has no checkpoint ({ckpt} missing); nothing to resume")
+            raise UserError(f"run_dir: {run.path} has no checkpoint ({ckpt} missing); nothing to resume")
         try:
             config = run.read_config()
         except Exception as e:  # noqa: BLE001 - missing or unparsable config.yaml
-            raise ValueError(f"run_dir: {run.path / 'config.yaml'} could not be read ({type(e).__name__}: "
+            raise UserError(f"run_dir: {run.path / 'config.yaml'} could not be read ({type(e).__name__}: "
                              f"{str(e).strip()[:200]}); allowed: a run directory written by Trainer") from e
         cfg = Config.from_dict(config)
         try:
             state = torch.load(ckpt, weights_only=False)
         except Exception as e:  # noqa: BLE001 - atomic writes make this a foreign or damaged file, not a torn one
-            raise ValueError(f"run_dir: checkpoint {ckpt} could not be loaded ({type(e).__name__}: "
+            raise UserError(f"run_dir: checkpoint {ckpt} could not be loaded ({type(e).__name__}: "
                              f"{str(e).strip()[:200]}); allowed: a checkpoint written by Trainer") from e
         trainer = cls(cfg, run_dir=run.path, _resuming=True, **kwargs)
         trainer.load_state_dict(state)

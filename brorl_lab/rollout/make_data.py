@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from brorl_lab.core.paths import EVAL_DIR
 from brorl_lab.rollout.tasks import BUILTIN_FAMILIES, TASKS, TaskItem, write_items
-from brorl_lab.core.validation import check_int
+from brorl_lab.core.validation import UserError, check_int
 
 EVAL_SIZE = 200
 EVAL_SEED = 0
@@ -43,6 +43,6 @@ def distinct_eval_items(name: str, size: int, seed: int) -> list[TaskItem]:
             seen.add(item.question)
             items.append(item)
     if len(items) < size:
-        raise ValueError(f"size: task {name!r} has only {len(items)} distinct eval questions in {8 * size} draws; "
+        raise UserError(f"size: task {name!r} has only {len(items)} distinct eval questions in {8 * size} draws; "
                          f"allowed: at most {len(items)} (or widen the family's difficulty config)")
     return items[:size]

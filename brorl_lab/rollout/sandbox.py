@@ -338,7 +338,7 @@ class _Supervisor:
             self.status, self.why = status, why
             self.end()
 
-    def supervise(self, payload: bytes, wall_timeout: float) -> None:
+    def supervise(self, payload: bytes, wall_timeout: float) -> None:  # noqa: C901 - the supervisor's limits and kill paths read as one sequence (security code)
         import selectors
         import time
 
@@ -523,7 +523,7 @@ def _enter_user_namespace(libc: _Libc) -> bool:
     return True
 
 
-def _private_filesystem(libc: _Libc, tmpfs_bytes: int) -> tuple[str, Optional[str]]:
+def _private_filesystem(libc: _Libc, tmpfs_bytes: int) -> tuple[str, Optional[str]]:  # noqa: C901 - the namespace set-up steps in the order the kernel needs them (security code)
     """In the new mount namespace: read-only view of the host, fresh scratch tmpfs, hidden homes, new /proc.
     Returns the fs mode and the working directory (None: the namespace could not be set up)."""
     if not libc.set_readonly("/"):
@@ -559,7 +559,7 @@ def _private_filesystem(libc: _Libc, tmpfs_bytes: int) -> tuple[str, Optional[st
     return ("mntns-ro" if readonly else "mntns"), workdir
 
 
-def _install_guard(workdir: str, uid_isolated: bool) -> None:
+def _install_guard(workdir: str, uid_isolated: bool) -> None:  # noqa: C901 - the audit hook's whole policy in one place, to be reviewed whole (security code)
     """PEP 578 audit hook for when namespaces are missing: refuse network, new programs, ctypes, writes outside
     ``workdir`` and (without a uid of its own) signals to processes other than itself and its children.
     Audit hooks cannot be removed from Python code; they are bypassable by memory corruption (see module doc)."""
@@ -578,7 +578,7 @@ def _install_guard(workdir: str, uid_isolated: bool) -> None:
     def inside(path: Any) -> bool:
         return (realpath(fsdecode(path)) + os.sep).startswith(root)
 
-    def hook(event: str, args: tuple) -> None:
+    def hook(event: str, args: tuple) -> None:  # noqa: C901 - one event filter: every allowed or refused event in one place (security code)
         if get_ident() in busy:  # the hook's own file reads
             return
         if event.startswith(refused):
@@ -685,7 +685,7 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _harness_main(argv: list[str]) -> None:
+def _harness_main(argv: list[str]) -> None:  # noqa: C901 - the child's start-up sequence, step by step, before the untrusted code runs
     import gc
     import signal
     import traceback  # noqa: F401  (used by _run_solution, after the stdlib may have become unreadable)

@@ -30,7 +30,7 @@ DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 
 
 # ---- the arms ----------------------------------------------------------------------------------------------------------
-def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 64,
+def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 64,  # noqa: C901 - one branch per arm option, each checked where the arm is built
                 prompts_large: Optional[int] = None, samples_ratio: float = 8, lr_scaling: str = "none",
                 n_mid: Optional[int] = None, prompts_mid: Optional[int] = None) -> dict[str, Config]:
     """The arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}`` (and ``"middle"``

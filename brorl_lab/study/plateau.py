@@ -18,7 +18,7 @@ import pandas as pd
 from brorl_lab.core.config import Config
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, RUNS_DIR, repo_relative
 from brorl_lab.core.rundir import eval_key
-from brorl_lab.core.validation import check_int, is_finite_number, is_number
+from brorl_lab.core.validation import UserError, check_int, is_finite_number, is_number
 
 MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
 PASS1 = "pass@1"
@@ -56,11 +56,11 @@ def resolve_experiment_model(model: str) -> str:
     """``'plateau'`` -> the shipped plateau checkpoint (data/plateau_model, as an absolute path so notebooks running
     in notebooks/ find it); anything else is returned unchanged for :class:`Config` to check."""
     if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"model: got {model!r}; allowed: 'plateau', 'default', a local HF model directory or a hub id")
+        raise UserError(f"model: got {model!r}; allowed: 'plateau', 'default', a local HF model directory or a hub id")
     if model in MODEL_ALIASES:
         path = MODEL_ALIASES[model]
         if not (path / "config.json").is_file():
-            raise ValueError(f"model: {model!r} -> {path} has no config.json; build it with "
+            raise UserError(f"model: {model!r} -> {path} has no config.json; build it with "
                              "`python -m brorl_lab.study.experiments plateau`")
         return str(path)
     return model
@@ -97,7 +97,7 @@ def recipe_config(recipe: str = FLAGSHIP_RECIPE, **overrides) -> Config:
     (read from its plateau.json) when the model is the plateau checkpoint, else to :func:`hard_families`.
     """
     if recipe not in RECIPES:
-        raise ValueError(f"recipe: got {recipe!r}; allowed: {', '.join(RECIPES)}")
+        raise UserError(f"recipe: got {recipe!r}; allowed: {', '.join(RECIPES)}")
     d = {**RECIPES[recipe], **overrides}
     d["model"] = resolve_experiment_model(d.get("model", "default"))
     if "tasks" not in overrides or overrides["tasks"] is None:
@@ -200,7 +200,7 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
     if not isinstance(cfg, Config):
         raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config (see plateau_config)")
     if cfg.eval_every < 1:
-        raise ValueError(f"cfg.eval_every: got {cfg.eval_every}; allowed: >= 1 (the plateau rule reads the eval curve)")
+        raise UserError(f"cfg.eval_every: got {cfg.eval_every}; allowed: >= 1 (the plateau rule reads the eval curve)")
     rule = dict(gain=gain, min_delta=min_delta, patience=patience)
     plateau_rule([], [], **rule)  # validate the rule's arguments before any work
     if out is not None:
@@ -258,19 +258,19 @@ def check_same_config(path: Path, cfg: Config) -> None:
     try:
         saved = RunDir(path).read_config()
     except (OSError, ValueError) as e:
-        raise ValueError(f"root: {path} holds a run whose config.yaml cannot be read ({e}); allowed: a fresh root "
+        raise UserError(f"root: {path} holds a run whose config.yaml cannot be read ({e}); allowed: a fresh root "
                          "or one written by this function") from e
     want = cfg.to_dict()
     diff = sorted(k for k in want if k not in IGNORED_FIELDS and saved.get(k) != want[k])
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} there, {want[k]!r} asked" for k in diff[:4])
-        raise ValueError(f"root: {path} already holds a run with a different config ({shown}); allowed: the same "
+        raise UserError(f"root: {path} already holds a run with a different config ({shown}); allowed: the same "
                          "settings (to resume it), another root, or delete that directory")
 
 
 def _check_model_out(out: Path) -> None:
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())):
-        raise ValueError(f"out: {out} exists and is not an HF model directory; allowed: a new path, an empty "
+        raise UserError(f"out: {out} exists and is not an HF model directory; allowed: a new path, an empty "
                          "directory or a model directory to overwrite")
 
 

@@ -329,7 +329,7 @@ class RayEngine(RolloutEngine):
 
     name = "ray"
 
-    def __init__(self, model="default", tokenizer=None, *, workers: int = 2, worker_engine: str = "torch",
+    def __init__(self, model="default", tokenizer=None, *, workers: int = 2, worker_engine: str = "torch",  # noqa: C901 - argument checks and the actor pool's start, in the order a reader checks them
                  address: Optional[str] = None, device: str = "auto", dtype: str = "auto",
                  num_cpus_per_worker: Optional[float] = None, num_gpus_per_worker: Optional[float] = None,
                  local_cpus: Optional[int] = None, max_retries: int = 1, timeout_s: float = 1800.0,
@@ -455,7 +455,7 @@ class RayEngine(RolloutEngine):
         self._dead.discard(i)
 
     # ---- calls with deadlines and retries ----------------------------------------------------------------------------
-    def _call(self, tasks: list[tuple[int, str, tuple]], what: str, *, retry: bool = True,
+    def _call(self, tasks: list[tuple[int, str, tuple]], what: str, *, retry: bool = True,  # noqa: C901 - one dispatch loop with its retry and failure paths side by side
               timeout_s: Optional[float] = None) -> list:
         """Run ``actor_i.method(*args)`` for each ``(i, method, args)``; results in task order.
 

@@ -13,17 +13,17 @@ from collections.abc import Mapping, Sequence
 
 from brorl_lab.rollout.tasks.base import TASKS, TaskFamily, TaskItem, family_of
 from brorl_lab.rollout.tasks.gym import check_sample_args
-from brorl_lab.core.validation import is_int
+from brorl_lab.core.validation import UserError, is_int
 
 
 def _check_names(names: str | Sequence[str], task_families: Optional[Mapping[str, TaskFamily]]) -> list[str]:
     names = [names] if isinstance(names, str) else list(names)
     if not names:
-        raise ValueError(f"names: got an empty list; allowed: task names from {', '.join(TASKS)}")
+        raise UserError(f"names: got an empty list; allowed: task names from {', '.join(TASKS)}")
     for name in names:
         family_of(name, task_families)  # unknown name -> ValueError naming it and the nearest valid one
         if names.count(name) > 1:
-            raise ValueError(f"names: got {names!r} (task {name!r} listed {names.count(name)} times); "
+            raise UserError(f"names: got {names!r} (task {name!r} listed {names.count(name)} times); "
                              "allowed: each task name at most once")
     return names
 
@@ -62,7 +62,7 @@ def eval_set(name: str, limit: Optional[int] = None,
         raise ValueError(f"limit: got {limit!r}; allowed: None or an integer >= 0")
     path = eval_path(name, task_families)
     if not path.is_file():
-        raise ValueError(f"eval set for task {name!r}: {path} does not exist; generate it with "
+        raise UserError(f"eval set for task {name!r}: {path} does not exist; generate it with "
                          f"`python -m brorl_lab make-data --families {name}`")
     items = []
     with path.open(encoding="utf-8") as f:
