@@ -20,8 +20,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .common import (bench_items, format_prompts, forward_flops, interleave, median, model_path, param_counts,
-                     ratio, row, set_threads)
+from .common import (
+    bench_items,
+    format_prompts,
+    forward_flops,
+    interleave,
+    median,
+    model_path,
+    param_counts,
+    ratio,
+    row,
+    set_threads,
+)
 
 GROUP = "hw"
 
@@ -98,11 +108,11 @@ def layout_tokens(policy, batch, cfg) -> tuple[int, str]:
 def run(smoke: bool = False, threads=None) -> list[dict]:
     import torch
 
-    from brorl_lab.rl import steps as S
     from brorl_lab.core.config import Config
-    from brorl_lab.rollout.engines import RolloutSampling, make_engine
-    from brorl_lab.rl.logprobs import compute_logprobs
     from brorl_lab.core.models import load_policy, make_reference
+    from brorl_lab.rl import steps as S
+    from brorl_lab.rl.logprobs import compute_logprobs
+    from brorl_lab.rollout.engines import RolloutSampling, make_engine
 
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)

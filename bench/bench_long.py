@@ -32,8 +32,18 @@ from pathlib import Path
 from . import bench_memory, bench_step_trl
 from .bench_hw import matmul_round, stream_round
 from .bench_rollout import BRORL_GPU_SCALING, available_engines, start_engines
-from .common import (bench_items, format_prompts, forward_flops, interleave, median, param_counts, ratio, row,
-                     run_child, set_threads)
+from .common import (
+    bench_items,
+    format_prompts,
+    forward_flops,
+    interleave,
+    median,
+    param_counts,
+    ratio,
+    row,
+    run_child,
+    set_threads,
+)
 from .long_model import long_model_path, param_total
 
 GROUP = "long"

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bench_hw import layout_tokens
-from .common import (bench_items, child_main, forward_flops, model_path, param_counts, ratio, rss_mib, row,
-                     run_child, set_threads)
+from .common import bench_items, child_main, forward_flops, model_path, param_counts, ratio, row, rss_mib, run_child, set_threads
 
 GROUP = "memory"
 MODULE = "bench.bench_memory"
@@ -42,10 +41,10 @@ SMOKE = Size(P=2, ns=(4, 16), max_new_tokens=4, micro_batch_tokens=64)
 def child(p: dict) -> dict:
     import torch
 
-    from brorl_lab.rl import steps as S
     from brorl_lab.core.config import Config
-    from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches
     from brorl_lab.core.models import load_policy, make_reference
+    from brorl_lab.rl import steps as S
+    from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches
 
     policy, _ = load_policy(p["model"], device="cpu", dtype="float32")
     reference = make_reference(policy)

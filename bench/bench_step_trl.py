@@ -44,8 +44,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 
-from .common import (BENCH_FAMILIES, Lockstep, child_main, format_prompts, median, model_path, ratio, rss_mib,
-                     row, set_threads)
+from .common import BENCH_FAMILIES, Lockstep, child_main, format_prompts, median, model_path, ratio, row, rss_mib, set_threads
 
 GROUP = "step"
 MODULE = "bench.bench_step_trl"

@@ -13,8 +13,8 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Callable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 # The default model is trained on these (data/default_model/training_report.json); benches mix them uniformly.

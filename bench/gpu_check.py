@@ -192,12 +192,12 @@ def environment(device) -> dict:
 def run(args: argparse.Namespace) -> dict:  # noqa: C901 - the GPU check as one script: each timing and gap in the order the report prints them
     import torch
 
-    from brorl_lab.rl import steps
     from brorl_lab.core.config import Config
+    from brorl_lab.core.models import make_reference, pick_device, pick_dtype
+    from brorl_lab.rl import steps
+    from brorl_lab.rl.logprobs import plan_micro_batches, row_token_counts
     from brorl_lab.rollout.engines.base import RolloutSampling
     from brorl_lab.rollout.engines.torch_engine import TorchEngine
-    from brorl_lab.rl.logprobs import plan_micro_batches, row_token_counts
-    from brorl_lab.core.models import make_reference, pick_device, pick_dtype
 
     t_start = time.perf_counter()
     if args.threads:

@@ -57,9 +57,8 @@ def _build(path: Path, shape: dict) -> None:
 
 
 def param_total(path: str) -> int:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))

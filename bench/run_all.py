@@ -28,9 +28,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Sequence
 
 from .common import format_table, model_path, model_summary, row, set_threads
 

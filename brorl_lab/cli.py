@@ -18,9 +18,9 @@ import json
 import os
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Sequence
 
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, EVAL_DIR, NOTEBOOK_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, RUNS_DIR

@@ -41,14 +41,14 @@ import torch
 import transformers
 from IPython.display import display
 
+from brorl_lab.core.config import Config
+from brorl_lab.core.models import load_policy, make_reference
+from brorl_lab.lab import plots
 from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
-from brorl_lab.core.config import Config
-from brorl_lab.lab import plots
-from brorl_lab.rollout.engines import RolloutSampling, make_engine
-from brorl_lab.core.models import load_policy, make_reference
-from brorl_lab.rollout.tasks import TASKS
 from brorl_lab.rl.trainer import Trainer
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
+from brorl_lab.rollout.tasks import TASKS
 
 # Quiet: math-verify warns on every call that its signal timeout is off (it must be outside the main thread),
 # and transformers draws a bar per model load.

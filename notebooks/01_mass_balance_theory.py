@@ -43,8 +43,8 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from brorl_lab.lab import plots
 from brorl_lab import theory
+from brorl_lab.lab import plots
 from brorl_lab.lab.widgets import mass_balance_explorer
 
 rng = np.random.default_rng(seed)

@@ -61,10 +61,10 @@ import pandas as pd
 import transformers
 from IPython.display import Markdown, display
 
-from brorl_lab.lab import plots, tracking
 from brorl_lab.core.config import Config
-from brorl_lab.rl.trainer import Trainer
+from brorl_lab.lab import plots, tracking
 from brorl_lab.lab.widgets import TrainingDashboard, TrainingJob
+from brorl_lab.rl.trainer import Trainer
 
 transformers.logging.disable_progress_bar()  # no "Loading weights" bar per arm
 base = Config(tasks=list(tasks), rollouts_per_prompt=N, prompts_per_step=prompts, optimizer_steps_per_step=2,

@@ -14,12 +14,23 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from brorl_lab.rl import algo
-
-from brorl_lab.rl.algo import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, aggregate, compute_advantages,
-                            entropy_from_logits, kl_penalty, loss_normalisers, merge_metrics, pass_at_k,
-                            pass_at_k_array, truncated_is_weights)
 from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.rl import algo
+from brorl_lab.rl.algo import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    aggregate,
+    compute_advantages,
+    entropy_from_logits,
+    kl_penalty,
+    loss_normalisers,
+    merge_metrics,
+    pass_at_k,
+    pass_at_k_array,
+    truncated_is_weights,
+)
 
 EPS = algo.ADV_EPS
 MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")

@@ -22,9 +22,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from brorl_lab import cli
-
-from brorl_lab.lab import sweep
 from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.lab import sweep
 from brorl_lab.rl import algo
 from brorl_lab.rl.spec import resolve
 from brorl_lab.rl.trackers import TRACKERS

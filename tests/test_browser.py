@@ -30,11 +30,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-from brorl_lab.lab.widgets import DASHBOARD_STOP_LABEL, EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
-
 from helpers_notebooks import write_notebook
 from helpers_runs import make_tiny_runs
+
+from brorl_lab.lab.widgets import DASHBOARD_STOP_LABEL, EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "01_mass_balance_theory.ipynb"
@@ -333,9 +332,10 @@ def rendered_plots(chromium, page_path: Path, shot: str) -> int:
 
 def test_the_demo_html_shows_every_figure_offline(chromium, tmp_path, monkeypatch):
     """`make demo` in small: the flagship notebook under papermill, then its nbconvert HTML in the browser."""
+    from test_notebooks_flagship import SCALING
+
     from brorl_lab import cli
     from brorl_lab.lab.sweep import notebook_parameters
-    from test_notebooks_flagship import SCALING
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     nb = REPO / "notebooks" / cli.FLAGSHIP

@@ -7,8 +7,8 @@ Run the vLLM part with ``pytest tests/test_ecosystem.py -m vllm``.
 from __future__ import annotations
 
 import errno
-import math
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -355,8 +355,9 @@ def test_evaluation_bar_counts_families_x_chunks_with_pass_at_1_so_far(run, bars
 
 def test_sweep_bar_shows_each_running_runs_step(tmp_path, bars):
     pytest.importorskip("papermill")
-    from brorl_lab.lab.sweep import progress_text, run_progress, run_sweep
     from helpers_notebooks import write_notebook
+
+    from brorl_lab.lab.sweep import progress_text, run_progress, run_sweep
 
     nb = write_notebook(tmp_path / "nb.ipynb", "run_dir = None\nsteps = 3",
                         "import time\nfrom brorl_lab.core.rundir import RunDir\n"

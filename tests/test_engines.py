@@ -9,15 +9,15 @@ import copy
 
 import pytest
 import torch
+from helpers_models import bias_token, save_tiny, tiny_qwen2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from brorl_lab.core.models import DEFAULT_MODEL_DIR
+from brorl_lab.rl.logprobs import compute_logprobs
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.engines.common import plan_chunks
 from brorl_lab.rollout.engines.torch_engine import TorchEngine
-from brorl_lab.rl.logprobs import compute_logprobs
-from brorl_lab.core.models import DEFAULT_MODEL_DIR
-from helpers_models import bias_token, save_tiny, tiny_qwen2
 
 torch.set_num_threads(1)
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from brorl_lab.study import experiments as E
 from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.study import experiments as E
 
 TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
 

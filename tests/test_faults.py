@@ -22,18 +22,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers_models import save_tiny
+from helpers_notebooks import write_notebook
 
-from brorl_lab.rl import algo
-
-from brorl_lab.lab import sweep
 from brorl_lab.core.config import Config
+from brorl_lab.lab import sweep
+from brorl_lab.lab.tracking import RunDir
+from brorl_lab.rl import algo
+from brorl_lab.rl.trainer import CHECKPOINT_FILE, Trainer
 from brorl_lab.rollout.tasks import TASKS
 from brorl_lab.rollout.tasks.base import RewardResult
 from brorl_lab.rollout.tasks.gym import GYM_FAMILIES, GymFamily
-from brorl_lab.lab.tracking import RunDir
-from brorl_lab.rl.trainer import CHECKPOINT_FILE, Trainer
-from helpers_models import save_tiny
-from helpers_notebooks import write_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 # Columns that measure time differ between two runs of the same computation; everything else must match exactly.
@@ -495,8 +494,8 @@ def test_a_sweep_records_each_failure_completes_the_rest_and_a_rerun_skips_finis
 # ---- engines that are closed -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["torch", "hf"])
 def test_engine_close_is_idempotent_use_after_close_is_one_clear_error_and_it_can_be_recreated(name, tiny_model):
-    from brorl_lab.rollout.engines import RolloutSampling, make_engine
     from brorl_lab.core.models import load_policy
+    from brorl_lab.rollout.engines import RolloutSampling, make_engine
 
     policy, tok = load_policy(tiny_model, device="cpu")
     sp = RolloutSampling(max_new_tokens=4, seed=3)

@@ -16,13 +16,13 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from helpers_models import tiny_qwen2, tiny_tokenizer
 
-from brorl_lab.rl import algo, logprobs
 from brorl_lab import cli, theory
-from brorl_lab.rl import steps as S
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
-from helpers_models import tiny_qwen2, tiny_tokenizer
+from brorl_lab.rl import algo, logprobs
+from brorl_lab.rl import steps as S
 
 torch.set_num_threads(1)
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -350,8 +350,9 @@ def test_cli_train_refuses_then_overwrites(tmp_path, capsys):
 
 def test_sweep_retry_passes_overwrite(tmp_path):
     pytest.importorskip("papermill")
-    from brorl_lab.lab.sweep import run_sweep
     from helpers_notebooks import write_notebook
+
+    from brorl_lab.lab.sweep import run_sweep
 
     nb = write_notebook(tmp_path / "nb.ipynb", "run_dir = None\noverwrite = False\nx = 0",
                         "import pathlib\n(pathlib.Path(run_dir) / 'seen.txt').open('a').write(f'{overwrite}\\n')\n"

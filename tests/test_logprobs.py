@@ -2,13 +2,20 @@
 
 import pytest
 import torch
+from helpers_models import tiny_qwen2, tiny_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brorl_lab.core.batch import RolloutBatch
-from brorl_lab.rl.logprobs import (EXPLICIT_MAX_KEYS, compute_logprobs, micro_batches, pack, plan_micro_batches,
-                                row_token_counts, token_logprobs)
-from helpers_models import tiny_qwen2, tiny_tokenizer
+from brorl_lab.rl.logprobs import (
+    EXPLICIT_MAX_KEYS,
+    compute_logprobs,
+    micro_batches,
+    pack,
+    plan_micro_batches,
+    row_token_counts,
+    token_logprobs,
+)
 
 torch.set_num_threads(1)
 

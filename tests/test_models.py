@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from brorl_lab.core import models
-
 from brorl_lab.rl import train_default
 from brorl_lab.rollout.rewards import score_response
 from brorl_lab.rollout.tasks import BUILTIN_FAMILIES, TASKS, eval_set, sample_items

@@ -10,11 +10,10 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-
-from brorl_lab.lab import tracking
-
 from helpers_notebooks import assert_notebook_pair_in_sync
 from helpers_runs import make_tiny_runs
+
+from brorl_lab.lab import tracking
 
 papermill = pytest.importorskip("papermill")
 

@@ -7,10 +7,9 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync
 
 from brorl_lab.study import revival as R
-
-from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync
 
 papermill = pytest.importorskip("papermill")
 

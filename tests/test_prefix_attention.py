@@ -2,12 +2,17 @@
 
 import pytest
 import torch
+from helpers_models import tiny_qwen2, tiny_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brorl_lab.core.prefix_attention import (PrefixDecoder, PrefixGrid, padding_bias, shared_prefix_attention,
-                                        supports_shared_prefix)
-from helpers_models import tiny_qwen2, tiny_tokenizer
+from brorl_lab.core.prefix_attention import (
+    PrefixDecoder,
+    PrefixGrid,
+    padding_bias,
+    shared_prefix_attention,
+    supports_shared_prefix,
+)
 
 torch.set_num_threads(1)
 

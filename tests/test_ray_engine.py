@@ -14,11 +14,17 @@ import time
 
 import pytest
 import torch
+from helpers_models import bias_token, save_tiny, tiny_qwen2, tiny_tokenizer
 
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
-from brorl_lab.rollout.engines.ray_engine import (RayEngine, generate_sharded, merge_shards, plan_shards, shard_sampling,
-                                          state_checksum)
-from helpers_models import bias_token, save_tiny, tiny_qwen2, tiny_tokenizer
+from brorl_lab.rollout.engines.ray_engine import (
+    RayEngine,
+    generate_sharded,
+    merge_shards,
+    plan_shards,
+    shard_sampling,
+    state_checksum,
+)
 
 PROMPTS = ["12+7=", "abc", "Hello, world", "x"]
 SP = RolloutSampling(temperature=1.0, max_new_tokens=12, seed=1234)

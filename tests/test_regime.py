@@ -7,10 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from helpers_notebooks import assert_notebook_pair_in_sync
 
 from brorl_lab.study import regime as G
-
-from helpers_notebooks import assert_notebook_pair_in_sync
 
 
 def test_informative_share_is_the_mean_of_s_n():

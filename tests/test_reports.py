@@ -19,11 +19,11 @@ from pathlib import Path
 import nbformat
 import plotly.io as pio
 import pytest
+from helpers_notebooks import write_notebook
+from helpers_runs import make_tiny_runs
 
 from brorl_lab import cli
 from brorl_lab.lab import plots, report, sweep, tracking
-from helpers_notebooks import write_notebook
-from helpers_runs import make_tiny_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PLOTLY = "application/vnd.plotly.v1+json"

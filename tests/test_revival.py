@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from brorl_lab.study import revival as R
 from brorl_lab.lab.stats import ols_slope, paired_t_interval, t_interval
+from brorl_lab.study import revival as R
 
 A = [0.61, 0.64, 0.58, 0.66, 0.63, 0.60, 0.65, 0.62]  # 8 paired seeds
 B = [0.60, 0.61, 0.59, 0.62, 0.60, 0.61, 0.60, 0.63]

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from brorl_lab.rollout import make_data
 from brorl_lab.core.batch import RolloutBatch
+from brorl_lab.rollout import make_data
 from brorl_lab.rollout.rewards import score, score_response
 from brorl_lab.rollout.tasks import TaskItem, eval_set
 

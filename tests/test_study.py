@@ -9,12 +9,11 @@ import pandas as pd
 import pytest
 
 from brorl_lab.core.config import Config
-
+from brorl_lab.lab.analysis import iso_compute_summary
+from brorl_lab.rl.steps import sample_prompts
 from brorl_lab.study import ablations as A
 from brorl_lab.study import experiments as E
 from brorl_lab.study import mechanism as M
-from brorl_lab.lab.analysis import iso_compute_summary
-from brorl_lab.rl.steps import sample_prompts
 
 ARMS = dict(n_small=4, n_large=16, prompts_small=4)
 

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from brorl_lab.lab import plots
-
 from brorl_lab import theory
+from brorl_lab.lab import plots
 from brorl_lab.theory import TERMS, TERMS_AND_TOTAL
 
 torch.set_num_threads(1)

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from helpers_notebooks import PLOTLY, WIDGET, assert_notebook_pair_in_sync, execute_small
 
 pytest.importorskip("papermill")

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from brorl_lab.rl import steps as S
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config
+from brorl_lab.rl import steps as S
 from brorl_lab.rl.trainer import Trainer
 
 # Columns that measure time differ between two runs of the same computation; everything else must match exactly.

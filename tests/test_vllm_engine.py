@@ -8,10 +8,10 @@ import copy
 
 import pytest
 import torch
-
-from brorl_lab.rollout.engines import RolloutSampling, make_engine
-from brorl_lab.rl.logprobs import compute_logprobs
 from helpers_models import bias_token, tiny_qwen2, tiny_tokenizer
+
+from brorl_lab.rl.logprobs import compute_logprobs
+from brorl_lab.rollout.engines import RolloutSampling, make_engine
 
 pytestmark = pytest.mark.vllm
 torch.set_num_threads(1)

@@ -10,12 +10,11 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from helpers_runs import make_tiny_runs, tiny_config
 
 from brorl_lab.lab import tracking
-from brorl_lab.rl.trainer import Trainer
 from brorl_lab.lab.widgets import DASHBOARD_STOP_LABEL, TrainingDashboard, TrainingJob, run_browser
-
-from helpers_runs import make_tiny_runs, tiny_config
+from brorl_lab.rl.trainer import Trainer
 
 METRICS = ("reward_mean", "entropy", "kl", "eval/mean/pass@1")
 

@@ -11,9 +11,9 @@ shape ``[P*N]`` views as groups with ``x.view(P, N)`` (see :meth:`RolloutBatch.g
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
-from collections.abc import Sequence
 
 import torch
 

@@ -20,8 +20,8 @@ paths (a transformers ``DynamicCache`` with the prefix copied per row).
 from __future__ import annotations
 
 import importlib
-from typing import NamedTuple, Optional
 from collections.abc import Callable
+from typing import NamedTuple, Optional
 
 import torch
 

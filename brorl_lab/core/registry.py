@@ -10,9 +10,9 @@ imports nothing above core. Engines are registered as import strings, so naming 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
-from collections.abc import Callable, Iterator
 
 from brorl_lab.core.validation import did_you_mean
 

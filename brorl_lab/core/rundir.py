@@ -25,9 +25,9 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Callable, Iterable
 
 import pandas as pd
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

@@ -17,11 +17,12 @@ evaluations and never extrapolated: the grid spans only the range every compared
 from __future__ import annotations
 
 import re
-from typing import Optional
 from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
+
 from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int, is_finite_number
 from brorl_lab.lab.stats import t_interval

@@ -23,8 +23,8 @@ interactively in JupyterLab *and* in the HTML nbconvert writes (``make demo``, s
 from __future__ import annotations
 
 import os
-from typing import Optional
 from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd

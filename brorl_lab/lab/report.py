@@ -20,14 +20,14 @@ import html
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from brorl_lab.lab import analysis, plots, tracking
 from brorl_lab.core.validation import UserError
+from brorl_lab.lab import analysis, plots, tracking
 
 REPORT_FILE = "report.html"
 TRAINING_METRICS = ("reward_mean", "pass_at_1", "ds_pass_rate", "kl", "entropy", "clipfrac_high", "clipfrac_low",

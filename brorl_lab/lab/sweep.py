@@ -25,15 +25,15 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from brorl_lab.lab.tracking import RunDir, atomic_write
 from brorl_lab.core.validation import UserError, check_int, did_you_mean, is_int, is_number
+from brorl_lab.lab.tracking import RunDir, atomic_write
 
 KERNEL = "python3"
 

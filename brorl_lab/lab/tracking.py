@@ -7,9 +7,9 @@ here so a notebook needs one import.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
 
 import pandas as pd
 

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from brorl_lab.core.validation import is_finite_number
 from brorl_lab.lab import plots, tracking
 from brorl_lab.theory import balance as theory
-from brorl_lab.core.validation import is_finite_number
 
 # =================================================================================================================
 # 1. The mass-balance explorer

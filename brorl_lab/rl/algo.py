@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
 from collections.abc import Callable, Sequence
+from typing import Optional
 
 import numpy as np
 import torch

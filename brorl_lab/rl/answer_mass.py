@@ -39,9 +39,9 @@ it is left out of Q_pos.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -10,19 +10,19 @@ pass@k is estimated per item from n samples with c correct as 1 - C(n-c, k) / C(
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Optional
 
 import pandas as pd
 
-from brorl_lab.rl.algo import pass_at_k
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
-from brorl_lab.rollout.rewards import score
-from brorl_lab.rl.steps import rollout
-from brorl_lab.rollout.tasks import TaskFamily, eval_set
 from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import check_int
+from brorl_lab.rl.algo import pass_at_k
+from brorl_lab.rl.steps import rollout
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
+from brorl_lab.rollout.rewards import score
+from brorl_lab.rollout.tasks import TaskFamily, eval_set
 
 
 @dataclass

@@ -31,8 +31,8 @@ positions is never built, and memory per forward is set by the micro-batch token
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
 from collections.abc import Sequence
+from typing import NamedTuple, Optional
 
 import torch
 from transformers import DynamicCache

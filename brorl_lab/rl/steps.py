@@ -15,17 +15,17 @@ Each returns a plain value a notebook can display (RolloutBatch renders as an HT
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
-from collections.abc import Mapping, Sequence
 
 import torch
 
-from brorl_lab.rl import algo
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
+from brorl_lab.rl import algo
 from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches, token_logprobs
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rollout.tasks import TaskFamily, TaskItem, family_of, sample_items
 

@@ -21,9 +21,9 @@ import os
 import re
 import struct
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Iterable, Sequence
 
 import pandas as pd
 

@@ -19,15 +19,14 @@ seeded (``torch.manual_seed``, item seeds), so the same command gives the same w
 
 from __future__ import annotations
 
-import types
 import json
 import math
-
 import time
+import types
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 import torch
 

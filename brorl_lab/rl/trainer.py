@@ -21,32 +21,32 @@ the current step and leaves a resumable checkpoint.
 from __future__ import annotations
 
 import errno
-import re
 import random
+import re
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from brorl_lab.rl import steps as S
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
-from brorl_lab.rollout.engines import make_engine
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
+from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_dir, commit_dir, stage_dir
+from brorl_lab.core.seeding import derive_seed
+from brorl_lab.core.validation import UserError
+from brorl_lab.rl import steps as S
 from brorl_lab.rl.evaluation import evaluate
 from brorl_lab.rl.logprobs import compute_logprobs
 from brorl_lab.rl.spec import RunSpec, resolve
 from brorl_lab.rl.trackers import check_trackers
-from brorl_lab.core.seeding import derive_seed
-from brorl_lab.core.validation import UserError
-from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_dir, commit_dir, stage_dir
+from brorl_lab.rollout.engines import make_engine
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 
 CHECKPOINT_FILE = "state.pt"
 POLICY_INFO_FILE = "brorl_lab.json"  # in a policy/ directory: the step, run and config it was trained with

@@ -10,13 +10,12 @@ in an eval set. The files are committed; regenerating them with the same reasoni
 
 from __future__ import annotations
 
-
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 from brorl_lab.core.paths import EVAL_DIR
-from brorl_lab.rollout.tasks import BUILTIN_FAMILIES, TASKS, TaskItem, write_items
 from brorl_lab.core.validation import UserError, check_int
+from brorl_lab.rollout.tasks import BUILTIN_FAMILIES, TASKS, TaskItem, write_items
 
 EVAL_SIZE = 200
 EVAL_SEED = 0

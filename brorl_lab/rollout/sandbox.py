@@ -41,9 +41,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
-from collections.abc import Sequence
 
 # Status of a run: only "ok" runs earn credit.
 STATUSES = ("ok", "exec_error", "timeout", "output_limit", "crashed")

@@ -9,22 +9,22 @@ the Trainer's ``cum_wall_s``: training time with evaluation excluded.
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 import warnings
+from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
 
 import pandas as pd
 
 from brorl_lab.core.config import LR_SCALINGS, Config
 from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
+from brorl_lab.core.validation import check_int, check_seeds, is_int, is_number
 from brorl_lab.lab.analysis import ARM_NAMES
 from brorl_lab.study.plateau import IGNORED_FIELDS, check_same_config, open_trainer
-from brorl_lab.core.validation import check_int, check_seeds, is_int, is_number
 
 DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 

@@ -24,14 +24,46 @@ One import for the flagship notebook: the plateau (:mod:`brorl_lab.study.plateau
 
 from __future__ import annotations
 
-from brorl_lab.lab.analysis import (ARM_NAMES, ARMS, X_AXES, arm_display_names, compare_arms, families_of,  # noqa: F401
-                                    summarize, verdict)
 # Importing plots makes figures survive a notebook's HTML export (plots.exportable_figures) for a notebook that
 # imports only this facade.
-from brorl_lab.lab import plots  # noqa: F401
-from brorl_lab.study.arms import (DEFAULT_ROOT, PAPER_ARMS, arm_configs, arms_table, experiment_root,  # noqa: F401
-                                run_arm, run_rollout_scaling, save_outputs)
-from brorl_lab.study.plateau import (  # noqa: F401
-    FLAGSHIP_RECIPE, MODEL_ALIASES, PLATEAU_FAMILIES, PLATEAU_RULE, RECIPE, RECIPES, PlateauResult, eval_curve,
-    hard_families, plateau_config, plateau_families, plateau_markdown, plateau_reached, plateau_rule, recipe_config,
-    resolve_experiment_model, save_plateau_model, train_plateau)
+from brorl_lab.lab import plots
+from brorl_lab.lab.analysis import ARM_NAMES, ARMS, X_AXES, arm_display_names, compare_arms, families_of, summarize, verdict
+from brorl_lab.study.arms import (
+    DEFAULT_ROOT,
+    PAPER_ARMS,
+    arm_configs,
+    arms_table,
+    experiment_root,
+    run_arm,
+    run_rollout_scaling,
+    save_outputs,
+)
+from brorl_lab.study.plateau import (
+    FLAGSHIP_RECIPE,
+    MODEL_ALIASES,
+    PLATEAU_FAMILIES,
+    PLATEAU_RULE,
+    RECIPE,
+    RECIPES,
+    PlateauResult,
+    eval_curve,
+    hard_families,
+    plateau_config,
+    plateau_families,
+    plateau_markdown,
+    plateau_reached,
+    plateau_rule,
+    recipe_config,
+    resolve_experiment_model,
+    save_plateau_model,
+    train_plateau,
+)
+
+__all__ = [  # the facade: every name above
+    "plots", "ARM_NAMES", "ARMS", "X_AXES", "arm_display_names", "compare_arms", "families_of", "summarize",
+    "verdict", "DEFAULT_ROOT", "PAPER_ARMS", "arm_configs", "arms_table", "experiment_root", "run_arm",
+    "run_rollout_scaling", "save_outputs", "FLAGSHIP_RECIPE", "MODEL_ALIASES", "PLATEAU_FAMILIES", "PLATEAU_RULE",
+    "RECIPE", "RECIPES", "PlateauResult", "eval_curve", "hard_families", "plateau_config", "plateau_families",
+    "plateau_markdown", "plateau_reached", "plateau_rule", "recipe_config", "resolve_experiment_model",
+    "save_plateau_model", "train_plateau"
+]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 import pandas as pd
 

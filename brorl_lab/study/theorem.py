@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd

@@ -32,9 +32,9 @@ No module here knows about engines, widgets or notebooks.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Optional
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Sequence
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.validation import check_int

@@ -13,16 +13,16 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 import torch
 
 from brorl_lab.core.batch import RolloutBatch
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 from brorl_lab.core.validation import check_int
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 
 
 # ---- model and tokenizer ------------------------------------------------------------------------------------------

@@ -55,17 +55,17 @@ import hashlib
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.seeding import derive_seed
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 from brorl_lab.core.validation import check_int, is_int, is_number
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 
 WORKER_ENGINES = ("torch", "hf", "vllm")
 

@@ -33,8 +33,13 @@ import warnings
 import torch
 
 from brorl_lab.core.batch import left_pad
-from brorl_lab.core.prefix_attention import (SHARED_PREFIX_MODEL_TYPES, PrefixDecoder, PrefixGrid, padding_bias,
-                                supports_shared_prefix)
+from brorl_lab.core.prefix_attention import (
+    SHARED_PREFIX_MODEL_TYPES,
+    PrefixDecoder,
+    PrefixGrid,
+    padding_bias,
+    supports_shared_prefix,
+)
 from brorl_lab.rollout.engines.base import RolloutSampling
 from brorl_lab.rollout.engines.common import ModuleEngine, make_generator, sample_next
 

@@ -23,9 +23,9 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -14,12 +14,24 @@ User-named tasks (``rg:<dataset>``, ``local:<file>``) are built on first use by 
 Templates and answer extraction live in :mod:`brorl_lab.rollout.tasks.templates`.
 """
 
-from brorl_lab.rollout.tasks import code, gym, math_tasks
-from brorl_lab.rollout.tasks.base import (TASKS, RewardResult, TaskFamily, TaskItem, build_tasks, family_of, get_task,
-                                          register_task)
-from brorl_lab.rollout.tasks import sets
+from brorl_lab.rollout.tasks import (
+    code,
+    gym,
+    math_tasks,
+    sets,
+    user,  # the rg:<dataset> and local:<file> prefixes
+)
+from brorl_lab.rollout.tasks.base import (
+    TASKS,
+    RewardResult,
+    TaskFamily,
+    TaskItem,
+    build_tasks,
+    family_of,
+    get_task,
+    register_task,
+)
 from brorl_lab.rollout.tasks.sets import eval_path, eval_set, sample_items, write_items
-from brorl_lab.rollout.tasks import user  # the rg:<dataset> and local:<file> prefixes
 from brorl_lab.rollout.tasks.templates import resolve_template
 
 # The families defined in gym.py and math_tasks.py: what the default model is trained on and make_data freezes.

@@ -9,9 +9,9 @@ output scores 0.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Optional
 
 from brorl_lab.core.paths import EVAL_DIR

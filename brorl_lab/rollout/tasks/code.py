@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from collections.abc import Callable
 
-from brorl_lab.rollout.tasks.base import register_task, RewardResult, TaskFamily, TaskItem
+from brorl_lab.core.validation import check_int, is_number
+from brorl_lab.rollout.sandbox import UnitTest, run_untrusted
+from brorl_lab.rollout.tasks.base import RewardResult, TaskFamily, TaskItem, register_task
 from brorl_lab.rollout.tasks.gym import check_sample_args, split_of
 from brorl_lab.rollout.tasks.templates import check_template, format_prompt
-from brorl_lab.rollout.sandbox import UnitTest, run_untrusted
-from brorl_lab.core.validation import check_int, is_number
 
 CHAT_CODE = ("{question}\n\nWrite the complete function in Python and put it in a single ```python code block "
              "(no tests, no input reading).")

@@ -21,12 +21,12 @@ import itertools
 import json
 import math
 import zlib
-from typing import Any, Optional
 from collections.abc import Iterator
+from typing import Any, Optional
 
-from brorl_lab.rollout.tasks.base import register_task, RewardResult, TaskFamily, TaskItem
-from brorl_lab.rollout.tasks.templates import CHAT_ANSWER_TAGS, MAX_ANSWER_CHARS, check_template, extract_answer, format_prompt
 from brorl_lab.core.validation import check_int, is_int
+from brorl_lab.rollout.tasks.base import RewardResult, TaskFamily, TaskItem, register_task
+from brorl_lab.rollout.tasks.templates import CHAT_ANSWER_TAGS, MAX_ANSWER_CHARS, check_template, extract_answer, format_prompt
 
 SPLITS = ("train", "eval")
 EVAL_MODULUS = 8  # 1 question in 8 belongs to the eval split

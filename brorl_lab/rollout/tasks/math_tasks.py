@@ -16,7 +16,7 @@ import re
 from functools import lru_cache
 from typing import Optional
 
-from brorl_lab.rollout.tasks.base import register_task, TaskItem
+from brorl_lab.rollout.tasks.base import TaskItem, register_task
 from brorl_lab.rollout.tasks.gym import GymFamily
 from brorl_lab.rollout.tasks.templates import CHAT_BOXED
 

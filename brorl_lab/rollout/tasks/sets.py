@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
-from collections.abc import Mapping, Sequence
 
+from brorl_lab.core.validation import UserError, is_int
 from brorl_lab.rollout.tasks.base import TASKS, TaskFamily, TaskItem, family_of
 from brorl_lab.rollout.tasks.gym import check_sample_args
-from brorl_lab.core.validation import UserError, is_int
 
 
 def _check_names(names: str | Sequence[str], task_families: Optional[Mapping[str, TaskFamily]]) -> list[str]:
