@@ -596,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     th = sub.add_parser("theorem", help="Theorem 1 on the model: one update at each N, dQ_pos per prompt, vs theory")
     th.add_argument("--models", nargs="+", default=["plateau", "default"])
     th.add_argument("--n-values", type=int, nargs="+", default=[4, 16, 64, 256, 512])
-    th.add_argument("--seeds", type=int, default=8, help="rollout seeds 0..K-1")
+    th.add_argument("--seeds", type=int, default=16, help="rollout seeds 0..K-1")
     th.add_argument("--prompts", type=int, default=16, help="in-batch prompts (prompts_per_step)")
     th.add_argument("--held-out", type=int, default=16, help="held-out prompts per family (frozen eval sets)")
     th.add_argument("--lr", type=float, default=None, help="default: the flagship recipe's")

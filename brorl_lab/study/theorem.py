@@ -20,8 +20,10 @@ m_1 = (1-b1) g, v_1 = (1-b2) g^2 and bias correction, the step is
 
 whatever the gradient's size, so 1/N in the gradient cancels and dQ ~ lr * sum_i |dQ/d theta_i| does not shrink with
 N. For Adam the meaningful normalisation is dQ / lr (and the sign: the share of prompts with dQ < 0); N dQ / lr then
-grows like N. Both are reported, with raw dQ; ``optimizer='sgd'`` runs the same experiment with plain SGD, where
-THEORY.md's N dQ / lr is the right scale.
+grows like N. Both are reported, with raw dQ. Under SGD the 1/N would not appear either: the trainer's loss is a
+``token_mean`` of A log pi over the batch, an estimate of the policy gradient whose size does not depend on N,
+while the theorem's surrogate -(1/N) sum over distinct drawn tokens of R_i p_i carries it. ``optimizer='sgd'``
+runs the same experiment with plain SGD.
 
 What is predicted (the *theory*). At each in-batch prompt's first answer position the policy is a softmax over the
 real vocabulary with a known correct set (:func:`brorl_lab.rl.answer_mass.first_token_problem`); fed to
@@ -278,12 +280,14 @@ def theory_summary(pred: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare(summary: pd.DataFrame, theory: pd.DataFrame) -> pd.DataFrame:
-    """Measured (in-batch) beside predicted, per N: share of prompts with dQ < 0 and the sign of N dQ / lr."""
-    m = summary[summary["split"] == "in_batch"][["n", "share_neg", "share_neg_lo", "share_neg_hi", "n_dq_per_lr",
+    """Measured (in-batch) beside predicted, per (model and) N: the share of prompts with dQ < 0 and N dQ / lr, with
+    the theory's expected terms."""
+    keys = ["model", "n"] if "model" in summary and "model" in theory else ["n"]
+    m = summary[summary["split"] == "in_batch"][[*keys, "share_neg", "share_neg_lo", "share_neg_hi", "n_dq_per_lr",
                                                  "n_dq_per_lr_lo", "n_dq_per_lr_hi", "dq_per_lr"]]
-    t = theory[["n", "share_neg", "n_dq_per_lr", *balance.TERMS]].rename(
+    t = theory[[*keys, "share_neg", "n_dq_per_lr", *balance.TERMS]].rename(
         columns={"share_neg": "theory_share_neg", "n_dq_per_lr": "theory_n_dq_per_lr"})
-    return m.merge(t, on="n")
+    return m.merge(t, on=keys)
 
 
 def theorem_table(summary: pd.DataFrame, theory: Optional[pd.DataFrame] = None) -> str:
@@ -297,7 +301,7 @@ def theorem_table(summary: pd.DataFrame, theory: Optional[pd.DataFrame] = None) 
         th = ""
         if theory is not None and r["split"] == "in_batch":
             hit = theory[(theory["n"] == r["n"]) & (theory.get("model", r.get("model")) == r.get("model"))]
-            th = f"{hit['share_neg'].iloc[0]:.2f}" if len(hit) else ""
+            th = f"{hit['share_neg'].iloc[0]:.2g}" if len(hit) else ""
         lines.append(f"| {r.get('model', '')} | {int(r['n'])} | {r['split'].replace('_', '-')} | "
                      f"{iv(r, 'share_neg', lambda v: f'{v:.2f}')} | {iv(r, 'n_dq_per_lr', lambda v: f'{v:+.3g}')} | "
                      f"{iv(r, 'dq_per_lr', lambda v: f'{v:+.3g}')} | {r['dq']:+.2e} | {th} |")
@@ -349,15 +353,16 @@ def first_order_dq(st: TheoremSetup, policy_after: torch.nn.Module) -> np.ndarra
     """The first-order prediction of each prompt's dQ from the gradient at the checkpoint:
     dQ_1(x) = grad_theta Q_pos(x; theta_before) . (theta_after - theta_before)   [prompts]. At a small enough step
     it equals the measured dQ; how far it is at the recipe's lr says how non-linear one update is."""
-    params = [p for p in st.policy.parameters()]
+    params = list(st.policy.parameters())
     after = dict(policy_after.named_parameters())
-    delta = [(after[name].detach() - p.detach()) for name, p in st.policy.named_parameters()]
-    q = AM.q_pos_tensor(st.policy, st.cands, temperature=st.cfg.temperature,
-                        micro_batch_tokens=st.cfg.train_micro_batch_tokens)  # [prompts], in the graph
-    out = np.zeros(len(q))
-    for i in range(len(q)):
-        grads = torch.autograd.grad(q[i], params, retain_graph=i + 1 < len(q), allow_unused=True)
-        out[i] = sum(float((g.double() * d.double()).sum()) for g, d in zip(grads, delta) if g is not None)
+    delta = [(after[name].detach() - p.detach()).double() for name, p in st.policy.named_parameters()]
+    out = np.zeros(len(st.items))
+    for i, item in enumerate(st.items):  # one small graph per prompt: P backward passes of one prompt each
+        cands = AM.answer_candidates([item], st.tokenizer, template=st.template)
+        q = AM.q_pos_tensor(st.policy, cands, temperature=st.cfg.temperature,
+                            micro_batch_tokens=st.cfg.train_micro_batch_tokens)[0]
+        grads = torch.autograd.grad(q, params, allow_unused=True)
+        out[i] = sum(float((g.double() * d).sum()) for g, d in zip(grads, delta) if g is not None)
     return out
 
 
@@ -371,7 +376,8 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
                   progress: bool = True) -> dict:
     """The whole study: :func:`run_theorem` and :func:`theory_predictions` for each model, the summaries, the
     markdown table and the figure. Writes ``root/{per_prompt,summary,theory,theory_per_prompt}.csv`` and
-    ``root/table.md``, and the figure as PNG into ``figure_dir`` (when given). Resumable like run_theorem."""
+    ``root/table.md``, and into ``figure_dir`` (when given) the figure as PNG with its summary and theory tables
+    as CSV. Resumable like run_theorem."""
     seeds = check_seeds(seeds)
     frames, theories, preds = [], [], []
     for model in models:
@@ -397,6 +403,8 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
     if figure_dir is not None:
         png = Path(figure_dir) / f"{FIGURE_NAME}.png"
         png.parent.mkdir(parents=True, exist_ok=True)
+        for fname, t in (("summary", summary), ("theory", theory)):  # the figure's numbers, kept beside it
+            atomic_write_text(png.parent / f"{FIGURE_NAME}_{fname}.csv", t.to_csv(index=False, float_format="%.6g"))
         try:
             fig.write_image(str(png), width=1300)
         except Exception as e:  # noqa: BLE001 - no Chromium/kaleido: the tables are still written
