@@ -60,9 +60,9 @@ from brorl_lab.core.validation import check_int, check_seeds
 from brorl_lab.lab.stats import t_interval
 from brorl_lab.rl import answer_mass as AM
 from brorl_lab.rl import steps as S
+from brorl_lab.rl.spec import resolve
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import eval_set
-from brorl_lab.rollout.tasks.templates import resolve_template
 from brorl_lab.study.plateau import FLAGSHIP_RECIPE, recipe_config
 from brorl_lab.theory import balance
 
@@ -94,9 +94,10 @@ class TheoremSetup:
         check_int("held_out", held_out, 0)
         self.cfg = cfg
         self.policy, self.tokenizer = load_policy(cfg.model, device="cpu")
-        self.template = resolve_template(cfg.template, cfg.model, self.tokenizer)
+        self.spec = resolve(cfg, tokenizer=self.tokenizer)  # names checked, the run's own families, template
+        self.template = self.spec.template
         self.reference = make_reference(self.policy) if cfg.kl_beta > 0 else None
-        self.train_items = S.sample_prompts(cfg.tasks, prompts, seed=prompt_seed)
+        self.train_items = S.sample_prompts(cfg.tasks, prompts, seed=prompt_seed, task_families=self.spec.families)
         self.held_items = [it for fam in cfg.tasks for it in eval_set(fam, limit=held_out)]
         self.items = self.train_items + self.held_items
         self.split = np.array(["in_batch"] * len(self.train_items) + ["held_out"] * len(self.held_items))
@@ -134,8 +135,9 @@ def one_update(st: TheoremSetup, n: int, seed: int, *, engine=None, optimizer: s
     try:
         sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                    seed=derive_seed(seed, "theorem", n))
-        batch = S.score(S.rollout(engine, st.train_items, n, sampling, template=st.template,
-                                  tokenizer=st.tokenizer), template=st.template, reward=cfg.reward)
+        batch = S.score(S.rollout(engine, st.train_items, n, sampling, template=st.template, tokenizer=st.tokenizer,
+                                  task_families=st.spec.families), template=st.template, reward=cfg.reward,
+                        task_families=st.spec.families)
     finally:
         if own:
             engine.close()
