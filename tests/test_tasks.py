@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from brorl_lab.rollout import make_data, tasks
-from brorl_lab.rollout.tasks import TASKS, eval_set, sample_items
+from brorl_lab.rollout.tasks import TASKS, TaskItem, eval_set, sample_items
 from brorl_lab.rollout.tasks import templates as T
 from brorl_lab.rollout.tasks.gym import EVAL_MODULUS, split_of
 
@@ -60,16 +60,44 @@ def test_items_carry_reference_answers_that_the_generator_computed():
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_eval_set_is_frozen_distinct_and_disjoint_from_a_large_train_sample(name):
+def test_eval_set_is_frozen_and_disjoint_from_a_large_train_sample(name):
     items = eval_set(name)
     assert len(items) == make_data.EVAL_SIZE
     assert all(i.family == name and i.uid.startswith(f"{name}:eval:") for i in items)
+    assert len({i.uid for i in items}) == len(items)  # repeated questions are kept (drawn like training), uids not
     questions = {i.question for i in items}
-    assert len(questions) == len(items)  # no repeated eval question
     assert all(split_of(q) == "eval" for q in questions)
     train = TASKS[name].sample(2000, seed=0, split="train") + sample_items([name], 500, seed=12345)
     assert not questions & {i.question for i in train}
     assert eval_set(name, limit=5) == items[:5]
+
+
+# A feature per family the old "first 200 distinct questions" rule skewed (products: 6.5% one-digit against 50%,
+# gcd: 30.5% coprime against 23%); strata features (digits, terms, word length) and one the strata do not fix
+# (coprime gcd pairs, two-digit simple_equations answers).
+FEATURES = {"products": lambda i: i.meta["entry"]["metadata"]["num_digits"] == 1,
+            "gcd": lambda i: i.answer == "1",
+            "chain_sum": lambda i: i.meta["entry"]["metadata"]["num_terms"] == 2,
+            "spell_backward": lambda i: len(i.answer) == 3,
+            "simple_equations": lambda i: len(i.answer.lstrip("-")) == 2}
+
+
+@pytest.mark.parametrize("name", sorted(FEATURES))
+def test_eval_set_is_distributed_like_the_training_stream(name):
+    feature, items = FEATURES[name], eval_set(name)
+    train = TASKS[name].sample(4000, seed=1, split="train")  # a training stream the eval sets were not fit to
+    q = sum(map(feature, train)) / len(train)
+    share = sum(map(feature, items)) / len(items)
+    se = (q * (1 - q) / len(items) + q * (1 - q) / len(train)) ** 0.5  # two binomial shares
+    assert abs(share - q) < 3 * se, (name, share, q)
+    assert not {i.question for i in items} & {i.question for i in train}
+
+
+def test_eval_strata_follow_the_training_shares():
+    counts = make_data.stratum_counts("chain_sum", 200, reference=2000)
+    assert sum(counts.values()) == 200 and set(counts) == {(("num_terms", t), ("num_digits", 1)) for t in (2, 3)}
+    assert 80 <= counts[(("num_terms", 2), ("num_digits", 1))] <= 120  # about half the training draws have 2 terms
+    assert make_data.stratum(TaskItem("code", "u", "q", "a")) == ()
 
 
 def test_eval_split_holds_about_one_question_in_eval_modulus():

@@ -45,6 +45,14 @@ GYM_FAMILIES: dict[str, tuple[str, dict, str]] = {
                  "a * b with 1-2 digit operands"),
 }
 
+# Difficulty variants: registered like the families above but not part of the default model's training mix
+# (BUILTIN_FAMILIES). Their questions are a subset of their parent's (same generator, same text), so the hash
+# partition holds them out exactly as it holds out the parent's eval questions.
+VARIANT_FAMILIES: dict[str, tuple[str, dict, str]] = {
+    "products_2d": ("products", dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2),
+                    "a * b with two 2-digit operands (the hard half of products: the rare-success regime)"),
+}
+
 
 def split_of(question: str) -> str:
     """``'eval'`` for one question in :data:`EVAL_MODULUS` (by a hash of its text), else ``'train'``."""
@@ -148,5 +156,5 @@ class GymFamily(TaskFamily):
         return RewardResult(reward, correct, answer, "correct" if correct else "wrong")
 
 
-for _name, (_dataset, _config, _description) in GYM_FAMILIES.items():
+for _name, (_dataset, _config, _description) in {**GYM_FAMILIES, **VARIANT_FAMILIES}.items():
     register_task(GymFamily(_name, _dataset, _config, _description))
