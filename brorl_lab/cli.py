@@ -314,15 +314,20 @@ def cmd_bench(args) -> int:
 def cmd_plateau(args) -> int:
     from brorl_lab.study.plateau import plateau_config, train_plateau
 
-    lr = {} if args.lr is None else {"lr": args.lr}  # default: the ProRL recipe's (study.plateau.RECIPE)
+    lr = {} if args.lr is None else {"lr": args.lr}  # default: study.plateau.PLATEAU_SETTINGS
     cfg = plateau_config(steps=args.steps, tasks=args.families, seed=args.seed, eval_every=args.eval_every,
                          checkpoint_every=args.eval_every, run_dir=args.run_dir, torch_threads=args.threads, **lr)
-    res = train_plateau(cfg, out=args.out, gain=args.gain, min_delta=args.min_delta, patience=args.patience,
-                        command=_command_line(args))
+    rule = {k: v for k, v in (("window", args.window), ("max_slope", args.max_slope), ("gain", args.gain))
+            if v is not None}  # unset: study.plateau.PLATEAU_RULE
+    res = train_plateau(cfg, out=args.out, rule=rule, gate_prompts=args.gate_prompts, command=_command_line(args))
     print(res.curve.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"{'plateau reached' if res.plateaued else 'NO plateau within the step cap'} at step {res.steps}; "
-          f"model: {res.out}; run: {res.run_dir}")
-    return 0 if res.plateaued else 3
+    r = res.rule
+    print(f"{'plateau reached' if res.plateaued else 'NO plateau within the step cap'} at step {res.steps}: slope "
+          f"{100 * r['slope']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] points per {r['per_steps']} steps; "
+          + (f"reach gate {100 * res.gate['share']:.1f}% rare-success prompts "
+             f"({'passed' if res.gate['passed'] else 'FAILED'}); " if res.gate else "")
+          + f"model: {res.out}; run: {res.run_dir}")
+    return 0 if res.passed else 3
 
 
 SCALING_OPTIONS = ("steps", "eval_every", "seeds", "middle_seeds", "n_small", "n_large", "prompts_small",
@@ -554,10 +559,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--families", nargs="+", default=None, help="default: study.plateau.PLATEAU_FAMILIES")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--eval-every", type=int, default=10)
-    a.add_argument("--gain", type=float, default=0.05, help="plateau rule: pass@1 gained over the start first")
-    a.add_argument("--min-delta", type=float, default=0.01, help="plateau rule: the improvement that counts as new best")
-    a.add_argument("--patience", type=int, default=100, help="plateau rule: steps without a new best")
-    a.add_argument("--lr", type=float, default=None, help="default: the ProRL recipe's (study.plateau.RECIPE)")
+    a.add_argument("--window", type=int, default=None,
+                   help="plateau rule: steps the slope is fit on (default: study.plateau.PLATEAU_RULE, 100)")
+    a.add_argument("--max-slope", type=float, default=None,
+                   help="plateau rule: bound on the slope interval's upper end, pass@1 per 100 steps (default 0.005)")
+    a.add_argument("--gain", type=float, default=None,
+                   help="plateau rule: pass@1 the window's mean must have gained over the start (default: none)")
+    a.add_argument("--gate-prompts", type=int, default=128,
+                   help="reach gate: training prompts measured at 512 draws (0: skip the gate)")
+    a.add_argument("--lr", type=float, default=None, help="default: study.plateau.PLATEAU_SETTINGS (3e-5)")
     a.add_argument("--run-dir", default="runs", help="parent of the resumable run directory 'plateau'")
     a.add_argument("--threads", type=int, default=1, help="torch threads")
     a.set_defaults(func=cmd_plateau)

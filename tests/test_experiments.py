@@ -91,29 +91,80 @@ def test_arm_configs_rejects_mini_batches_that_do_not_split_both_arms(tmp_path):
         E.arm_configs(tiny_base(tmp_path, optimizer_steps_per_step=8), n_small=16, n_large=512, prompts_small=16)
 
 
-# ---- plateau rule and training -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("curve, expected", [
-    ([0.60, 0.62, 0.64, 0.66, 0.68], False),                 # still rising
-    ([0.60, 0.66, 0.665, 0.66, 0.655, 0.66], True),          # +6 points by step 10, then 40 steps without +1 point
-    ([0.60, 0.66, 0.665, 0.66, 0.655, 0.676], False),        # the last one beats every earlier one by >= 1 point
-    ([0.60, 0.63, 0.635, 0.63, 0.625, 0.63], False),         # stalled, but never gained 5 points: not learned
-    ([0.60, 0.66, 0.665, 0.66], False),                      # not yet 40 steps since the last new best
-])
-def test_plateau_rule_is_learned_then_stalled(curve, expected):
-    steps = [10 * i for i in range(len(curve))]
-    assert E.plateau_reached(steps, curve, gain=0.05, min_delta=0.01, patience=40) is expected
+# ---- plateau rule, reach gate and training -------------------------------------------------------------------------
+def noisy_curve(slope_per_100: float, noise: float, seed: int, steps: int = 220, every: int = 10, start: float = 0.7):
+    rng = np.random.default_rng(seed)
+    x = np.arange(0, steps + 1, every)
+    return x, start + slope_per_100 * x / 100 + rng.normal(0, noise, x.size)
 
 
-def test_plateau_rule_reports_its_numbers():
-    r = E.plateau_rule([0, 10, 20, 30, 40, 50], [0.60, 0.66, 0.665, 0.66, 0.655, 0.66], patience=40)
-    assert r["fired"] and r["best_step"] == 10 and r["stalled_steps"] == 40 and round(r["gained"], 3) == 0.06
+def test_slope_rule_does_not_call_a_slow_steady_climb_a_plateau():
+    # the old shipped curve's blind spot: +1.8 points per 100 steps under 1.1-point eval noise, evaluated every 10
+    fired = [E.plateau_reached(*noisy_curve(0.018, 0.011, seed)) for seed in range(20)]
+    assert not any(fired)
+    # the old shipped curve itself (steps 120..220, eval/mean/pass@1), which the "new best by 1 point" rule accepted
+    old = [0.757, 0.744, 0.757, 0.759, 0.734, 0.750, 0.759, 0.762, 0.764, 0.763, 0.770]
+    r = E.plateau_rule(range(120, 221, 10), old, window=100)
+    assert not r["fired"] and r["hi"] > 0.005 and r["slope"] > 0
 
 
-@pytest.mark.parametrize("kwargs, name", [(dict(patience=0), "patience"), (dict(min_delta=-0.1), "min_delta"),
-                                          (dict(min_delta=float("nan")), "min_delta"), (dict(gain=True), "gain")])
+def test_slope_rule_fires_on_flat_and_falling_curves_with_a_precise_evaluation():
+    for seed in range(10):  # 0.2-point noise (many prompts x samples), 21 evaluations in the window
+        assert E.plateau_reached(*noisy_curve(0.0, 0.002, seed, steps=200, every=5))
+        assert E.plateau_reached(*noisy_curve(-0.01, 0.002, seed, steps=200, every=5))
+    x, y = noisy_curve(0.0, 0.0, 0, steps=100)
+    assert E.plateau_rule(x, y)["fired"] and E.plateau_rule(x, y)["hi"] == pytest.approx(0, abs=1e-12)
+    assert not E.plateau_reached(x[:-1], y[:-1])  # 90 steps: the window is not covered yet
+    assert not E.plateau_reached(*noisy_curve(0.0, 0.011, 0))  # flat but too noisy to exclude +0.5 points / 100
+
+
+def test_slope_rule_uses_the_t_interval_of_the_ols_slope():
+    from scipy import stats
+
+    x, y = noisy_curve(0.004, 0.003, 3, steps=300, every=10)
+    r = E.plateau_rule(x, y, window=100)
+    keep = x >= 200
+    fit = stats.linregress(x[keep], y[keep])
+    t = stats.t.ppf(0.975, keep.sum() - 2)  # n - 2 degrees of freedom, not 1.96
+    assert r["n"] == keep.sum() == 11 and r["window_start"] == 200 and r["t"] == pytest.approx(t)
+    assert r["slope"] == pytest.approx(100 * fit.slope) and r["se"] == pytest.approx(100 * fit.stderr)
+    assert r["hi"] == pytest.approx(100 * (fit.slope + t * fit.stderr))
+    assert r["fired"] is (r["hi"] < 0.005)
+
+
+def test_slope_rule_gain_first():
+    x = np.arange(0, 201, 5)
+    rose = np.where(x < 100, 0.60 + 0.0006 * x, 0.66)  # +6 points in 100 steps, then flat
+    assert E.plateau_reached(x, rose, gain=0.05)
+    assert not E.plateau_reached(x, np.full(x.size, 0.6), gain=0.05)  # flat from the start: no gain
+    assert E.plateau_reached(x, np.full(x.size, 0.6))  # the shipped rule asks no gain (gain=None)
+    assert E.plateau_rule(x, rose, gain=0.05)["gained"] == pytest.approx(0.06)
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(window=0), "window"), (dict(max_slope=float("nan")), "max_slope"),
+                                          (dict(gain=True), "gain"), (dict(level=1.5), "level")])
 def test_plateau_rule_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
         E.plateau_reached([0, 10], [0.1, 0.2], **kwargs)
+
+
+def test_reach_gate_counts_rare_successes():
+    rates = pd.DataFrame({"p": [0.0, 1 / 512, 1 / 16, 1 / 16 + 1e-9, 0.5, 1.0, 0.01, 0.9, 0.0, 0.03]})
+    g = E.reach_gate(rates)  # rare: 1/512, 1/16 (inclusive), 0.01, 0.03 -> 4 of 10; p = 0 is not a success
+    assert g["share"] == pytest.approx(0.4) and g["passed"] and g["prompts"] == 10
+    assert not E.reach_gate(rates, min_share=0.41)["passed"]
+    assert E.reach_gate(rates, max_p=0.5)["share"] == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="rates"):
+        E.reach_gate(pd.DataFrame({"p": []}))
+    with pytest.raises(ValueError, match="min_share"):
+        E.reach_gate(rates, min_share=2)
+
+
+def tiny_plateau_config(tmp_path, name="runs", **kw):
+    return E.plateau_config(**{**dict(tasks=["gcd"], steps=6, eval_every=1, checkpoint_every=1, eval_prompts=4,
+                                      eval_samples=2, prompts_per_step=4, rollouts_per_prompt=4,
+                                      optimizer_steps_per_step=1, max_new_tokens=6, max_resample_rounds=1,
+                                      run_dir=str(tmp_path / name)), **kw})
 
 
 def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
@@ -121,19 +172,21 @@ def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
 
     outs = []
     for k in range(2):
-        cfg = E.plateau_config(tasks=["gcd"], steps=6, eval_every=2, checkpoint_every=2, eval_prompts=4,
-                               eval_samples=2, prompts_per_step=4, rollouts_per_prompt=4, optimizer_steps_per_step=1,
-                               max_new_tokens=6, max_resample_rounds=1, run_dir=str(tmp_path / f"runs{k}"))
-        # gain 0 and a min_delta of 1.0 that is never met: the rule fires 2 steps in (second evaluation)
-        res = E.train_plateau(cfg, out=tmp_path / f"model{k}", gain=0.0, min_delta=1.0, patience=2, progress=False)
-        assert res.plateaued and res.steps == 2 and list(res.curve["step"]) == [0, 2]
+        cfg = tiny_plateau_config(tmp_path, f"runs{k}")
+        # a 2-step window and a bound no slope can miss: the rule fires at step 2 (three evaluations)
+        res = E.train_plateau(cfg, out=tmp_path / f"model{k}", rule=dict(window=2, max_slope=1e9), gate_prompts=3,
+                              gate_draws=32, progress=False)
+        assert res.plateaued and res.steps == 2 and list(res.curve["step"]) == [0, 1, 2]
+        assert res.gate["prompts"] == 3 and res.passed is res.gate["passed"]
         outs.append(res.out)
     files = {p.name for p in outs[0].iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "PLATEAU.md", "plateau.json"} <= files
     meta = json.loads((outs[0] / "plateau.json").read_text())
     assert meta["families"] == ["gcd"] and meta["plateaued"] and meta["steps"] == 2
+    assert meta["rule"]["n"] == 3 and meta["gate"]["draws"] == 32 and meta["reach"][-1]["family"] == "all"
+    assert meta["config"]["advantage"] == "reinforce_pp_baseline" and meta["config"]["reset_every"] == 0
     md = (outs[0] / "PLATEAU.md").read_text()
-    assert "| 2 |" in md and "counts as a plateau" in md
+    assert "| 2 |" in md and "counts as a plateau" in md and "Reach gate" in md and "t interval" in md
     p0, _ = load_policy(str(outs[0]))
     p1, _ = load_policy(str(outs[1]))
     assert all(torch.equal(a, b) for a, b in zip(p0.state_dict().values(), p1.state_dict().values()))
@@ -143,11 +196,9 @@ def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
 
 
 def test_train_plateau_reports_a_missing_plateau_honestly(tmp_path):
-    cfg = E.plateau_config(tasks=["gcd"], steps=2, eval_every=1, checkpoint_every=1, eval_prompts=4, eval_samples=2,
-                           prompts_per_step=4, rollouts_per_prompt=4, optimizer_steps_per_step=1, max_new_tokens=6,
-                           max_resample_rounds=1, run_dir=str(tmp_path / "runs"))
-    res = E.train_plateau(cfg, out=tmp_path / "model", gain=1.0, patience=1, progress=False)  # +100 points: never
-    assert not res.plateaued and res.steps == 2
+    cfg = tiny_plateau_config(tmp_path, steps=2)
+    res = E.train_plateau(cfg, out=tmp_path / "model", rule=dict(window=50), gate_prompts=0, progress=False)
+    assert not res.plateaued and not res.passed and res.steps == 2 and res.gate == {}
     assert "did NOT fire" in (tmp_path / "model" / "PLATEAU.md").read_text()
 
 

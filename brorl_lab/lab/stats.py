@@ -11,7 +11,10 @@ and the smallest effects this design can see are
     MDE_80 = (t_{0.975, n-1} + t_{0.80, n-1}) · s / sqrt(n)  (a true gap this large is detected with 80% power)
 
 t with n - 1 degrees of freedom, never the normal 1.96 (with 3 seeds t_{0.975, 2} = 4.30: "twice the s.e." is an
-82% interval). :func:`ols_slope` fits y = a + b x by least squares, the per-run trend a slope test reads.
+82% interval). :func:`ols_slope` fits y = a + b x by least squares, the per-run trend a slope test reads;
+:func:`ols_slope_interval` adds the slope's t interval from one noisy curve (n points, n - 2 degrees of freedom):
+
+    b ± t_{0.975, n-2} · s / sqrt(Σ (x_i - x̄)²),   s² = Σ (y_i - a - b x_i)² / (n - 2)
 """
 
 from __future__ import annotations
@@ -80,6 +83,27 @@ def ols_slope(x: Sequence[float], y: Sequence[float]) -> float:
         return float("nan")
     xc = xs - xs.mean()
     return float((xc * (ys - ys.mean())).sum() / (xc * xc).sum())
+
+
+def ols_slope_interval(x: Sequence[float], y: Sequence[float], *, level: float = 0.95) -> dict:
+    """Least-squares slope of y = a + b x with its two-sided ``level`` t interval (module docstring): keys n, slope,
+    se, t (the quantile t_{(1+level)/2, n-2}), lo, hi, level. With fewer than 3 points or one distinct x the
+    spread is NaN (no residual degree of freedom)."""
+    if not (is_number(level) and 0 < level < 1):
+        raise ValueError(f"level: got {level!r}; allowed: a probability in (0, 1)")
+    xs, ys = _values("x", x), _values("y", y)
+    b = ols_slope(xs, ys)
+    n = int(xs.size)
+    nan = float("nan")
+    out = {"n": n, "slope": b, "se": nan, "t": nan, "lo": nan, "hi": nan, "level": level}
+    if n < 3 or not math.isfinite(b):
+        return out
+    xc = xs - xs.mean()
+    resid = ys - ys.mean() - b * xc  # [n]
+    se = math.sqrt(float((resid ** 2).sum()) / (n - 2) / float((xc * xc).sum()))
+    t = t_quantile(0.5 + level / 2, n - 2)
+    out.update(se=se, t=t, lo=b - t * se, hi=b + t * se)
+    return out
 
 
 def format_interval(r: dict, scale: float = 100.0, unit: str = "points") -> str:

@@ -5,8 +5,8 @@ slowed, and continues it two ways: the **ProRL arm** keeps N = 16 with 512 promp
 uses N = 512 with 128 prompts per step (8x the samples per step), the same number of optimizer updates per step
 and a learning rate scaled by sqrt(samples-per-step ratio). This module does the same at laptop scale:
 
-    cfg = plateau_config()                                  # ProRL recipe at N=16 on the harder families
-    res = train_plateau(cfg, out="data/plateau_model")      # train until held-out pass@1 stops improving, save HF dir
+    cfg = plateau_config()                                  # ProRL v2 at N=16 on the rare-success family
+    res = train_plateau(cfg, out="data/plateau_model")      # train until the slope rule fires, gate, save HF dir
     arms = arm_configs(recipe_config(model="plateau"), n_small=16, n_large=512, prompts_small=16)
     df = run_rollout_scaling(recipe_config(model="plateau", steps=8), seeds=[0, 1, 2], root="runs/rs")
     summarize(df)                                           # one row per arm: final pass@1, samples, time, ...
@@ -40,6 +40,7 @@ from brorl_lab.study.arms import (
 )
 from brorl_lab.study.plateau import (
     FLAGSHIP_RECIPE,
+    GATE,
     MODEL_ALIASES,
     PLATEAU_FAMILIES,
     PLATEAU_RULE,
@@ -48,11 +49,13 @@ from brorl_lab.study.plateau import (
     PlateauResult,
     eval_curve,
     hard_families,
+    measure_reach,
     plateau_config,
     plateau_families,
     plateau_markdown,
     plateau_reached,
     plateau_rule,
+    reach_gate,
     recipe_config,
     resolve_experiment_model,
     save_plateau_model,
@@ -62,8 +65,8 @@ from brorl_lab.study.plateau import (
 __all__ = [  # the facade: every name above
     "plots", "ARM_NAMES", "ARMS", "X_AXES", "arm_display_names", "compare_arms", "families_of", "summarize",
     "verdict", "DEFAULT_ROOT", "PAPER_ARMS", "arm_configs", "arms_table", "experiment_root", "run_arm",
-    "run_rollout_scaling", "save_outputs", "FLAGSHIP_RECIPE", "MODEL_ALIASES", "PLATEAU_FAMILIES", "PLATEAU_RULE",
-    "RECIPE", "RECIPES", "PlateauResult", "eval_curve", "hard_families", "plateau_config", "plateau_families",
-    "plateau_markdown", "plateau_reached", "plateau_rule", "recipe_config", "resolve_experiment_model",
+    "run_rollout_scaling", "save_outputs", "FLAGSHIP_RECIPE", "GATE", "MODEL_ALIASES", "PLATEAU_FAMILIES", "PLATEAU_RULE",
+    "RECIPE", "RECIPES", "PlateauResult", "eval_curve", "hard_families", "measure_reach", "plateau_config", "plateau_families",
+    "plateau_markdown", "plateau_reached", "plateau_rule", "reach_gate", "recipe_config", "resolve_experiment_model",
     "save_plateau_model", "train_plateau"
 ]

@@ -38,17 +38,33 @@ RECIPES = {"prorl_v1": RECIPE,
            "prorl_v2": {**RECIPE, "advantage": "reinforce_pp_baseline", "kl_estimator": "k2", "eps_high": 0.27,
                         "reset_optimizer": False, "reward": "correct"}}
 FLAGSHIP_RECIPE = "prorl_v2"  # the branch's default; "prorl_v1" is one knob away
-PLATEAU_RECIPE = "prorl_v1"  # the plateau run: the ProRL paper's recipe (what the shipped checkpoint was trained with)
-# RL learns on these with the default model (+7.9 points by step 120, then 100 steps without a new best); on
-# chain_sum, gcd, products and simple_equations together it moved mean held-out pass@1 by under 1 point in 50 steps.
-PLATEAU_FAMILIES = ["spell_backward", "gcd"]
-PLATEAU_TRIED = (  # written into PLATEAU.md when the plateau run uses PLATEAU_FAMILIES
-    "the previous build trained the default model with the same ProRL v1 recipe on chain_sum, gcd, produc"
-    "ts and simple_equations (the families where the default model's pass@1 was below 0.5); held-out mean"
-    " pass@1 went 0.251 -> 0.246 over 50 steps and the old rule (5 evaluations without +1 point) fired ag"
-    "ainst step 0 alone: a run that never learned, not a plateau. RL on this model learns clearly on spel"
-    "l_backward (the end-to-end test: +8 points in 20 steps) and, more slowly, on gcd, so the plateau run"
-    " uses those two; the rule now demands a gain of >= 5 points before a stall counts.")
+PLATEAU_RECIPE = "prorl_v2"  # the plateau run uses the arms' recipe, so the branch changes nothing but N and prompts
+# The rare-success regime at the default model (128 training prompts x 512 draws at T=1, share with 0 < p <= 1/16):
+# products_2d 66%, products 29% (its 2-digit half), chain_sum 6%, simple_equations 9%, gcd 7%, spell_backward 8%.
+PLATEAU_FAMILIES = ["products_2d"]
+PLATEAU_TRIED = (  # written into PLATEAU.md when the plateau run uses PLATEAU_FAMILIES (commands: PLATEAU.md)
+    "The earlier plateau (ProRL v1 on spell_backward and gcd, 220 steps) was not flat by this rule (+1.8 points "
+    "per 100 steps after its last 'new best') and sat outside the rare-success regime: 9% of spell_backward and 3% "
+    "of gcd training prompts had 0 < p <= 0.1. Its chain_sum (53%) and simple_equations (47%) shares were high "
+    "only because RL on the other two families had degraded them (mean p on training prompts 0.41 -> 0.15 and "
+    "0.27 -> 0.19 against the default model): forgetting, not the families' own regime. At the default model "
+    "(128 training prompts x 512 draws at T=1) the share with 0 < p <= 1/16 is chain_sum 6%, simple_equations 9%, "
+    "gcd 7%, spell_backward 8%, products 29%: all below the 30% gate. In products the rare successes are its "
+    "2-digit half (66% of those prompts, mean p 0.005; the 1-digit half is memorised, p 0.71), so the plateau "
+    "trains on that half as the variant products_2d (its questions are products questions: the same hash "
+    "partition holds the eval set out; default model: 68% of 128 products_2d training prompts in 0 < p <= 1/16, "
+    "mean p 0.006). ProRL v2 on products itself for 60 steps moved held-out pass@1 0.191 -> 0.178 at lr 3e-4 and "
+    "0.191 -> 0.170 at lr 1e-3 (the training prompts' 1-digit products rose to p 0.82: memorisation) and left "
+    "28.9% of 256 training prompts in 0 < p <= 1/16. On products_2d, 100 steps of ProRL v2 at N=16 fired the slope "
+    "rule at every lr tried, but at the arms' lr 3e-4 (held-out 0.0083 -> 0.0061, slope -0.30 [-0.74, +0.13] "
+    "points per 100 steps) and at 1e-4 (0.0083 -> 0.0083, slope +0.07 [-0.35, +0.48]) the gate failed: 28.9% and "
+    "26.6% of training prompts left in 0 < p <= 1/16, the rest mostly at p = 0 ('neither' 31% -> 70%) while "
+    "mean p held (0.006 -> 0.008 at 1e-4): N=16 concentrates the successes on fewer prompts. lr 3e-5 is the "
+    "largest tried that keeps the branch point in the regime, so the plateau uses it; no lr made held-out "
+    "pass@1 rise by a point, so the rule asks no gain first (a plateau from the start).")
+# Settings the plateau run overrides in the recipe: resets off, as in every arm (study.arms.arm_configs), and the lr.
+# lr 3e-5: at the recipe's 3e-4 (and at 1e-4) 100 steps at N=16 leave under 30% rare-success prompts (PLATEAU_TRIED).
+PLATEAU_SETTINGS = dict(reset_every=0, reset_every_samples=0, lr=3e-5)
 
 
 # ---- models and families ---------------------------------------------------------------------------------------------
@@ -118,43 +134,63 @@ def plateau_config(**overrides) -> Config:
     """The plateau run: the ProRL recipe on the default model, evaluated on every eval item often enough for the
     plateau rule to see the curve (``steps`` is only a cap; the rule decides when to stop)."""
     base = dict(model="default", steps=800, eval_every=10, eval_prompts=200, eval_samples=32, checkpoint_every=10,
-                run_name="plateau", run_dir=str(RUNS_DIR), torch_threads=1, tasks=PLATEAU_FAMILIES)
+                run_name="plateau", run_dir=str(RUNS_DIR), torch_threads=1, tasks=PLATEAU_FAMILIES,
+                **PLATEAU_SETTINGS)
     overrides = {k: v for k, v in overrides.items() if not (k == "tasks" and v is None)}
     return recipe_config(PLATEAU_RECIPE, **{**base, **overrides})
 
 
-PLATEAU_RULE = dict(gain=0.05, min_delta=0.01, patience=100)  # issue 14: +5 points, then 100 steps without +1 point
+# The plateau rule, fixed before the run (issue 25): over the last WINDOW steps of held-out mean pass@1, the upper
+# end of the 95% t interval of the OLS slope is under 0.5 points per 100 steps, and the window's mean is >= start +
+# gain. Slopes are in pass@1 per SLOPE_PER steps.
+SLOPE_PER = 100
+PLATEAU_RULE = dict(window=100, max_slope=0.005, gain=None, level=0.95)
 
 
-def plateau_rule(steps: Sequence[int], curve: Sequence[float], *, gain: float = 0.05, min_delta: float = 0.01,
-                 patience: int = 100) -> dict:
-    """The plateau rule, "learned, then stalled", on held-out pass@1 ``curve`` at training ``steps`` (the first entry
-    is the starting checkpoint): an evaluation is a *new best* when it beats every earlier one by >= ``min_delta``;
-    the rule fires once the best is >= start + ``gain`` and no new best came for >= ``patience`` steps since.
+def plateau_rule(steps: Sequence[int], curve: Sequence[float], *, window: int = 100, max_slope: float = 0.005,
+                 gain: Optional[float] = None, level: float = 0.95) -> dict:
+    """The plateau rule on held-out pass@1 ``curve`` at training ``steps`` (the first entry is the starting
+    checkpoint): fit ``curve = a + b * step`` by least squares on the evaluations of the last ``window`` steps
+    (step >= last - window) and take the two-sided ``level`` t interval of the slope b with n - 2 degrees of
+    freedom (:func:`brorl_lab.lab.stats.ols_slope_interval`, n = evaluations in the window). It fires when
 
-    With the defaults (0.05, 0.01, 100): the run gained at least 5 points of pass@1, then went 100 steps without
-    beating its best by 1 point. Returns the rule's numbers: fired, start, best, best_step (the last new best),
-    gained, stalled_steps (steps since the last new best), and the arguments.
+        the curve spans the window (last - first step >= window) and has >= 3 evaluations in it,
+        hi(b) * SLOPE_PER < max_slope       (no climb of max_slope pass@1 per 100 steps is compatible with the data)
+        mean(window) - curve[0] >= gain      (what was gained first; gain=None: no requirement, a curve stalled
+                                             from the start counts: the shipped rule, see PLATEAU.md)
+
+    With the defaults: the 95% interval of the last 100 steps' slope lies below +0.5 points per 100 steps. A slow
+    steady climb (the old rule's blind spot: +1.8 points per 100 steps with 1.1-point eval noise) keeps the upper
+    end above it. A flat but very noisy curve does not fire either: the interval must be narrow enough to exclude
+    the climb, so the evaluation must be precise (many prompts x samples) or frequent. Returns the rule's numbers:
+    fired, n, slope, se, t, lo, hi (per SLOPE_PER steps), start, window_mean, gained, window_start, and the arguments.
     """
-    for name, v in (("gain", gain), ("min_delta", min_delta)):
-        if not (is_finite_number(v) and v >= 0):
-            raise ValueError(f"{name}: got {v!r}; allowed: a finite float >= 0")
-    check_int("patience", patience, 1)
+    from brorl_lab.lab.stats import ols_slope_interval
+
+    check_int("window", window, 1)
+    for name, v in (("max_slope", max_slope), ("gain", 0.0 if gain is None else gain)):
+        if not is_finite_number(v):
+            raise ValueError(f"{name}: got {v!r}; allowed: a finite float (pass@1 units)")
+    if not (is_finite_number(level) and 0 < level < 1):
+        raise ValueError(f"level: got {level!r}; allowed: a probability in (0, 1)")
     steps, curve = [int(s) for s in steps], [float(c) for c in curve]
     if len(steps) != len(curve):
         raise ValueError(f"steps: got {len(steps)} steps for {len(curve)} evaluations; allowed: one step per evaluation")
-    out = dict(gain=gain, min_delta=min_delta, patience=patience, fired=False, start=None, best=None, best_step=None,
-               gained=None, stalled_steps=None)
+    out = dict(window=window, max_slope=max_slope, gain=gain, level=level, per_steps=SLOPE_PER, fired=False, n=0,
+               slope=None, se=None, t=None, lo=None, hi=None, start=None, window_mean=None, gained=None,
+               window_start=None)
     if not curve:
         return out
-    best, best_step, top = curve[0], steps[0], curve[0]
-    for s, c in zip(steps[1:], curve[1:]):
-        if c >= top + min_delta:
-            best, best_step = c, s
-        top = max(top, c)
-    stalled = steps[-1] - best_step
-    out.update(start=curve[0], best=best, best_step=best_step, gained=best - curve[0], stalled_steps=stalled,
-               fired=bool(best - curve[0] >= gain - 1e-12 and stalled >= patience))
+    first = steps[-1] - window
+    idx = [i for i, s in enumerate(steps) if s >= first]
+    fit = ols_slope_interval([steps[i] for i in idx], [curve[i] for i in idx], level=level)
+    mean = sum(curve[i] for i in idx) / len(idx)
+    out.update(n=fit["n"], t=fit["t"], start=curve[0], window_mean=mean, gained=mean - curve[0],
+               window_start=steps[idx[0]],
+               **{k: fit[k] * SLOPE_PER for k in ("slope", "se", "lo", "hi")})
+    spans = steps[-1] - steps[0] >= window and fit["n"] >= 3
+    gained = gain is None or mean - curve[0] >= gain - 1e-12
+    out["fired"] = bool(spans and fit["hi"] * SLOPE_PER < max_slope and gained)
     return out
 
 
@@ -172,7 +208,15 @@ class PlateauResult:
     plateaued: bool  # the rule fired (False: the step cap was reached first)
     out: Optional[Path]  # the saved HF model directory
     run_dir: Path  # the Trainer run (metrics, checkpoint)
-    rule: dict = field(default_factory=dict)
+    rule: dict = field(default_factory=dict)  # plateau_rule's numbers at the last evaluation
+    gate: dict = field(default_factory=dict)  # reach_gate at the last checkpoint ({} when skipped)
+    reach: Optional[pd.DataFrame] = None  # mechanism.reach_summary at the last checkpoint
+    wall_s: float = 0.0  # this call's wall time (a resumed run counts only its own part)
+
+    @property
+    def passed(self) -> bool:
+        """The rule fired and the reach gate passed (or was skipped)."""
+        return self.plateaued and self.gate.get("passed", True)
 
 
 def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -184,27 +228,68 @@ def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics.loc[metrics[f"eval/{MEAN}/{PASS1}"].notna(), keep].reset_index(drop=True)
 
 
-def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLATEAU_MODEL_DIR, gain: float = 0.05,
-                  min_delta: float = 0.01, patience: int = 100, progress: bool = True,
-                  command: Optional[str] = None) -> PlateauResult:
-    """Train ``cfg`` (default :func:`plateau_config`) in chunks of ``eval_every`` steps until :func:`plateau_reached`
-    fires on held-out mean pass@1 or ``cfg.steps`` is reached, then save the policy as an HF model directory
-    (``save_pretrained`` + tokenizer, safetensors) with PLATEAU.md and plateau.json beside it.
+# The reach gate (issue 25): the branch point must sit in the regime BroRL is about. Measured on GATE_PROMPTS training
+# prompts (drawn as training draws them, seed GATE_SEED) x GATE_DRAWS samples at the training sampler.
+GATE = dict(min_share=0.30, max_p=1 / 16)
+GATE_PROMPTS, GATE_DRAWS, GATE_SEED = 128, 512, 12345
+
+
+def reach_gate(rates: pd.DataFrame, *, min_share: float = 0.30, max_p: float = 1 / 16) -> dict:
+    """The reach gate on a :func:`brorl_lab.study.mechanism.prompt_pass_rates` table: the share of prompts with
+    *rare successes*, 0 < p <= ``max_p`` (an N=16 group of such a prompt is all-wrong with probability
+    (1 - p)^16 >= 0.36), must be >= ``min_share``. Returns prompts, share, passed and the arguments."""
+    for name, v in (("min_share", min_share), ("max_p", max_p)):
+        if not (is_finite_number(v) and 0 <= v <= 1):
+            raise ValueError(f"{name}: got {v!r}; allowed: a float in [0, 1]")
+    if not isinstance(rates, pd.DataFrame) or "p" not in rates.columns or rates.empty:
+        raise ValueError("rates: allowed: a non-empty prompt_pass_rates table (column 'p')")
+    share = float(((rates["p"] > 0) & (rates["p"] <= max_p)).mean())
+    return dict(prompts=len(rates), share=share, passed=share >= min_share, min_share=min_share, max_p=max_p)
+
+
+def measure_reach(policy, tokenizer, cfg: Config, *, prompts: int = GATE_PROMPTS, n_draws: int = GATE_DRAWS,
+                  seed: int = GATE_SEED) -> pd.DataFrame:
+    """Per-prompt pass rates of ``prompts`` training prompts of ``cfg.tasks`` (mixed as training mixes them) under
+    ``policy``, ``n_draws`` samples each at the training sampler (:func:`~brorl_lab.study.mechanism.prompt_pass_rates`)."""
+    from brorl_lab.rl.steps import sample_prompts
+    from brorl_lab.study.mechanism import prompt_pass_rates
+
+    check_int("prompts", prompts, 1)
+    items = sample_prompts(cfg.tasks, prompts, seed=seed)
+    return prompt_pass_rates(policy, tokenizer, items, cfg, n_draws=n_draws, chunk_prompts=16)
+
+
+def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLATEAU_MODEL_DIR,
+                  rule: Optional[dict] = None, gate: Optional[dict] = None, gate_prompts: int = GATE_PROMPTS,
+                  gate_draws: int = GATE_DRAWS, progress: bool = True, command: Optional[str] = None,
+                  tried: Optional[str] = None) -> PlateauResult:
+    """Train ``cfg`` (default :func:`plateau_config`) in chunks of ``eval_every`` steps until :func:`plateau_rule`
+    (arguments ``rule``, default :data:`PLATEAU_RULE`) fires on held-out mean pass@1 or ``cfg.steps`` is reached,
+    then measure the reach gate at that checkpoint (:func:`reach_gate` with ``gate``, default :data:`GATE`, on
+    ``gate_prompts`` training prompts x ``gate_draws`` draws; ``gate_prompts=0`` skips it) and save the policy as an HF model
+    directory (``save_pretrained`` + tokenizer, safetensors) with PLATEAU.md and plateau.json beside it.
 
     Resumable: the run lives in ``cfg.run_dir/cfg.run_name`` and is checkpointed at every chunk; calling again
     continues from the last checkpoint (Ctrl-C stops after the current step). Deterministic in ``cfg.seed``.
     """
+    import time
+
     from tqdm.auto import tqdm
+
+    from brorl_lab.study.mechanism import reach_summary
 
     cfg = plateau_config() if cfg is None else cfg
     if not isinstance(cfg, Config):
         raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config (see plateau_config)")
     if cfg.eval_every < 1:
         raise UserError(f"cfg.eval_every: got {cfg.eval_every}; allowed: >= 1 (the plateau rule reads the eval curve)")
-    rule = dict(gain=gain, min_delta=min_delta, patience=patience)
+    rule = {**PLATEAU_RULE, **(rule or {})}
+    gate = {**GATE, **(gate or {})}
     plateau_rule([], [], **rule)  # validate the rule's arguments before any work
+    check_int("gate_prompts", gate_prompts, 0)
     if out is not None:
         _check_model_out(Path(out))
+    t0 = time.perf_counter()
     trainer = open_trainer(cfg, progress=False)
     bar = tqdm(total=cfg.steps, initial=trainer.step_idx, desc="plateau", disable=not progress)
     plateaued = False
@@ -226,8 +311,15 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
         numbers = plateau_rule(curve["step"], curve[f"eval/{MEAN}/{PASS1}"], **rule)
         res = PlateauResult(curve, trainer.step_idx, plateaued, None, trainer.run_dir.path,
                             {**numbers, "metric": f"eval/{MEAN}/{PASS1}"})
+        if gate_prompts:
+            rates = measure_reach(trainer.policy, trainer.tokenizer, cfg, prompts=gate_prompts, n_draws=gate_draws)
+            res.gate = {**reach_gate(rates, **gate), "draws": gate_draws, "seed": GATE_SEED}
+            res.reach = reach_summary(rates)
+        res.wall_s = time.perf_counter() - t0
         if out is not None:
-            res.out = save_plateau_model(trainer, Path(out), res, command=command)
+            if tried is None and list(cfg.tasks) == PLATEAU_FAMILIES:
+                tried = PLATEAU_TRIED
+            res.out = save_plateau_model(trainer, Path(out), res, command=command, tried=tried)
         return res
     finally:
         bar.close()
@@ -274,9 +366,11 @@ def _check_model_out(out: Path) -> None:
                          "directory or a model directory to overwrite")
 
 
-def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optional[str] = None) -> Path:
+def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optional[str] = None,
+                       tried: Optional[str] = None) -> Path:
     """Write the trainer's policy and tokenizer to ``out`` (via a temp dir, then swapped in), plus PLATEAU.md and
-    plateau.json (families, seed, steps, the eval curve, the rule and whether it fired)."""
+    plateau.json (families, seed, steps, the eval curve, the rule's numbers, the reach gate and summary, wall time,
+    and ``tried``: what was tried before this recipe, in words)."""
     _check_model_out(out)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
@@ -290,9 +384,11 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
         "command": command, "base_model": repo_relative(base) if base.exists() else cfg.model,
         "base_model_sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None,
         "families": list(cfg.tasks), "seed": cfg.seed, "steps": res.steps, "plateaued": res.plateaued,
-        "rule": res.rule, "config": {k: v for k, v in cfg.to_dict().items() if k not in IGNORED_FIELDS},
+        "gate_passed": res.passed, "rule": res.rule, "gate": res.gate,
+        "reach": [] if res.reach is None else res.reach.to_dict(orient="records"), "wall_s": res.wall_s,
+        "optimizer": OPTIMIZER_NOTE, "tried": tried,
+        "config": {k: v for k, v in cfg.to_dict().items() if k not in IGNORED_FIELDS},
         "curve": res.curve.to_dict(orient="records"),
-        **({"tried": PLATEAU_TRIED} if list(cfg.tasks) == PLATEAU_FAMILIES else {}),
     }
     (tmp / "plateau.json").write_text(json.dumps(meta, indent=1, default=float))
     (tmp / "PLATEAU.md").write_text(plateau_markdown(meta))
@@ -302,44 +398,65 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
     return out
 
 
+OPTIMIZER_NOTE = ("The HF checkpoint carries weights only: every run that starts from it (each arm of the branch) "
+                  "starts a fresh Adam, so the optimizer is reset in both arms alike; within the plateau run one Adam "
+                  "is kept throughout (ProRL v2: no reference/optimizer reset, reset_every=0 as in the arms).")
+
+
 def plateau_markdown(meta: dict) -> str:
-    """PLATEAU.md: command, seed, steps, the eval curve as a table and the plateau rule applied to it."""
+    """PLATEAU.md: command, recipe, the eval curve as a table, the slope rule applied to it, the reach gate and
+    summary at the branch point, what was tried, and the wall time."""
     curve = pd.DataFrame(meta["curve"])
     fams = [eval_key(c)[0] for c in curve.columns if c.startswith("eval/") and c.endswith(PASS1)]
-    rule = meta["rule"]
-    best = curve[rule["metric"]].cummax().shift(1)  # the "best before" column
-    lines = ["# data/plateau_model: the default model trained with the ProRL recipe until held-out pass@1 stalled", "",
-             f"Command: `{meta['command'] or 'python -m brorl_lab plateau'}` (seed {meta['seed']}).", "",
+    rule, cfg = meta["rule"], meta["config"]
+    lines = ["# data/plateau_model: the default model trained with the ProRL v2 recipe until held-out pass@1 stalled",
+             "", f"Command: `{meta['command'] or 'python -m brorl_lab plateau'}` (seed {meta['seed']}); wall time "
+             f"{meta.get('wall_s', 0) / 60:.1f} min (this call's part, gate measurement included).", "",
              f"Base: {meta['base_model']} (model.safetensors sha256 {meta.get('base_model_sha256')}).", "",
              f"Families: {', '.join(meta['families'])}. Steps: {meta['steps']}. Recipe (config fields): "
-             + ", ".join(f"{k}={meta['config'][k]}" for k in (
+             + ", ".join(f"{k}={cfg[k]}" for k in (
                  "rollouts_per_prompt", "prompts_per_step", "optimizer_steps_per_step", "advantage", "eps_low",
-                 "eps_high", "kl_beta", "kl_estimator", "dynamic_sampling", "reset_every", "reset_optimizer", "lr",
-                 "temperature", "eval_prompts", "eval_samples", "eval_temperature")) + ".", "",
-             "Held-out pass@1 (frozen eval sets, "
-             f"{meta['config']['eval_prompts']} prompts x {meta['config']['eval_samples']} samples per family, "
-             f"T={meta['config']['eval_temperature']}):", "",
-             "| step | samples | " + " | ".join(fams) + " | best before |",
-             "|---:|---:|" + "---:|" * len(fams) + "---:|"]
-    for i, r in curve.iterrows():
-        vals = " | ".join(f"{r[f'eval/{f}/{PASS1}']:.3f}" for f in fams)
-        prev = "" if pd.isna(best.iloc[i]) else f"{best.iloc[i]:.3f}"
-        lines.append(f"| {int(r['step'])} | {int(r.get('cum_samples', 0)):,} | {vals} | {prev} |")
+                 "eps_high", "kl_beta", "kl_estimator", "reward", "dynamic_sampling", "reset_every",
+                 "reset_optimizer", "lr", "temperature", "eval_prompts", "eval_samples", "eval_temperature")) + ".",
+             "", f"Optimizer: {meta.get('optimizer') or OPTIMIZER_NOTE}", "",
+             f"Held-out pass@1 (frozen eval sets drawn like training, data/eval/README.md; {cfg['eval_prompts']} "
+             f"prompts x {cfg['eval_samples']} samples per family, T={cfg['eval_temperature']}):", "",
+             "| step | samples | " + " | ".join(fams) + " |", "|---:|---:|" + "---:|" * len(fams)]
+    for _, r in curve.iterrows():
+        vals = " | ".join(f"{r[f'eval/{f}/{PASS1}']:.4f}" for f in fams)
+        lines.append(f"| {int(r['step'])} | {int(r.get('cum_samples', 0)):,} | {vals} |")
+    text = (f"\"over the last {rule['window']} steps, the upper end of the {100 * rule['level']:g}% t interval of the "
+            f"OLS slope of {rule['metric']} on step is under {100 * rule['max_slope']:g} points per "
+            f"{rule['per_steps']} steps" + ("" if rule["gain"] is None else f", and the window's mean is >= the start + "
+            f"{100 * rule['gain']:g} points") + "\"")
+    if rule.get("slope") is not None and rule.get("hi") is not None and rule["hi"] == rule["hi"]:
+        fit = (f"slope {100 * rule['slope']:+.2f} points per {rule['per_steps']} steps, 95% interval "
+               f"[{100 * rule['lo']:+.2f}, {100 * rule['hi']:+.2f}] (n={rule['n']} evaluations from step "
+               f"{rule['window_start']}, t={rule['t']:.3f} with {rule['n'] - 2} df); window mean "
+               f"{rule['window_mean']:.3f} against {rule['start']:.3f} at the start ({100 * rule['gained']:+.1f} points)")
+    else:
+        fit = "too few evaluations for a slope interval"
+    head = ("Why this counts as a plateau" if meta["plateaued"] else "The rule did NOT fire within the step cap: "
+            "this checkpoint is not a measured plateau")
+    lines += ["", f"{head}. The rule (brorl_lab.study.plateau.plateau_rule) is {text}. At step {meta['steps']}: "
+              f"{fit}."]
+    gate = meta.get("gate") or {}
+    if gate:
+        lines += ["", f"Reach gate (brorl_lab.study.plateau.reach_gate): {100 * gate['share']:.1f}% of {gate['prompts']} "
+                  f"training prompts ({gate['draws']} draws each at the training sampler, T={cfg['temperature']}) have "
+                  f"0 < p <= {gate['max_p']:.4g}; required >= {100 * gate['min_share']:g}%: "
+                  f"{'PASSED' if gate['passed'] else 'FAILED'}."]
+    if meta.get("reach"):
+        rows = pd.DataFrame(meta["reach"])
+        cols = [c for c in rows.columns if c != "family"]
+        lines += ["", "Reach summary at the branch point (brorl_lab.study.mechanism.reach_summary; shares of prompts):",
+                  "", "| family | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for _, r in rows.iterrows():
+            lines.append(f"| {r['family']} | " + " | ".join(
+                f"{int(r[c])}" if c == "prompts" else f"{r[c]:.3f}" for c in cols) + " |")
     first, last = curve.iloc[0], curve.iloc[-1]
     moves = ", ".join(f"{f} {100 * (last[f'eval/{f}/{PASS1}'] - first[f'eval/{f}/{PASS1}']):+.1f}" for f in fams)
-    g, d, k = rule["gain"], rule["min_delta"], rule["patience"]
-    text = (f"\"gained >= {100 * g:g} points of {rule['metric']} over the start, then no new best (an evaluation "
-            f"beating every earlier one by >= {100 * d:g} point) for >= {k} steps\"")
-    if meta["plateaued"]:
-        why = (f"Why this counts as a plateau: the rule is {text} (brorl_lab.study.plateau.plateau_rule). It fired at "
-               f"step {meta['steps']}: start {rule['start']:.3f}, last new best {rule['best']:.3f} at step "
-               f"{rule['best_step']} (+{100 * rule['gained']:.1f} points), then {rule['stalled_steps']} steps "
-               f"without a new best.")
-    else:
-        why = (f"The rule ({text}) did NOT fire within the step cap of {meta['steps']} steps: this checkpoint is not "
-               "a measured plateau.")
-    tried = meta.get("tried")
-    lines += ["", why, "", *([f"What was tried before this recipe: {tried}", ""] if tried else []),
+    lines += ["", *([f"What was tried: {meta['tried']}", ""] if meta.get("tried") else []),
               f"Change from the first to the last evaluation, in points (0.01 pass@1): {moves}.", "",
               "Load it with `Config(model=\"data/plateau_model\")` (from the repository root) or "
               "`brorl_lab.study.experiments.recipe_config(model=\"plateau\")`.", ""]
