@@ -14,6 +14,9 @@ N in {16, 64, 512} at a fixed total of samples per call (P = total / N prompts).
     roofline the least time this machine allows (:func:`decode_roofline`): model FLOPs at the measured matmul
              peak plus the KV cache decode must read at the measured copy bandwidth; from it, the largest
              torch/hf ratio and the smallest step/TRL ratio any implementation could reach here
+    attention decode attention alone against its memory roofline: the profiled call's attention time against its KV
+             bytes at the copy bandwidth, and the kernel alone at N=512 rows with candidate kernels beside it
+             (``bench/bench_decode_attention.py``: engine, transposed keys, SDPA, a plain read of the same KV)
     step     one full RL step at N=512, brorl_lab Trainer vs TRL GRPOTrainer (``bench_step_trl``, same config)
     update   one update (old + reference log-probs, PPO-clip + KL, backward, AdamW) at P=1 x N=16 and x N=512,
              each in a fresh subprocess (``bench_memory.child``): peak RSS (VmHWM) and the update's MFU
@@ -29,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import bench_memory, bench_step_trl
+from . import bench_decode_attention, bench_memory, bench_step_trl
 from .bench_hw import matmul_round, stream_round
 from .bench_rollout import BRORL_GPU_SCALING, available_engines, start_engines
 from .common import (
@@ -61,15 +64,16 @@ class Size:
     step_micro_batch: int  # TRL per_device_train_batch_size (samples)
     profile_tokens: int  # response length of the profiled decode call
     stream_mib: int  # size of the tensor copied to measure memory bandwidth
+    attn_repeats: int  # round-robin repetitions of the decode-attention kernels (bench_decode_attention)
 
 
 # new_tokens: 256 fixed-length tokens (~70x the short regime's 3-4-token answers; the GPU check runs 256 too)
 # makes the long figure ~14 minutes on a 2-core CPU machine, one call per engine and N; the profile is of a whole
 # call, so attention over a KV cache that grows to the full length is weighed as it is in the timed call.
 FULL = Size(total=512, ns=(16, 64, 512), new_tokens=256, repeats=1, matmul_n=1024, micro_batch_tokens=1024,
-            step_micro_batch=64, profile_tokens=256, stream_mib=256)
+            step_micro_batch=64, profile_tokens=256, stream_mib=256, attn_repeats=5)
 SMOKE = Size(total=16, ns=(4, 16), new_tokens=8, repeats=1, matmul_n=128, micro_batch_tokens=64,
-             step_micro_batch=8, profile_tokens=4, stream_mib=8)
+             step_micro_batch=8, profile_tokens=4, stream_mib=8, attn_repeats=1)
 
 # torch.profiler op names (self CPU time) -> what the decode time goes to
 PROFILE_CLASSES = (
@@ -157,6 +161,12 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(path)
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    attn_size = bench_decode_attention.Size(  # decode attention alone at this figure's largest N, one layer
+        rows=size.total, prompts=size.total // max(size.ns), kv_heads=kv_heads, group=heads // kv_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, prefix=24, T=size.new_tokens,
+        lengths=tuple(range(size.new_tokens // 8, size.new_tokens, size.new_tokens // 4)), repeats=size.attn_repeats,
+        stream_mib=size.stream_mib)
     # vllm's KV cache holds every row of a call at once (its 1 GiB CPU default would queue some at N=512)
     kv_gib = 1.25 * size.total * cfg.max_position_embeddings * kv_bytes_per_token(cfg) / 2 ** 30
     built, start_s = start_engines(path, names, threads, cfg.max_position_embeddings, kv_cache_gib=kv_gib)
@@ -250,6 +260,18 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
     if hf_s:
         rows.append(row(GROUP, f"long rollout torch/hf N={hi} at the roofline", hf_s / roof["seconds"], "x",
                         note=f"hf's {hf_s:.3g} s over the roofline: the largest torch/hf any engine could reach here"))
+
+    # ---- decode attention alone against its memory roofline: in the profiled call, and as a kernel ------------------
+    Tp = size.profile_tokens
+    prompt_tokens = sum(len(x) for x in big_batch.prompt_ids)  # the profiled call's prompts are big_batch's
+    prof_kv = kv_bytes_per_token(cfg) * (hi * Tp * (Tp - 1) / 2 + (Tp - 1) * prompt_tokens)  # as decode_roofline
+    attn_s = prof_shares.get("attention over the KV cache", 0.0)
+    rows.append(row(GROUP, f"long decode attention over the KV cache (profiled call) / its roofline N={hi}",
+                    100 * ratio(prof_kv / bandwidth, attn_s), "% roofline", fairness=hw_fair,
+                    note=f"{prof_kv / 1e9:.3g} GB of KV at the copy bandwidth over the profile's attention time "
+                         f"({attn_s:.3g} s; profiler overhead included)"))
+    rows += bench_decode_attention.rows_of(bench_decode_attention.measure(attn_size), attn_size, threads,
+                                           group=GROUP, prefix="long ")
 
     # ---- one update at P=1 x N=lo and x N=hi: peak RSS and update MFU -----------------------------------------
     mem = {}

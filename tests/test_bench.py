@@ -107,6 +107,12 @@ def test_long_regime_has_every_figure(smoke):
         assert 0 < floor <= rows["long step time brorl_lab/TRL N=16 P=1"]["value"]
     assert rows["long memory bandwidth (copy 8 MiB, best)"]["value"] > 0
     assert 0 < rows["long decode torch engine speed / roofline N=16"]["value"] <= 100
+    assert rows["long decode attention over the KV cache (profiled call) / its roofline N=16"]["value"] > 0
+    for kind in ("transposed", "sdpa", "read"):  # decode attention alone: the engine's kernel and the candidates
+        assert rows[f"long decode attention alone, engine / {kind} time"]["value"] > 0
+    for kind in ("the engine's", "candidate sdpa"):
+        assert rows[f"long decode attention alone, {kind} / copy bandwidth"]["unit"] == "% copy bw"
+    assert float(rows["long decode attention alone, engine / sdpa time"]["note"].rsplit("by ", 1)[1]) < 1e-5
     assert rows["long rollout torch/hf N=16 at the roofline"]["value"] >= rows["long rollout torch/hf N=16"]["value"]
     short = [r["point"] for r in data["figures"]["rollout"]["rows"] if r.get("point")]
     assert {p["regime"] for p in short} == {"short"} and len(short) == len(engines) * 2

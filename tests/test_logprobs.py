@@ -367,14 +367,21 @@ def test_shared_prefix_on_a_non_llama_model_runs_the_models_own_forward_against_
     assert len(seen) >= 2 and all(seen)  # a prefix pass, then suffix passes on its KV
 
 
-def test_shared_prefix_past_the_explicit_key_limit_uses_the_models_attention(tok, monkeypatch):
-    """Rows with more keys than EXPLICIT_MAX_KEYS (the decoder would build [rows, H, W, keys] scores) go through the
-    model's own forward: same numbers."""
+@pytest.mark.parametrize("limit", [("EXPLICIT_MAX_KEYS", 0), ("DECODER_MAX_RESPONSE", 5)])
+def test_shared_prefix_past_the_decoders_limits_uses_the_models_attention(tok, monkeypatch, limit):
+    """Rows with more keys than EXPLICIT_MAX_KEYS (the decoder would build [rows, H, W, keys] scores), or responses
+    longer than DECODER_MAX_RESPONSE (where SDPA, never building the scores, is faster), go through the model's own
+    forward: same numbers, and micro-batches counted as that forward holds them (prompt + response per row)."""
     import brorl_lab.rl.logprobs as lp
 
     model = tiny_qwen2(len(tok), seed=8).train()
     batch = hand_batch(tok, PROMPTS, n=3, T=6, seed=2)
-    assert _layouts_agree_with_a_plain_forward(model, batch) == [True]  # under the limit: the decoder
-    monkeypatch.setattr(lp, "EXPLICIT_MAX_KEYS", 0)
+    assert lp.suffix_in_decoder(model, batch)
+    assert _layouts_agree_with_a_plain_forward(model, batch) == [True]  # under the limits: the decoder
+    monkeypatch.setattr(lp, *limit)
+    assert not lp.suffix_in_decoder(model, batch)
     seen = _layouts_agree_with_a_plain_forward(model, batch)
     assert len(seen) >= 2 and all(seen)
+    rows = torch.arange(batch.size)
+    assert [g.tolist() for g in plan_micro_batches(model, batch, rows, 40)] == \
+        [g.tolist() for g in micro_batches(row_token_counts(batch), 40)]

@@ -46,6 +46,25 @@ from brorl_lab.core.validation import check_int, is_number
 # The explicit shared-prefix kernel builds its attention scores ([rows, H, W, keys]); past this many keys per row the
 # suffix pass uses the model's own attention instead (SDPA never materialises scores), so memory stays set by tokens.
 EXPLICIT_MAX_KEYS = 1024
+# Past this many response tokens the suffix pass uses the model's own attention (see suffix_in_decoder).
+DECODER_MAX_RESPONSE = 32
+
+
+def suffix_in_decoder(model: torch.nn.Module, batch: RolloutBatch) -> bool:
+    """Whether the shared-prefix layout's suffix passes over ``batch`` run in
+    :class:`~brorl_lab.core.prefix_attention.PrefixDecoder` (explicit scores, each prompt's KV read once by one matmul
+    per prompt) rather than the model's own attention (SDPA over the prompt's KV copied to each row).
+
+    The decoder wins at short responses: it never copies the prompt's KV, and its [rows, H, W, L + W] scores are
+    small. At long ones the O(W^2) scores decide: on 24-token prompts the model's own SDPA (which never builds them)
+    ran a 64-row forward and backward in 0.78x the decoder's CPU time at 256 response tokens, 0.88x at 64, and the
+    same at 16 (interleaved on one core, loaded machine). So the decoder runs while no response is longer than
+    :data:`DECODER_MAX_RESPONSE` tokens and a row has at most :data:`EXPLICIT_MAX_KEYS` keys (memory). Either way
+    the numbers are the same."""
+    if not supports_shared_prefix(model):
+        return False
+    keys = max(len(x) for x in batch.prompt_ids) + batch.response_ids.shape[1]
+    return keys <= EXPLICIT_MAX_KEYS and int(batch.lengths.max()) <= DECODER_MAX_RESPONSE
 
 
 def micro_batches(token_counts: torch.Tensor, token_budget: int, *, prompt_of: Optional[torch.Tensor] = None,
@@ -92,10 +111,9 @@ def plan_micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Sequen
     rows = _as_rows(batch, rows)
     if layout not in LOGPROB_LAYOUTS:
         raise ValueError(f"layout: got {layout!r}; allowed: {', '.join(LOGPROB_LAYOUTS)}")
-    keys = max(len(x) for x in batch.prompt_ids) + batch.response_ids.shape[1]
-    if layout == "packed" or _plain_kv_cache(model) is None or not supports_shared_prefix(model) \
-            or keys > EXPLICIT_MAX_KEYS:
+    if layout == "packed" or _plain_kv_cache(model) is None or not suffix_in_decoder(model, batch):
         return micro_batches(row_token_counts(batch)[rows], token_budget)
+    keys = max(len(x) for x in batch.prompt_ids) + batch.response_ids.shape[1]
     per_token = 1 + model.config.num_attention_heads * keys / model.config.hidden_size
     costs = torch.ceil(batch.lengths[rows] * per_token).long()  # [b]
     return micro_batches(costs, token_budget, prompt_of=rows // batch.n,
@@ -200,8 +218,9 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
     even when a few truncated rows are much longer than the rest (at most log2(T) + 1 passes).
 
     A suffix pass runs through :class:`~brorl_lab.core.prefix_attention.PrefixDecoder` for Llama-family models (each
-    prompt's KV read once by one matmul per prompt) while a row has at most :data:`EXPLICIT_MAX_KEYS` keys, and
-    otherwise through the model's own forward, against the prompt's KV gathered to every row."""
+    prompt's KV read once by one matmul per prompt) while :func:`suffix_in_decoder` (short responses, at most
+    :data:`EXPLICIT_MAX_KEYS` keys a row), and otherwise through the model's own forward, against
+    the prompt's KV gathered to every row."""
     device = next(model.parameters()).device
     prompts, slot = torch.unique(rows // batch.n, return_inverse=True)  # [p] distinct prompts, [b] row -> prompt
     ids, mask = left_pad([batch.prompt_ids[i] for i in prompts.tolist()], batch.pad_id)  # [p, S]
@@ -211,7 +230,7 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
                   logits_to_keep=1).logits[:, 0]  # [p, V]: each prompt's prediction of response token 0
     first = _log_softmax(first, temperature)  # [p, V], shared by the prompt's rows (indexed, never copied to them)
     first_entropy = _entropy(first, entropy_grad) if with_entropy else None  # [p]
-    decoder = PrefixDecoder(model) if supports_shared_prefix(model) else None
+    decoder = PrefixDecoder(model) if suffix_in_decoder(model, batch) else None
     if decoder is not None:  # the decoder's inputs: per layer [p, H_kv, S, d] float32 KV, and [p, S] padding bias
         prefix, bias = [(layer.keys.float(), layer.values.float()) for layer in cache.layers], padding_bias(mask)
     lengths, T = batch.lengths[rows], batch.response_ids.shape[1]  # [b]
@@ -229,7 +248,7 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
         if W > 1:  # grads flow back into the prefix pass through `prefix` / the cache's layers
             inputs = targets[:, : W - 1]  # [c, W-1]: y_<t for t = 1 .. W-1
             positions = pos[s, -1:] + 1 + torch.arange(W - 1, device=device)[None]  # [c, W-1]
-            if decoder is not None and ids.shape[1] + W - 1 <= EXPLICIT_MAX_KEYS:
+            if decoder is not None:
                 rest = decoder.logits(inputs, positions, prefix, bias, PrefixGrid.of(s, len(prompts)))
             else:
                 kv = _cache_of(model, [(_take_rows(layer.keys, s), _take_rows(layer.values, s))  # [c, H_kv, S, d]
@@ -319,4 +338,5 @@ def _pad_to(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 __all__ = ["micro_batches", "plan_micro_batches", "row_token_counts", "Packed", "pack", "token_logprobs",
-           "compute_logprobs", "EXPLICIT_MAX_KEYS"]
+           "compute_logprobs", "EXPLICIT_MAX_KEYS", "DECODER_MAX_RESPONSE",
+           "suffix_in_decoder"]
