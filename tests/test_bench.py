@@ -223,3 +223,12 @@ def test_plot_from_saved_runs_merges_their_points(tmp_path):
     assert "torch, short responses" in html and "torch, long responses" in html
     (tmp_path / "c.json").write_text(json.dumps({"rows": rows[2:]}))
     assert run_all.cli(["--plot", str(tmp_path / "c.json"), "--json", str(out)]) == 2
+
+
+def test_update_attention_bench_times_both_suffix_kernels():
+    """bench_update_attention at a tiny size: the decoder-forced and rule updates at each budget, each timed."""
+    from bench import bench_update_attention
+
+    rows = bench_update_attention.run(rows=4, tokens=40, budgets=(256, 128), repeats=1, threads=1)
+    assert len(rows) == 4 and all(r["value"] > 0 and r["unit"] == "s" for r in rows)
+    assert sum("PrefixDecoder forced" in r["figure"] for r in rows) == 2
