@@ -360,7 +360,14 @@ def cmd_scaling(args) -> int:
 
 
 def cmd_regime_map(args) -> int:
-    """The regime map headless: notebook 06 into ``--out`` (resumable per setting), then its regime.txt."""
+    """The regime map headless: notebook 06 into ``--out`` (resumable per setting), then its regime.txt; with
+    ``--summarize`` only the reading, figure and crossover again from the table a run wrote."""
+    if args.summarize:
+        from brorl_lab.study import regime
+
+        res = regime.write_outputs(Path(args.out), regime.read_table(Path(args.out)))
+        print(res["text"] + (f"\n{res['png_note']}" if res["png_note"] else ""))
+        return 0
     return _run_study(REGIME_MAP, Path(args.out), {**_params(args.param), "torch_threads": args.threads}, "regime.txt")
 
 
@@ -601,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
                    help="a notebook parameter (settings, seeds, steps, model, ...)")
     g.add_argument("--threads", type=int, default=1)
+    g.add_argument("--summarize", action="store_true",
+                   help="run nothing: redo the reading, figure and crossover from OUT/regime_map.csv")
     g.set_defaults(func=cmd_regime_map)
 
     th = sub.add_parser("theorem", help="Theorem 1 on the model: one update at each N, dQ_pos per prompt, vs theory")

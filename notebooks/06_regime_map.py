@@ -63,7 +63,6 @@ torch_threads = 1
 export_png = True               # write the figure as PNG into run_dir (needs Chromium)
 
 # %%
-import json
 import logging
 import math
 from pathlib import Path
@@ -129,30 +128,14 @@ table.round(3)
 #
 # Left: the gap (points of mean pass@1) against the rare-success share, with 95% t intervals, a line weighted by
 # 1 / s.e.², the crossover it implies (dashed) and the one s_N predicts (dotted). Right: rho against the same share.
+# `study.regime.write_outputs` writes `regime_map.csv` (the table), `regime.txt` (the reading below),
+# `regime.json` (the crossover numbers) and the figure as PNG into `run_dir`
+# (`python -m brorl_lab regime-map --summarize OUT` redoes this step from a written table).
 
 # %%
-cross = regime.crossover(table)
-text = regime.regime_text(table, cross)
-fig_map = regime.regime_figure(table, cross)
-print(text)
+result = regime.write_outputs(out, table, export_png=export_png and bool(run_dir))
+print(result["text"])
+if result["png_note"]:
+    print(result["png_note"])
+fig_map = result["figure"]
 fig_map
-
-# %% [markdown]
-# ## 4 · Saved outputs
-#
-# `regime_map.csv` (the table), `regime.txt` (the reading above), `regime.json` (the crossover numbers) and the
-# figure as PNG go into `run_dir`.
-
-# %%
-if run_dir:
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "regime_map.csv")
-    (out / "regime.txt").write_text(text + "\n")
-    (out / "regime.json").write_text(json.dumps(cross, indent=1, default=float))
-    note = ""
-    if export_png:
-        try:
-            fig_map.write_image(out / "regime_map.png", width=1100)
-        except Exception as e:  # noqa: BLE001 - no Chromium / kaleido: the figure stays inline
-            note = f" (PNG export skipped: {type(e).__name__})"
-    print(f"wrote: {out / 'regime_map.csv'}, regime.txt, regime.json" + ("" if note else ", regime_map.png") + note)

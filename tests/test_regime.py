@@ -32,6 +32,11 @@ def test_crossover_measured_by_weighted_fit_and_predicted_from_rho():
     assert c["predicted"] == pytest.approx(0.2 + (8 - 4) / (12 - 4) * 0.2)  # rho = 8 between b and c: 0.3
     text = G.regime_text(table.assign(lo=table["gap"] - 0.01, hi=table["gap"] + 0.01, n=8), c)
     assert "gap grows with the rare-success share" in text and "inside the measured one's interval" in text
+    assert "ahead (interval above 0) on 1 of 4 settings, behind (interval below 0) on 1" in text
+    assert "Spearman +1.00" in text
+    wide = G.crossover(table.assign(se=0.05))  # noisy gaps: the fit cannot place the crossover
+    text = G.regime_text(table.assign(lo=table["gap"] - 0.1, hi=table["gap"] + 0.1, n=3), wide)
+    assert "uninformative" in text
     flat = G.crossover(table.assign(rho=2.0))
     assert flat["predicted"] is None  # rho never reaches the update ratio in the measured range
     assert G.crossover(table.iloc[:2])["b"] is None  # two settings: no line
@@ -59,6 +64,8 @@ def test_regime_map_notebook_runs_small_through_the_cli(tmp_path, monkeypatch):
     assert table["rare_success"].is_monotonic_increasing  # sorted by the share the map is drawn against
     assert ((table["lo"] <= table["gap"]) & (table["gap"] <= table["hi"])).all()
     assert {"E_s2", "E_s8", "rho", "ds measured N=2", "ds measured N=8"} <= set(table.columns)
+    (out / "regime.txt").unlink()
+    assert main(["regime-map", "--out", str(out), "--summarize"]) == 0  # the reading again, from the table alone
     cross = json.loads((out / "regime.json").read_text())
     assert cross["settings"] <= 3 and cross["ratio"] == 8.0
     assert (out / "regime.txt").read_text().startswith(table.index[0] + ": rare-success share")

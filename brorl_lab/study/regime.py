@@ -21,8 +21,10 @@ settings). The measured crossover is where a line fitted to the gaps (weighted b
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -94,12 +96,22 @@ def crossover(table: pd.DataFrame, *, x: str = "rare_success", ratio: float = 8.
 
 
 def regime_text(table: pd.DataFrame, cross: dict) -> str:
-    """The map in plain words: per setting the gap with its interval, then the fit and the two crossovers."""
+    """The map in plain words: per setting the gap with its interval, how many settings resolve a sign, the rank
+    correlation of the gap with rho, then the fit and the two crossovers (and whether the fit can place one)."""
+    from scipy import stats
+
     lines = []
     for name, r in table.iterrows():
         lines.append(f"{name}: rare-success share {r['rare_success']:.0%}, rho {r['rho']:.2f}; gap BroRL - ProRL at "
                      f"equal samples {100 * r['gap']:+.1f} [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] points "
                      f"({int(r['n'])} paired seeds)")
+    above, below = int((table["lo"] > 0).sum()), int((table["hi"] < 0).sum())
+    lines.append(f"BroRL ahead (interval above 0) on {above} of {len(table)} settings, behind (interval below 0) on "
+                 f"{below}, unresolved on {len(table) - above - below}.")
+    if len(table) >= 3:
+        rs = stats.spearmanr(table["rho"], table["gap"])
+        lines.append(f"Rank correlation of the gap with rho (what s_N predicts orders the settings): Spearman "
+                     f"{rs.statistic:+.2f} (p = {rs.pvalue:.2f}, {len(table)} settings).")
     if cross["b"] is None:
         lines.append(f"Fewer than 3 settings with an interval: no line fitted (predicted crossover at rare-success "
                      f"share {_pct(cross['predicted'])}).")
@@ -113,13 +125,45 @@ def regime_text(table: pd.DataFrame, cross: dict) -> str:
     pred = _pct(cross["predicted"]) if cross["predicted"] is not None else \
         f"outside the measured range (rho never crosses {cross['ratio']:g})"
     verdict = ""
-    if cross["measured"] is not None and cross["predicted"] is not None:
+    span = float(table[cross["x"]].max() - table[cross["x"]].min())
+    if cross["measured"] is not None and (cross["measured_hi"] - cross["measured_lo"]) >= span:
+        verdict = (" The measured crossover's interval is wider than the range of settings: the fit cannot place a "
+                   "crossover, so this test of the prediction is uninformative.")
+    elif cross["measured"] is not None and cross["predicted"] is not None:
         inside = cross["measured_lo"] <= cross["predicted"] <= cross["measured_hi"]
         verdict = (" The predicted crossover lies inside the measured one's interval." if inside else
                    " The predicted crossover lies outside the measured one's interval.")
     lines.append(f"Crossover (gap = 0): measured at rare-success share {meas}; predicted by s_N (rho = "
                  f"{cross['ratio']:g}) at {pred}.{verdict}")
     return "\n".join(lines)
+
+
+def write_outputs(out: Path, table: pd.DataFrame, *, export_png: bool = True) -> dict:
+    """The map's outputs from its table (one row per setting, as notebook 06 builds it): regime_map.csv,
+    regime.txt (:func:`regime_text`), regime.json (:func:`crossover`) and regime_map.png (needs Chromium; skipped
+    with a note). Returns {"text", "cross", "figure", "png_note"}."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "regime_map.csv")
+    cross = crossover(table)
+    text = regime_text(table, cross)
+    (out / "regime.txt").write_text(text + "\n")
+    (out / "regime.json").write_text(json.dumps(cross, indent=1, default=float))
+    fig, note = regime_figure(table, cross), None
+    if export_png:
+        try:
+            fig.write_image(out / "regime_map.png", width=1100)
+        except Exception as e:  # noqa: BLE001 - no Chromium / kaleido: the figure stays inline
+            note = f"PNG export skipped ({type(e).__name__})"
+    return {"text": text, "cross": cross, "figure": fig, "png_note": note}
+
+
+def read_table(out: Path) -> pd.DataFrame:
+    """The regime_map.csv a run of notebook 06 wrote into ``out``."""
+    path = Path(out) / "regime_map.csv"
+    if not path.is_file():
+        raise ValueError(f"out: {path} does not exist; allowed: a directory notebook 06 (regime-map) wrote into")
+    return pd.read_csv(path, index_col=0)
 
 
 def _pct(v: Optional[float]) -> str:
@@ -145,9 +189,11 @@ def regime_figure(table: pd.DataFrame, cross: Optional[Mapping] = None, *, title
         xs = np.linspace(0, max(0.01, float(table["rare_success"].max())), 50)
         fig.add_trace(go.Scatter(x=100 * xs, y=100 * (cross["a"] + cross["b"] * xs), mode="lines",
                                  name="weighted fit", line=dict(dash="dot")), row=1, col=1)
-    for key, name, dash in (("measured", "measured crossover", "dash"), ("predicted", "predicted crossover", "dot")):
+    for key, name, dash, where in (("measured", "measured crossover", "dash", "top left"),
+                                   ("predicted", "predicted crossover", "dot", "bottom right")):
         if cross and cross.get(key) is not None and np.isfinite(cross[key]):
-            fig.add_vline(x=100 * cross[key], line_dash=dash, annotation_text=name, row=1, col=1)
+            fig.add_vline(x=100 * cross[key], line_dash=dash, annotation_text=name, annotation_position=where,
+                          row=1, col=1)
     fig.add_trace(go.Scatter(x=x, y=table["rho"], mode="markers+text", text=list(table.index),
                              textposition="top center", name="rho (from the measured p)"), row=1, col=2)
     if cross:
