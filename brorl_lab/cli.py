@@ -350,6 +350,17 @@ def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str =
     return 0 if status["status"] == "finished" else 1
 
 
+def cmd_reach(args) -> int:
+    import torch
+
+    from brorl_lab.study.plateau import reach_table
+
+    torch.set_num_threads(args.threads)
+    table = reach_table(args.model, args.families, prompts=args.prompts)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0
+
+
 def cmd_scaling(args) -> int:
     """The flagship study headless: notebook 02 into ``--out`` (resumable: finished arm runs are read back, a
     partial one resumes), then its verdict.txt (verdict.json beside it)."""
@@ -578,6 +589,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--run-dir", default="runs", help="parent of the resumable run directory 'plateau'")
     a.add_argument("--threads", type=int, default=1, help="torch threads")
     a.set_defaults(func=cmd_plateau)
+
+    rc = sub.add_parser("reach", help="per family: the share of training prompts with rare successes (512 draws each "
+                        "at the training sampler) and the rest of mechanism.reach_summary")
+    rc.add_argument("--model", default="default", help="'default', 'plateau' or a model directory")
+    rc.add_argument("--families", nargs="+", required=True)
+    rc.add_argument("--prompts", type=int, default=128, help="training prompts per family")
+    rc.add_argument("--threads", type=int, default=1, help="torch threads")
+    rc.set_defaults(func=cmd_reach)
 
     s = sub.add_parser("scaling", help="the flagship study headless (notebook 02): arms on the shared grid, paired "
                        "intervals and the pre-declared revives test")

@@ -160,6 +160,13 @@ def test_reach_gate_counts_rare_successes():
         E.reach_gate(rates, min_share=2)
 
 
+def test_reach_table_measures_each_family_alone():
+    t = E.reach_table("default", ["gcd", "chain_sum"], prompts=3, n_draws=32)
+    assert list(t["family"]) == ["gcd", "chain_sum"] and (t["prompts"] == 3).all()
+    assert t["share 0<p<=0.0625"].between(0, 1).all() and ((t["share 0<p<=0.0625"] * 3) % 1 == 0).all()
+    assert (t["share 0<p<=0.0625"] <= t["share rare successes"]).all()  # 1/16 <= 0.1
+
+
 def tiny_plateau_config(tmp_path, name="runs", **kw):
     return E.plateau_config(**{**dict(tasks=["gcd"], steps=6, eval_every=1, checkpoint_every=1, eval_prompts=4,
                                       eval_samples=2, prompts_per_step=4, rollouts_per_prompt=4,

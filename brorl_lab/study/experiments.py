@@ -56,6 +56,7 @@ from brorl_lab.study.plateau import (
     plateau_reached,
     plateau_rule,
     reach_gate,
+    reach_table,
     recipe_config,
     resolve_experiment_model,
     save_plateau_model,
@@ -65,8 +66,8 @@ from brorl_lab.study.plateau import (
 __all__ = [  # the facade: every name above
     "plots", "ARM_NAMES", "ARMS", "X_AXES", "arm_display_names", "compare_arms", "families_of", "summarize",
     "verdict", "DEFAULT_ROOT", "PAPER_ARMS", "arm_configs", "arms_table", "experiment_root", "run_arm",
-    "run_rollout_scaling", "save_outputs", "FLAGSHIP_RECIPE", "GATE", "MODEL_ALIASES", "PLATEAU_FAMILIES", "PLATEAU_RULE",
-    "RECIPE", "RECIPES", "PlateauResult", "eval_curve", "hard_families", "measure_reach", "plateau_config", "plateau_families",
-    "plateau_markdown", "plateau_reached", "plateau_rule", "reach_gate", "recipe_config", "resolve_experiment_model",
-    "save_plateau_model", "train_plateau"
+    "run_rollout_scaling", "save_outputs", "FLAGSHIP_RECIPE", "GATE", "MODEL_ALIASES", "PLATEAU_FAMILIES",
+    "PLATEAU_RULE", "RECIPE", "RECIPES", "PlateauResult", "eval_curve", "hard_families", "measure_reach",
+    "plateau_config", "plateau_families", "plateau_markdown", "plateau_reached", "plateau_rule", "reach_gate",
+    "reach_table", "recipe_config", "resolve_experiment_model", "save_plateau_model", "train_plateau"
 ]

@@ -42,26 +42,27 @@ PLATEAU_RECIPE = "prorl_v2"  # the plateau run uses the arms' recipe, so the bra
 # The rare-success regime at the default model (128 training prompts x 512 draws at T=1, share with 0 < p <= 1/16):
 # products_2d 66%, products 29% (its 2-digit half), chain_sum 6%, simple_equations 9%, gcd 7%, spell_backward 8%.
 PLATEAU_FAMILIES = ["products_2d"]
-PLATEAU_TRIED = (  # written into PLATEAU.md when the plateau run uses PLATEAU_FAMILIES (commands: PLATEAU.md)
+PLATEAU_TRIED = (  # written into PLATEAU.md when the plateau run uses PLATEAU_FAMILIES
     "The earlier plateau (ProRL v1 on spell_backward and gcd, 220 steps) was not flat by this rule (+1.8 points "
     "per 100 steps after its last 'new best') and sat outside the rare-success regime: 9% of spell_backward and 3% "
     "of gcd training prompts had 0 < p <= 0.1. Its chain_sum (53%) and simple_equations (47%) shares were high "
     "only because RL on the other two families had degraded them (mean p on training prompts 0.41 -> 0.15 and "
-    "0.27 -> 0.19 against the default model): forgetting, not the families' own regime. At the default model "
-    "(128 training prompts x 512 draws at T=1) the share with 0 < p <= 1/16 is chain_sum 6%, simple_equations 9%, "
-    "gcd 7%, spell_backward 8%, products 29%: all below the 30% gate. In products the rare successes are its "
-    "2-digit half (66% of those prompts, mean p 0.005; the 1-digit half is memorised, p 0.71), so the plateau "
-    "trains on that half as the variant products_2d (its questions are products questions: the same hash "
-    "partition holds the eval set out; default model: 68% of 128 products_2d training prompts in 0 < p <= 1/16, "
-    "mean p 0.006). ProRL v2 on products itself for 60 steps moved held-out pass@1 0.191 -> 0.178 at lr 3e-4 and "
-    "0.191 -> 0.170 at lr 1e-3 (the training prompts' 1-digit products rose to p 0.82: memorisation) and left "
-    "28.9% of 256 training prompts in 0 < p <= 1/16. On products_2d, 100 steps of ProRL v2 at N=16 fired the slope "
-    "rule at every lr tried, but at the arms' lr 3e-4 (held-out 0.0083 -> 0.0061, slope -0.30 [-0.74, +0.13] "
-    "points per 100 steps) and at 1e-4 (0.0083 -> 0.0083, slope +0.07 [-0.35, +0.48]) the gate failed: 28.9% and "
-    "26.6% of training prompts left in 0 < p <= 1/16, the rest mostly at p = 0 ('neither' 31% -> 70%) while "
-    "mean p held (0.006 -> 0.008 at 1e-4): N=16 concentrates the successes on fewer prompts. lr 3e-5 is the "
-    "largest tried that keeps the branch point in the regime, so the plateau uses it; no lr made held-out "
-    "pass@1 rise by a point, so the rule asks no gain first (a plateau from the start).")
+    "0.27 -> 0.19 against the default model, `python -m brorl_lab reach --model M --families chain_sum "
+    "simple_equations` with M that checkpoint, `git show 2b34bff:data/plateau_model`): forgetting, not the families' "
+    "own regime. At the default model (`python -m brorl_lab reach --model default --families products_2d products "
+    "chain_sum simple_equations gcd spell_backward`: 128 training prompts x 512 draws at T=1, 80 s) the share with "
+    "0 < p <= 1/16 is chain_sum 6%, simple_equations 9%, gcd 7%, spell_backward 8%, products 29%: all under the 30% "
+    "gate, and products' rare successes are its 2-digit half, products_2d: 68%, mean p 0.006 (its questions are "
+    "products questions, so the same hash partition holds its eval set out). ProRL v2 on products itself "
+    "(`python -m brorl_lab plateau --families products --steps 60 --lr X`) moved held-out pass@1 0.191 -> 0.178 at "
+    "lr 3e-4 and 0.191 -> 0.170 at lr 1e-3 and left 28.9% of 256 training prompts in 0 < p <= 1/16. On products_2d "
+    "(`python -m brorl_lab plateau --lr X`) 100 steps of ProRL v2 at N=16 fired the slope rule at every lr tried, "
+    "but at the recipe's lr 3e-4 (held-out 0.0083 -> 0.0061, slope -0.30 [-0.74, +0.13] points per 100 steps) and "
+    "at 1e-4 (0.0083 -> 0.0083, slope +0.07 [-0.35, +0.48]) the gate failed: 28.9% and 26.6% of training prompts "
+    "left in 0 < p <= 1/16, the rest mostly at p = 0 ('neither' 31% -> 70%) while mean p held (0.006 -> 0.008 at "
+    "1e-4): N=16 concentrates the successes on fewer prompts. lr 3e-5 is the largest tried that keeps the branch "
+    "point in the regime, so the plateau uses it; no lr made held-out pass@1 rise by a point, so the rule asks no "
+    "gain first (a plateau from the start).")
 # Settings the plateau run overrides in the recipe: resets off, as in every arm (study.arms.arm_configs), and the lr.
 # lr 3e-5: at the recipe's 3e-4 (and at 1e-4) 100 steps at N=16 leave under 30% rare-success prompts (PLATEAU_TRIED).
 PLATEAU_SETTINGS = dict(reset_every=0, reset_every_samples=0, lr=3e-5)
@@ -257,6 +258,26 @@ def measure_reach(policy, tokenizer, cfg: Config, *, prompts: int = GATE_PROMPTS
     check_int("prompts", prompts, 1)
     items = sample_prompts(cfg.tasks, prompts, seed=seed)
     return prompt_pass_rates(policy, tokenizer, items, cfg, n_draws=n_draws, chunk_prompts=16)
+
+
+def reach_table(model: str, families: Sequence[str], *, prompts: int = GATE_PROMPTS, n_draws: int = GATE_DRAWS,
+                max_p: float = GATE["max_p"]) -> pd.DataFrame:
+    """Where ``model`` stands on each family's training prompts: :func:`brorl_lab.study.mechanism.reach_summary` of
+    ``prompts`` prompts per family (each family measured alone, as :func:`measure_reach` draws them) x ``n_draws``
+    samples at the plateau recipe's sampler, with the gate's share (``share 0<p<=max_p``) added. What chose the
+    plateau's family (``python -m brorl_lab reach``)."""
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.study.mechanism import reach_summary
+
+    policy, tok = load_policy(resolve_experiment_model(model))
+    rows = []
+    for fam in families:
+        rates = measure_reach(policy, tok, plateau_config(model=model, tasks=[fam]), prompts=prompts,
+                              n_draws=n_draws)
+        row = reach_summary(rates).iloc[0].to_dict()
+        row[f"share 0<p<={max_p:.4g}"] = reach_gate(rates, max_p=max_p)["share"]
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLATEAU_MODEL_DIR,
