@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.validation import UserError
 from brorl_lab.study import experiments as E
 
 TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
@@ -165,6 +166,8 @@ def test_reach_table_measures_each_family_alone():
     assert list(t["family"]) == ["gcd", "chain_sum"] and (t["prompts"] == 3).all()
     assert t["share 0<p<=0.0625"].between(0, 1).all() and ((t["share 0<p<=0.0625"] * 3) % 1 == 0).all()
     assert (t["share 0<p<=0.0625"] <= t["share rare successes"]).all()  # 1/16 <= 0.1
+    with pytest.raises(UserError, match=r"families: unknown task 'gcdd'"):
+        E.reach_table("default", ["gcd", "gcdd"])
 
 
 def tiny_plateau_config(tmp_path, name="runs", **kw):

@@ -18,7 +18,7 @@ import pandas as pd
 from brorl_lab.core.config import Config
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, RUNS_DIR, repo_relative
 from brorl_lab.core.rundir import eval_key
-from brorl_lab.core.validation import UserError, check_int, is_finite_number, is_number
+from brorl_lab.core.validation import UserError, check_int, is_finite_number, is_int, is_number
 
 MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
 PASS1 = "pass@1"
@@ -267,13 +267,21 @@ def reach_table(model: str, families: Sequence[str], *, prompts: int = GATE_PROM
     samples at the plateau recipe's sampler, with the gate's share (``share 0<p<=max_p``) added. What chose the
     plateau's family (``python -m brorl_lab reach``)."""
     from brorl_lab.core.models import load_policy
+    from brorl_lab.rollout.tasks import TASKS
     from brorl_lab.study.mechanism import reach_summary
 
+    if not is_int(prompts) or prompts < 1:
+        raise UserError(f"prompts: got {prompts!r}; allowed: an integer >= 1")
+    for fam in families:  # every name checked before any work
+        try:
+            TASKS.get(fam)
+        except ValueError as e:
+            raise UserError(f"families: {e}") from None
+    cfgs = [plateau_config(model=model, tasks=[fam]) for fam in families]
     policy, tok = load_policy(resolve_experiment_model(model))
     rows = []
-    for fam in families:
-        rates = measure_reach(policy, tok, plateau_config(model=model, tasks=[fam]), prompts=prompts,
-                              n_draws=n_draws)
+    for cfg in cfgs:
+        rates = measure_reach(policy, tok, cfg, prompts=prompts, n_draws=n_draws)
         row = reach_summary(rates).iloc[0].to_dict()
         row[f"share 0<p<={max_p:.4g}"] = reach_gate(rates, max_p=max_p)["share"]
         rows.append(row)
