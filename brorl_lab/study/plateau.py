@@ -1,6 +1,8 @@
-"""The plateau: the ProRL recipe at N=16 trained on the default model until held-out pass@1 stops improving, saved as
-the HF checkpoint the BroRL-vs-ProRL branch starts from (``data/plateau_model``, with ``plateau.json`` and
-``PLATEAU.md``). ``python -m brorl_lab plateau`` runs it.
+"""The plateau: the arms' recipe (ProRL v2) at N=16 trained on the default model until held-out pass@1 is flat by a
+slope test (:func:`plateau_rule`), gated on the regime BroRL is about (:func:`reach_gate`: >= 30% of training
+prompts with 0 < p <= 1/16), saved as the HF checkpoint the BroRL-vs-ProRL branch starts from
+(``data/plateau_model``, with ``plateau.json`` and ``PLATEAU.md``). ``python -m brorl_lab plateau`` runs it;
+``python -m brorl_lab reach`` measures the rare-success share that chose its family.
 """
 
 from __future__ import annotations
