@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.config import Config, ConfigError, read_config_file
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, EVAL_DIR, NOTEBOOK_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, RUNS_DIR
 from brorl_lab.core.validation import UserError
 
@@ -45,7 +45,8 @@ def _json_dict(s: str) -> dict:
     try:
         value = json.loads(s)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"{s!r} is not JSON ({e.msg}); allowed: a JSON object") from None
+        raise argparse.ArgumentTypeError(f"{s!r} is not JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                                         "allowed: a JSON object") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"{s!r} is a JSON {type(value).__name__}; allowed: a JSON object")
     return value
@@ -56,13 +57,14 @@ _json_dict.__name__ = "JSON object"
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(Config)
-    group = parser.add_argument_group("config fields (see brorl_lab/config.py; each help cites its paper)")
+    group = parser.add_argument_group("config fields (brorl_lab/core/config.py; each help cites its paper)")
+    defaults = Config().to_dict()  # shown in --help; the flags themselves default to "not given" (SUPPRESS)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         hint, optional = hints[f.name], False
         if typing.get_origin(hint) is typing.Union:
             hint, optional = next(a for a in typing.get_args(hint) if a is not type(None)), True
-        helptext = f.metadata.get("help", "").replace("%", "%%")
+        helptext = f"{f.metadata.get('help', '')} (default: {defaults[f.name]!r})".replace("%", "%%")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
         if hint is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
@@ -115,12 +117,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """File fields, then command-line overrides; validated once, as a whole."""
     data: dict = {}
     if getattr(args, "config", None):
-        import yaml
-
         path = Path(args.config)
         if not path.exists():
             raise ConfigError(f"--config: file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = read_config_file(path)
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config: {path} must hold a mapping of config fields")
         data.update(loaded)
@@ -155,6 +155,10 @@ def cmd_train(args) -> int:
     evals = [c for c in df.columns if c.startswith("eval/") and c.endswith("pass@1")]
     if evals:
         print(df[["step", *evals]].dropna().tail(3).to_string(index=False))
+    if trainer.stop_signal is not None:  # checkpointed and marked interrupted: exit as a shell reports a signal
+        print(f"interrupted by signal {trainer.stop_signal} at step {trainer.step_idx}; "
+              f"resume with: python -m brorl_lab train --resume {trainer.run_dir.path}", file=sys.stderr)
+        return 128 + int(trainer.stop_signal)
     return 0
 
 

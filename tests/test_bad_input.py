@@ -337,6 +337,58 @@ def test_cli_errors_are_one_line_and_write_nothing(argv, needle, finished_run, c
     assert not (root / "no_such_run").exists(), "resume must not create the directory it was pointed at"
 
 
+def test_yaml_numbers_are_numbers_as_trl_and_verl_write_them(tmp_path):
+    from brorl_lab.core.config import read_config_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("lr: 1e-4\nkl_beta: 1E-3\neps_high: .28\nsteps: 3\nrun_name: '1e-4'\n")
+    fields = read_config_file(path)
+    assert fields == {"lr": 1e-4, "kl_beta": 1e-3, "eps_high": 0.28, "steps": 3, "run_name": "1e-4"}
+    assert Config.from_dict(fields).lr == 1e-4
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("lr: [1e-4\nsteps: 3\n", "line 2"),
+    ("steps: 3\nlr: 'unclosed\n", "line 3"),
+    ("- 1\n- 2\n", "holds a list"),
+    ('{"steps": 3\n', "line 2"),
+])
+def test_a_broken_config_file_is_one_line_naming_the_file_and_the_line(text, needle, tmp_path, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--config", str(path), "--run-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and str(path) in err and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--model", "runs/nonexistent"],
+    ["eval", "--model", "runs/nonexistent"],
+    ["eval", "--model", "./no_such_model"],
+    ["eval", "--model", "a/b/c"],
+])
+def test_a_local_looking_model_path_fails_at_once_and_never_asks_the_hub(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `runs/` need not exist: the first path component alone says it is local
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--tasks", "chain_sum"] if argv[0] == "eval" else [*argv, "--run-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "model" in err and argv[2] in err and err.count("\n") == 1, err
+    assert time.monotonic() - t0 < 10, "a hub lookup retries for ~20 s"
+
+
+def test_hub_ids_and_local_paths_are_told_apart(tmp_path, monkeypatch):
+    from brorl_lab.core.paths import looks_local
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpts").mkdir()
+    assert not any(map(looks_local, ["Qwen/Qwen2.5-0.5B-Instruct", "gpt2", "org/name"]))
+    assert all(map(looks_local, ["runs/x", "./x", "/x", "~/x", "a/b/c", "ckpts/x", "ckpts"]))
+
+
 def test_trainer_level_bad_input_fails_before_the_run_dir_is_touched(finished_run, tiny_model, tmp_path):
     from brorl_lab.rl.trainer import Trainer
 

@@ -155,7 +155,10 @@ def test_train_writes_a_report_at_the_end(tmp_path, capsys):
     assert len(figures_in((tmp_path / "one" / report.REPORT_FILE).read_text())) == 3
 
 
-def test_train_stopped_with_ctrl_c_still_leaves_a_report(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_train_stopped_by_a_signal_checkpoints_reports_and_exits_128_plus_it(tmp_path, sig):
+    """Ctrl-C, and SIGTERM (how Slurm and Kubernetes preempt): finish the step, checkpoint, mark the run
+    interrupted, write the report, and exit 128 + the signal's number (130, 143) so a job system sees the stop."""
     cmd = [sys.executable, "-m", "brorl_lab", "train", "--steps", "100000", "--run-dir", str(tmp_path / "runs"),
            "--run-name", "stopped", *TINY_TRAIN]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -168,13 +171,15 @@ def test_train_stopped_with_ctrl_c_still_leaves_a_report(tmp_path):
                 assert proc.poll() is None, (tmp_path / "err.txt").read_text()[-2000:]
                 assert time.monotonic() < deadline, "no training step within 180 s"
                 time.sleep(0.2)
-            proc.send_signal(signal.SIGINT)  # one Ctrl-C: finish the step, checkpoint, return
+            proc.send_signal(sig)  # one signal: finish the step, checkpoint, return
             proc.wait(timeout=180)
         finally:
             if proc.poll() is None:
                 proc.kill()
-    assert proc.returncode == 0, (tmp_path / "err.txt").read_text()[-2000:]
+    assert proc.returncode == 128 + sig, (tmp_path / "err.txt").read_text()[-2000:]
     assert tracking.RunDir(metrics.parent).read_status()["status"] == "interrupted"
+    assert (metrics.parent / "checkpoint" / "state.pt").is_file()
+    assert "train --resume" in (tmp_path / "err.txt").read_text()
     page = (metrics.parent / report.REPORT_FILE).read_text()
     assert "report: " in (tmp_path / "out.txt").read_text()
     assert "<td>interrupted</td>" in page and len(figures_in(page)) == 3

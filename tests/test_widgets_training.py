@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -124,12 +125,28 @@ def test_stop_button_stops_a_background_run_after_the_current_step_and_it_resume
 def test_training_job_turns_a_kernel_interrupt_into_on_interrupt():
     stop = threading.Event()
     job = TrainingJob(lambda: stop.wait(30) and "stopped cleanly", on_interrupt=stop.set)
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # what the kernel's ■ button sends
-    timer.start()
-    try:
-        assert job.result(timeout=30) == "stopped cleanly"
-    finally:
-        timer.cancel()
+    main = threading.main_thread()
+
+    def waiting_in_result() -> bool:  # the main thread blocks in Event.wait called from TrainingJob.result
+        frame = sys._current_frames().get(main.ident)
+        if frame is None or frame.f_code.co_name != "wait":
+            return False
+        while frame is not None:
+            if frame.f_code is TrainingJob.result.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def interrupt_once_waiting():  # a fixed delay raced a loaded machine: the signal came before result() waited
+        deadline = time.monotonic() + 30
+        while not waiting_in_result() and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)  # what the kernel's ■ button sends
+
+    killer = threading.Thread(target=interrupt_once_waiting, daemon=True)
+    killer.start()
+    assert job.result(timeout=30) == "stopped cleanly"
+    killer.join(5)
     failing = TrainingJob(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         failing.result(timeout=30)

@@ -42,6 +42,7 @@ def knob(default: Any, help: str, **kw) -> Any:
 # checked against those registries by brorl_lab.rl.spec.check, never copied here.
 KL_PLACEMENTS = ("loss", "reward")
 LR_SCALINGS = ("none", "sqrt_samples", "sqrt_prompts")
+LR_SCHEDULERS = ("constant", "linear", "cosine")  # TRL's lr_scheduler_type names
 REWARDS = ("correct", "score")  # which field of a task's RewardResult the policy is trained on
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -105,6 +106,9 @@ class Config:
     lr_reference_prompts: int = knob(8, "Prompts per step at which `lr` was tuned, for lr_scaling='sqrt_prompts'.")
     lr_warmup_steps: int = knob(0, "Linear lr warm-up over the first K training steps (lr x step/K); 0 = none. "
                                    "ProRL/BroRL: not reported (constant lr); verl default 0.")
+    lr_scheduler_type: str = knob("constant", "lr after warm-up, TRL's names: 'constant'; 'linear' (to 0 at the last "
+                                              "step) or 'cosine' (half a cosine to 0 at the last step). ProRL v1: "
+                                              "constant; BroRL: not reported; TRL default 'linear'.")
     adam_betas: list = knob([0.9, 0.999], "AdamW betas. Not reported by ProRL/BroRL (verl default (0.9, 0.999)).")
     weight_decay: float = knob(0.0, "AdamW weight decay. ProRL: not reported (verl default 0.01); 0 here.")
     grad_clip: float = knob(1.0, "Global grad-norm clip. verl default 1.0; not reported by the papers.")
@@ -169,6 +173,9 @@ class Config:
     eval_temperature: float = knob(0.6, "Eval temperature. ProRL: 0.6 with top_p 0.95.")
     eval_top_p: float = knob(0.95, "Eval nucleus mass. ProRL: 0.95.")
     checkpoint_every: int = knob(10, "Write a resumable checkpoint every K steps (and at the end); 0 = only at the end.")
+    keep_checkpoints: int = knob(0, "Also keep the policy of the last K checkpoints as <run>/checkpoints/step_NNNNNN/ "
+                                    "(HF models), plus the one with the best held-out mean pass@1 so far; 0 = keep "
+                                    "only policy/ (the latest). TRL/HF: save_total_limit with load_best_model_at_end.")
     max_bad_steps: int = knob(3, "Consecutive non-finite steps (NaN/inf loss, grads or rewards) before the run stops.")
     run_dir: str = knob("runs", "Parent directory of run directories.")
     run_name: Optional[str] = knob(None, "Run directory name under run_dir; None = derived from the config.")
@@ -231,8 +238,18 @@ class Config:
                          prompts_per_step=self.prompts_per_step, reference_prompts=self.lr_reference_prompts)
 
     def lr_at(self, step: int) -> float:
-        """The lr of training step ``step`` (1-based): effective_lr * min(1, step / lr_warmup_steps)."""
-        return self.effective_lr * (min(1.0, step / self.lr_warmup_steps) if self.lr_warmup_steps else 1.0)
+        """The lr of training step ``step`` (1-based), TRL's schedules over ``steps`` with W = lr_warmup_steps:
+
+            step <= W:   effective_lr * step / W
+            after:       effective_lr * f(u),  u = (step - W) / (steps - W) in [0, 1]
+                         f = 1 (constant), 1 - u (linear), (1 + cos(pi u)) / 2 (cosine)
+        """
+        w = self.lr_warmup_steps
+        if w and step <= w:
+            return self.effective_lr * step / w
+        u = min(1.0, max(0.0, (step - w) / max(1, self.steps - w)))
+        decay = {"constant": 1.0, "linear": 1.0 - u, "cosine": 0.5 * (1.0 + math.cos(math.pi * u))}
+        return self.effective_lr * decay[self.lr_scheduler_type]
 
     @property
     def evaluates(self) -> bool:
@@ -269,7 +286,8 @@ class Config:
                      "lr_reference_samples", "lr_reference_prompts", "ray_workers")
         for name in _positive:
             _require(name, getattr(self, name) >= 1, "an integer >= 1")
-        for name in ("eval_every", "checkpoint_every", "reset_every", "reset_every_samples", "lr_warmup_steps",
+        for name in ("eval_every", "checkpoint_every", "keep_checkpoints", "reset_every", "reset_every_samples",
+                     "lr_warmup_steps",
                      "max_resample_rounds", "torch_threads", "seed"):
             _require(name, getattr(self, name) >= 0, "an integer >= 0")
         _require("max_bad_steps", self.max_bad_steps >= 1, "an integer >= 1")
@@ -297,6 +315,7 @@ class Config:
                  f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
         _choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
         _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
         _choice("reward", self.reward, REWARDS)
         _require("reset_every_samples", not (self.reset_every and self.reset_every_samples),
                  f"0 when reset_every={self.reset_every} is set (one reset schedule: steps or samples)")
@@ -334,6 +353,37 @@ class Config:
     def user_tasks(self) -> list[str]:
         """The user-named tasks (``rg:<dataset>``, ``local:<file>``) of tasks and eval_tasks."""
         return [t for t in self.task_names() if ":" in t]
+
+
+# YAML 1.1 (PyYAML) reads `1e-4` and `3E5` as strings (it wants a dot); TRL and verl configs write lr that way, so
+# config files get YAML 1.2's float rule on top of PyYAML's safe loader.
+_YAML12_FLOAT = r"""^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"""
+
+
+def read_config_file(path) -> dict:
+    """The mapping of config fields in a YAML (or JSON) file, numbers such as ``1e-4`` read as numbers. A file
+    that does not parse is one :class:`ConfigError` naming the file and the line; so is one that is not a mapping."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_YAML12_FLOAT), list("-+0123456789."))
+    try:
+        with open(path) as f:
+            loaded = yaml.load(f, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"config file {path}:{where}: {what}; allowed: YAML or JSON mapping config fields to values")
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: holds a {type(loaded).__name__}; allowed: a mapping of config fields")
+    return loaded
 
 
 def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: str = "sqrt_samples", *,

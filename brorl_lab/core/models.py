@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from brorl_lab.core.paths import DEFAULT_MODEL_DIR
+from brorl_lab.core.paths import DEFAULT_MODEL_DIR, looks_local
 from brorl_lab.core.rundir import hf_model_dir
 from brorl_lab.core.validation import UserError
 
@@ -27,14 +27,15 @@ def resolve_model(model: str) -> str:
     """``'default'`` -> the shipped directory; a local directory must hold ``config.json`` or be a run directory with
     a ``policy/`` (its last checkpoint as a HF model); anything else is a hub id.
 
-    A string that looks like a path (starts with ``.``, ``/`` or ``~``) or exists on disk is treated as a local
-    directory, so a typo in a path fails here with a clear message rather than as a hub lookup.
+    A string that looks like a path (:func:`brorl_lab.core.paths.looks_local`: ``./x``, ``/x``, ``~/x``,
+    ``runs/x``, ``a/b/c``, or anything on disk) is treated as a local directory, so a typo in a path fails here
+    with a clear message rather than as a hub lookup.
     """
     if not isinstance(model, str) or not model.strip():
         raise UserError(f"model: got {model!r}; allowed: 'default', a local HF model directory or a hub id")
     if model == "default":
         path = DEFAULT_MODEL_DIR
-    elif model.startswith((".", "/", "~")) or Path(model).exists():
+    elif looks_local(model):
         path = Path(model).expanduser()
     else:
         return model  # a hub id such as "Qwen/Qwen2.5-0.5B-Instruct"

@@ -51,6 +51,17 @@ def cache_dir() -> Path:
     return Path(base) / "brorl_lab"
 
 
+def looks_local(model: str) -> bool:
+    """Whether a model string names a local path rather than a hub id, so a typo'd path fails at once instead of
+    reaching the hub (where it retries for ~20 s). Hub ids are ``name`` or ``org/name``; a string is local when it
+    starts with ``.``, ``/`` or ``~``, holds a backslash or more than one ``/``, exists on disk, or its first path
+    component is ``runs`` or an existing directory (``runs/my_run``, ``checkpoints/x``)."""
+    if model.startswith((".", "/", "~")) or "\\" in model or model.count("/") > 1 or Path(model).exists():
+        return True
+    head = model.split("/", 1)[0]
+    return "/" in model and (head == "runs" or Path(head).is_dir())
+
+
 def repo_relative(path: str | Path) -> str:
     """``path`` relative to the repository root when it lies inside it (for files that get committed), else as is."""
     path = Path(path).resolve()

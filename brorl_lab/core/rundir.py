@@ -41,11 +41,28 @@ def eval_key(key: str) -> Optional[tuple[str, str]]:
     return family, metric
 
 
+def _umask() -> int:
+    try:  # Linux says it without changing it (os.umask can only read by setting, which races other threads)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def shareable(path: str | os.PathLike, directory: bool = False) -> None:
+    """Give a temp file (0600) or temp directory (0700) the mode a plain ``open``/``mkdir`` would have had under the
+    user's umask (0644 / 0755 under umask 022), so run outputs are as readable as anything else the user writes."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
     """Write ``path`` atomically: ``write(f)`` fills a temp file, which is fsynced and renamed over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    shareable(tmp)
     try:
         with os.fdopen(fd, mode) as f:
             write(f)
@@ -76,6 +93,7 @@ def stage_dir(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    shareable(tmp, directory=True)
     try:
         write(tmp)
         for f in tmp.rglob("*"):
@@ -111,6 +129,13 @@ def commit_dir(staged: str | os.PathLike, path: str | os.PathLike) -> Path:
 def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Write the directory ``path`` atomically: ``write(tmp)`` fills a staged directory that replaces ``path``."""
     return commit_dir(stage_dir(path, write), path)
+
+
+def atomic_copy_dir(src: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Copy the directory ``src`` to ``path`` atomically (a policy/ exported or kept as a checkpoint)."""
+    import shutil
+
+    return atomic_write_dir(path, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
 def hf_model_dir(path: str | os.PathLike) -> Optional[Path]:
@@ -225,9 +250,9 @@ class RunDir:
         return atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def read_config(self) -> dict:
-        import yaml
+        from brorl_lab.core.config import read_config_file
 
-        return yaml.safe_load((self.path / "config.yaml").read_text())
+        return read_config_file(self.path / "config.yaml")
 
     def write_environment(self) -> Path:
         return atomic_write_text(self.path / "environment.json", json.dumps(environment_info(), indent=2))

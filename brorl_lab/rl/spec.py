@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from brorl_lab.core.config import Config, ConfigError, check_choice, require_field
+from brorl_lab.core.paths import looks_local
 from brorl_lab.core.rundir import hf_model_dir
 from brorl_lab.core.validation import did_you_mean
 from brorl_lab.rl import algo
@@ -75,7 +75,7 @@ def check(cfg: Config) -> Config:
     for t in cfg.report_to:
         check_choice("report_to", t, TRACKERS.names())
     _check_task_names(cfg)
-    if cfg.model != "default" and (cfg.model.startswith((".", "/", "~")) or Path(cfg.model).exists()):
+    if cfg.model != "default" and looks_local(cfg.model):
         require_field("model", hf_model_dir(cfg.model) is not None,
                       "an existing HF model directory (with config.json), a run directory with policy/, 'default' "
                       "or a hub id", cfg.model)

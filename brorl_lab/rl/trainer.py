@@ -21,6 +21,8 @@ the current step and leaves a resumable checkpoint.
 from __future__ import annotations
 
 import errno
+import json
+import math
 import random
 import re
 import signal
@@ -37,7 +39,15 @@ import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
-from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_dir, commit_dir, stage_dir
+from brorl_lab.core.rundir import (
+    RunDir,
+    atomic_copy_dir,
+    atomic_write,
+    atomic_write_dir,
+    atomic_write_text,
+    commit_dir,
+    stage_dir,
+)
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.core.validation import UserError
 from brorl_lab.rl import steps as S
@@ -49,6 +59,7 @@ from brorl_lab.rollout.engines import make_engine
 from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 
 CHECKPOINT_FILE = "state.pt"
+BEST_METRIC = "eval/mean/pass@1"  # what keep_checkpoints calls the best checkpoint
 POLICY_INFO_FILE = "brorl_lab.json"  # in a policy/ directory: the step, run and config it was trained with
 
 
@@ -113,7 +124,6 @@ def export_policy(run: str | Path, out: str | Path) -> Path:
     ``run`` is a run directory or its ``policy/``. A run written before policy/ existed is rebuilt from
     ``checkpoint/state.pt`` and ``config.yaml`` (the base model loaded on CPU, the checkpoint's weights loaded in).
     """
-    import shutil
 
     from brorl_lab.core.models import load_policy
 
@@ -126,7 +136,7 @@ def export_policy(run: str | Path, out: str | Path) -> Path:
         raise UserError(f"run: {run} is not a directory; allowed: a run directory written by Trainer")
     policy_dir = run / RunDir.POLICY_DIR
     if (policy_dir / "config.json").is_file():
-        return atomic_write_dir(out, lambda tmp: shutil.copytree(policy_dir, tmp, dirs_exist_ok=True))
+        return atomic_copy_dir(policy_dir, out)
     ckpt = run / "checkpoint" / CHECKPOINT_FILE
     if not ckpt.is_file() or not (run / "config.yaml").is_file():
         raise UserError(f"run: {run} has neither {RunDir.POLICY_DIR}/ nor checkpoint/{CHECKPOINT_FILE} with "
@@ -204,6 +214,7 @@ class Trainer:
         self.cum = {"samples": 0, "tokens": 0, "wall_s": 0.0}
         self.bad_steps = 0
         self._stop = threading.Event()
+        self.stop_signal: Optional[int] = None  # SIGINT / SIGTERM that stopped the last run(), else None
         self.run_dir.write_config(cfg.to_dict())
         self.run_dir.write_environment()
 
@@ -285,7 +296,7 @@ class Trainer:
         c = self.cfg
         step = self.step_idx + 1
         t_start = time.perf_counter()
-        for group in self.optimizer.param_groups:  # lr warm-up (cfg.lr_warmup_steps); constant after it
+        for group in self.optimizer.param_groups:  # warm-up, then cfg.lr_scheduler_type (Config.lr_at)
             group["lr"] = c.lr_at(step)
         row: dict = {"step": step, "lr": self.optimizer.param_groups[0]["lr"]}
 
@@ -442,8 +453,11 @@ class Trainer:
 
     @contextmanager
     def _interruptible(self):
-        """First Ctrl-C / kernel interrupt: finish this step, checkpoint, return. A second one: stop now."""
+        """First Ctrl-C / kernel interrupt, or SIGTERM (how Slurm and Kubernetes preempt): finish this step,
+        checkpoint, mark the run interrupted, return; ``stop_signal`` says which signal it was (the CLI exits
+        128 + its number, as a shell does). A second one: stop now."""
         self._stop.clear()
+        self.stop_signal = None
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -451,13 +465,15 @@ class Trainer:
         def handler(signum, frame):
             if self._stop.is_set():
                 raise KeyboardInterrupt
+            self.stop_signal = signum
             self._stop.set()
 
-        previous = signal.signal(signal.SIGINT, handler)
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for s, h in previous.items():
+                signal.signal(s, h)
 
     def stop(self) -> None:
         """Ask a running loop (e.g. from a widget button) to stop after the current step."""
@@ -504,7 +520,31 @@ class Trainer:
         for stale in self.run_dir.path.glob(f".{RunDir.POLICY_DIR}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
         self._checkpoint_step = self.step_idx
+        if self.cfg.keep_checkpoints:
+            self._keep_checkpoint()
         return path
+
+    def _keep_checkpoint(self) -> None:
+        """Copy policy/ to ``checkpoints/step_NNNNNN/``, then keep the last ``keep_checkpoints`` of those plus the
+        one whose step has the best held-out mean pass@1 (only checkpointed steps that were evaluated compete)."""
+        import shutil
+
+        root = self.run_dir.path / "checkpoints"
+        kept = root / f"step_{self.step_idx:06d}"
+        if not kept.exists():
+            atomic_copy_dir(self.run_dir.policy_dir, kept)
+        steps = sorted(int(d.name[5:]) for d in root.glob("step_*") if d.name[5:].isdigit())
+        score = {int(r["step"]): r[BEST_METRIC] for r in self.rows
+                 if isinstance(r.get(BEST_METRIC), float) and math.isfinite(r[BEST_METRIC])}
+        keep = set(steps[-self.cfg.keep_checkpoints:])
+        scored = [s for s in steps if s in score]
+        if scored:
+            best = max(scored, key=lambda s: (score[s], s))
+            keep.add(best)
+            atomic_write_text(root / "best.json", json.dumps({"step": best, BEST_METRIC: score[best]}))
+        for s in steps:
+            if s not in keep:
+                shutil.rmtree(root / f"step_{s:06d}", ignore_errors=True)
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write the current policy as a Hugging Face model directory (safetensors weights, tokenizer, a generation
