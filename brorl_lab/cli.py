@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 import typing
@@ -671,7 +672,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def quiet_third_party() -> None:
+    """A command's console shows our progress only: no transformers weight-loading / shard-writing bars (they read
+    HF_HUB_DISABLE_PROGRESS_BARS when first imported) and no math-verify timeout warnings (a timeout scores the
+    answer wrong, which the metrics already count). Notebooks keep both."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    quiet_third_party()
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = None if argv is None else list(argv)

@@ -241,13 +241,15 @@ class Config:
         """The lr of training step ``step`` (1-based), TRL's schedules over ``steps`` with W = lr_warmup_steps:
 
             step <= W:   effective_lr * step / W
-            after:       effective_lr * f(u),  u = (step - W) / (steps - W) in [0, 1]
+            after:       effective_lr * f(u),  u = (step - 1 - W) / (steps - W) in [0, 1)
                          f = 1 (constant), 1 - u (linear), (1 + cos(pi u)) / 2 (cosine)
-        """
+
+        as ``transformers.get_{linear,cosine}_schedule_with_warmup`` after warm-up: the first step after it trains at
+        the full lr, the last at lr / (steps - W) (linear), never at 0."""
         w = self.lr_warmup_steps
         if w and step <= w:
             return self.effective_lr * step / w
-        u = min(1.0, max(0.0, (step - w) / max(1, self.steps - w)))
+        u = min(1.0, max(0.0, (step - 1 - w) / max(1, self.steps - w)))
         decay = {"constant": 1.0, "linear": 1.0 - u, "cosine": 0.5 * (1.0 + math.cos(math.pi * u))}
         return self.effective_lr * decay[self.lr_scheduler_type]
 

@@ -35,7 +35,7 @@ TRAINING_METRICS = ("reward_mean", "pass_at_1", "ds_pass_rate", "kl", "entropy",
 # A run's legend label names the config settings that differ between the runs, the seed included (runs are not
 # pooled here); fields that only name or place a run never tell runs apart.
 LABEL_IGNORE = tuple(f for f in analysis.ARM_IGNORE if f != "seed")
-SUMMARY_COLUMNS = ("run", "label", "status", "steps_done", "final.reward_mean", "final.eval/mean/pass@1",
+SUMMARY_COLUMNS = ("run", "label", "status", "steps_done", "steps_trained", "final.reward_mean", "final.eval/mean/pass@1",
                    "final.cum_samples", "final.cum_wall_s", "error")
 RUNS_ALLOWED = ("allowed: a run directory written by `train` (config.yaml and metrics.parquet), or a directory "
                 "holding such runs (a sweep, a runs root)")
@@ -107,7 +107,11 @@ def runs_section(runs: Mapping[str, Path], labels: Mapping[str, str]) -> str:
     """Status, steps done and final numbers of each run (:func:`brorl_lab.lab.tracking.run_summary`)."""
     rows = pd.DataFrame([{**tracking.run_summary(path, name), "label": labels.get(name, name)}
                          for name, path in runs.items()])
-    return _table(rows[[c for c in SUMMARY_COLUMNS if c in rows]])
+    idle = rows[(rows.get("steps_trained", pd.Series(dtype=float)) == 0) & (rows.get("steps_done", 0) > 0)]
+    warnings = "".join(_note(f"warning: {r} trained on nothing: every one of its {n} steps was skipped (no "
+                             "informative group, or non-finite); see its events.jsonl")
+                       for r, n in zip(idle["run"], idle["steps_done"]))
+    return _table(rows[[c for c in SUMMARY_COLUMNS if c in rows]]) + warnings
 
 
 def config_section(df: pd.DataFrame) -> str:

@@ -49,9 +49,11 @@ def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def run_id(params: Mapping[str, Any]) -> str:
-    """Readable, stable directory name for a parameter set."""
-    slug = "_".join(f"{k}={_short(v)}" for k, v in sorted(params.items()))[:80] or "default"
+def run_id(params: Mapping[str, Any], first: Sequence[str] = ()) -> str:
+    """Readable, stable directory name for a parameter set: ``first`` (a sweep's swept parameters) lead, so the
+    80-character slug never cuts off what tells two runs apart; the digest keeps every name unique."""
+    order = [k for k in first if k in params] + sorted(k for k in params if k not in first)
+    slug = "_".join(f"{k}={_short(params[k])}" for k in order)[:80] or "default"
     digest = hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{_safe(slug)}-{digest}"
 
@@ -244,8 +246,8 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
         check_parameters(notebook, p)
     out = Path(out)
     jobs = []
-    for p in runs:
-        d = out / run_id({k: v for k, v in p.items() if k != "torch_threads"})
+    dirs = sweep_dirs(out, runs)
+    for p, d in zip(runs, dirs):
         status = RunDir(d).read_status().get("status")
         if skip_finished and status == "finished":
             continue
@@ -260,7 +262,7 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
                 done, pending = wait(pending, timeout=poll_s, return_when=FIRST_COMPLETED)
                 bar.update(len(done))
                 bar.set_postfix_str(progress_text([futures[f] for f in pending]), refresh=True)
-    index = write_index(out, runs)
+    index = write_index(out, runs, dirs)
     write_sweep_report(out, index)
     return index
 
@@ -299,10 +301,16 @@ def progress_text(run_dirs: Sequence[Path]) -> str:
     return ", ".join(parts)
 
 
-def write_index(out: Path, runs: Sequence[dict]) -> pd.DataFrame:
+def sweep_dirs(out: Path, runs: Sequence[dict]) -> list[Path]:
+    """Each run's directory: :func:`run_id` of its parameters (torch_threads aside), the swept ones first."""
+    swept = [k for k in dict.fromkeys(k for p in runs for k in p)
+             if len({json.dumps(p.get(k), sort_keys=True, default=str) for p in runs}) > 1]
+    return [out / run_id({k: v for k, v in p.items() if k != "torch_threads"}, first=swept) for p in runs]
+
+
+def write_index(out: Path, runs: Sequence[dict], dirs: Sequence[Path]) -> pd.DataFrame:
     rows = []
-    for p in runs:
-        d = out / run_id({k: v for k, v in p.items() if k != "torch_threads"})
+    for p, d in zip(runs, dirs):
         st = RunDir(d).read_status()
         rows.append({"run": d.name, "status": st.get("status"), "error": st.get("error"), "wall_s": st.get("wall_s"),
                      **{f"param.{k}": (str(v) if isinstance(v, (list, dict)) else v) for k, v in p.items()}})

@@ -64,7 +64,11 @@ def run_summary(path: str | os.PathLike, name: str) -> dict[str, Any]:
     row: dict[str, Any] = {"run": name, **run.read_status()}
     m = run.read_metrics()
     if not m.empty:
-        row["steps_done"] = int(m["step"].max()) + 1 if "step" in m else len(m)
+        # steps are 1-based; row 0 is the evaluation before training, not a step
+        row["steps_done"] = int(m["step"].max()) if "step" in m else len(m)
+        trained = m[m["step"] >= 1] if "step" in m else m
+        if "skipped" in trained:
+            row["steps_trained"] = int((~trained["skipped"].astype(bool)).sum())
         last = m.iloc[-1]
         for col in m.columns:
             if col.startswith("eval/") or col in ("reward_mean", "pass_at_1", "cum_samples", "cum_wall_s"):

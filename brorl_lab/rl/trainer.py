@@ -26,8 +26,10 @@ import math
 import random
 import re
 import signal
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +62,7 @@ from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 
 CHECKPOINT_FILE = "state.pt"
 BEST_METRIC = "eval/mean/pass@1"  # what keep_checkpoints calls the best checkpoint
+PROGRESS_METRICS = ("reward_mean", "ds_pass_rate", "kl", "entropy")  # shown per step on the bar and in train.log
 POLICY_INFO_FILE = "brorl_lab.json"  # in a policy/ directory: the step, run and config it was trained with
 
 
@@ -403,7 +406,11 @@ class Trainer:
             self.rows.append(row)
             self._emit(row)
         self.run_dir.write_status("running", step=self.step_idx, steps=total)
-        bar = tqdm(total=total, initial=self.step_idx, desc=self.run_dir.path.name, disable=not self.progress)
+        # A terminal gets a live bar; a batch job (no tty: Slurm, nohup, CI) gets plain lines instead of a stream
+        # of carriage returns. Either way every step's line goes to <run>/train.log.
+        live = self.progress and sys.stderr.isatty()
+        bar = tqdm(total=total, initial=self.step_idx, desc=self.run_dir.path.name, disable=not live)
+        self.log(f"start: step {self.step_idx} of {total}", echo=self.progress and not live)
         try:
             with self._interruptible():
                 while self.step_idx < total and not self._stop.is_set():
@@ -411,8 +418,10 @@ class Trainer:
                     self._emit(row)
                     self.run_dir.write_status("running", step=self.step_idx, steps=total)  # a sweep's view inside
                     bar.update(1)
-                    bar.set_postfix({k: f"{row[k]:.3g}" for k in ("reward_mean", "ds_pass_rate", "kl", "entropy")
-                                     if isinstance(row.get(k), float)})
+                    shown = {k: f"{row[k]:.3g}" for k in (*PROGRESS_METRICS, BEST_METRIC) if isinstance(row.get(k), float)}
+                    bar.set_postfix({k: v for k, v in shown.items() if k != BEST_METRIC})
+                    self.log(f"step {self.step_idx}/{total} " + " ".join(f"{k}={v}" for k, v in shown.items())
+                             + (" skipped" if row.get("skipped") else ""), echo=self.progress and not live)
                     if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0:
                         self.save_checkpoint()
             interrupted = self._stop.is_set() and self.step_idx < total
@@ -433,7 +442,26 @@ class Trainer:
         self.run_dir.write_status("interrupted" if interrupted else "finished", step=self.step_idx)
         if interrupted:
             self.run_dir.log_event("interrupted", step=self.step_idx)
+        self.log(f"{'interrupted' if interrupted else 'finished'} at step {self.step_idx}", echo=self.progress and not live)
+        done = [r for r in self.rows if r.get("step", 0) >= 1]
+        if done and all(r.get("skipped") for r in done):
+            msg = (f"{self.run_dir.path.name}: trained on nothing: all {len(done)} steps were skipped (no informative "
+                   "group, or non-finite; reasons in events.jsonl). Try more prompts_per_step, max_resample_rounds "
+                   "or rollouts_per_prompt, or dynamic_sampling=False.")
+            self.log("warning: " + msg, echo=False)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
         return self.metrics
+
+    def log(self, line: str, *, echo: bool = False) -> None:
+        """Append a timestamped ``line`` to ``<run>/train.log`` (and print it to stderr when ``echo``)."""
+        stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}"
+        try:
+            with open(self.run_dir.path / "train.log", "a") as f:
+                f.write(stamped + "\n")
+        except OSError:  # the log is a convenience; a full disk is reported by the writes that matter
+            pass
+        if echo:
+            print(stamped, file=sys.stderr, flush=True)
 
     def _emit(self, row: dict) -> None:
         self.run_dir.write_metrics(self.rows)
