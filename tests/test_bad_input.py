@@ -47,8 +47,8 @@ INT_MIN = {  # integer fields and their smallest allowed value
     **dict.fromkeys(["rollouts_per_prompt", "prompts_per_step", "max_new_tokens", "rollout_chunk_sequences",
                      "optimizer_steps_per_step", "train_micro_batch_tokens", "steps", "eval_samples",
                      "eval_prompts", "lr_reference_samples", "lr_reference_prompts", "ray_workers", "max_bad_steps"], 1),
-    **dict.fromkeys(["eval_every", "checkpoint_every", "reset_every", "reset_every_samples", "lr_warmup_steps",
-                     "max_resample_rounds", "torch_threads", "seed"], 0),
+    **dict.fromkeys(["eval_every", "checkpoint_every", "keep_checkpoints", "reset_every", "reset_every_samples",
+                     "lr_warmup_steps", "max_resample_rounds", "torch_threads", "seed"], 0),
 }
 # float fields: (low, low_inclusive, high, high_inclusive); None = unbounded (but always finite)
 FLOAT_RANGE = {
@@ -68,7 +68,7 @@ CHOICES = {  # string fields with a fixed or registered set of names
     "is_correction": ["none", "truncate", "icepop_mask"], "lr_scaling": ["none", "sqrt_samples", "sqrt_prompts"],
     "reward": ["correct", "score"], "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
-    "logprob_layout": ["auto", "shared_prefix", "packed"],
+    "logprob_layout": ["auto", "shared_prefix", "packed"], "lr_scheduler_type": ["constant", "linear", "cosine"],
 }
 BOOLS = ["adv_std_norm", "dynamic_sampling", "reset_optimizer"]
 SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_prompts=4, eval_samples=4,
