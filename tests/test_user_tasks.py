@@ -184,7 +184,7 @@ def test_local_files_fail_with_the_field_and_what_is_allowed(tmp_path):
          "'task_configs'", "did you mean 'answer_column'"),
         (dict(tasks=[f"local:{good}"], task_configs={f"local:{good}": {"answer_after": "####"}}),
          "'task_configs'", "lacks answer_after"),
-        (dict(tasks=[f"local:{tmp_path}/bad.jsonl"]), "'task_configs'", "could not be read"),
+        (dict(tasks=[f"local:{tmp_path}/bad.jsonl"]), "'tasks'", "bad.jsonl line 1"),  # the file, not its settings
         (dict(tasks=[f"local:{one}"]), "'task_configs'", "leaves no"),
     ]
     for kw, field, needle in cases:
@@ -241,3 +241,12 @@ def test_metric_keys_of_a_family_with_slashes_parse_back():
     assert table.loc["local:data/qa.jsonl", "pass@4"] == 0.5 and table.loc["gcd", "pass@4"] == 0.25
     cols = ["eval/local:data/qa.jsonl/pass@1", "eval/mean/pass@1", "eval/gcd/pass@1"]
     assert families_of(pd.DataFrame(columns=cols)) == ["local:data/qa.jsonl", "gcd", "mean"]
+
+
+def test_a_malformed_jsonl_names_the_tasks_field_the_file_and_the_line(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"question": "1+1", "answer": "2"}\n\n{"question": "2+2", "answer": \n')
+    with pytest.raises(ConfigError) as e:
+        resolve(Config(tasks=[f"local:{path}"]))
+    msg = str(e.value)
+    assert msg.startswith("config field 'tasks'") and f"{path} line 3" in msg and "got {}" not in msg, msg

@@ -85,8 +85,9 @@ class Registry:
         prefix, spec = found
         try:
             prefix.check(spec)
-        except ValueError as e:
-            raise ValueError(f"{self.kind} {name!r}: {e}") from None
+        except ValueError as e:  # prefix the name, keep the exception's type (a bad file is not bad settings)
+            e.args = (f"{self.kind} {name!r}: {e}",)
+            raise
 
     def build(self, name: str, config: Optional[dict] = None) -> Any:
         """A fresh object for ``name`` with ``config`` (prefixed names only; a registered name takes no config)."""
@@ -101,8 +102,9 @@ class Registry:
             raise ValueError(f"{self.kind} {name!r}: config {config!r} is a {type(config).__name__}; allowed: a dict")
         try:  # a deep copy: a notebook editing its dict later must not edit the built object's
             return prefix.build(spec, copy.deepcopy(dict(config or {})))
-        except ValueError as e:
-            raise ValueError(f"{self.kind} {name!r}: {e}") from None
+        except ValueError as e:  # prefix the name, keep the exception's type (a bad file is not bad settings)
+            e.args = (f"{self.kind} {name!r}: {e}",)
+            raise
 
     def get(self, name: str) -> Any:
         """A registered object, or a prefixed name built with its default config (kept, and rebuilt when the object

@@ -23,8 +23,9 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
     "num_generations": ("rollouts_per_prompt", "N samples per prompt"),
     "generation_batch_size": ("prompts_per_step", "prompts_per_step = generation_batch_size / num_generations"),
     "steps_per_generation": ("optimizer_steps_per_step", "= steps_per_generation / gradient_accumulation_steps"),
-    "learning_rate": ("lr", "constant after warm-up (lr_scheduler_type 'constant'; TRL's default 'linear' decays)"),
+    "learning_rate": ("lr", "the peak lr"),
     "warmup_steps": ("lr_warmup_steps", "linear warm-up"),
+    "lr_scheduler_type": ("lr_scheduler_type", "constant (and constant_with_warmup), linear, cosine"),
     "adam_beta1": ("adam_betas[0]", ""),
     "adam_beta2": ("adam_betas[1]", ""),
     "weight_decay": ("weight_decay", ""),
@@ -57,7 +58,7 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
 }
 
 # Fields read by the mapping above besides TRL_FIELDS' keys (they qualify a mapped field).
-_READ = {"gradient_accumulation_steps", "per_device_train_batch_size", "lr_scheduler_type", "ref_model_mixup_alpha",
+_READ = {"gradient_accumulation_steps", "per_device_train_batch_size", "ref_model_mixup_alpha",
          "ref_model_sync_steps", "vllm_importance_sampling_correction", "vllm_importance_sampling_clip_max",
          "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap", "eval_strategy", "save_strategy",
          "run_name", "num_train_epochs", "use_bias_correction_kl"}
@@ -126,9 +127,13 @@ def config_kwargs_from_trl(trl_config: Any) -> dict:  # noqa: C901 - one branch 
     else:
         out.update(prompts_per_step=gen_batch // t.num_generations, optimizer_steps_per_step=spg // accum)
     schedule = _value(getattr(t, "lr_scheduler_type", "linear"))
-    if schedule not in CONSTANT_SCHEDULES and schedule != _value(default.lr_scheduler_type):
-        bad.append(f"lr_scheduler_type={schedule!r} (allowed: 'constant', 'constant_with_warmup'; "
-                   "TRL's default 'linear' is read as constant)")
+    if schedule in CONSTANT_SCHEDULES:
+        out["lr_scheduler_type"] = "constant"
+    elif schedule in ("linear", "cosine"):
+        out["lr_scheduler_type"] = schedule
+    else:
+        bad.append(f"lr_scheduler_type={schedule!r} (allowed: 'constant', 'constant_with_warmup', 'linear', "
+                   "'cosine')")
     if t.sync_ref_model:
         if t.ref_model_mixup_alpha == 1.0:
             out["reset_every"] = t.ref_model_sync_steps

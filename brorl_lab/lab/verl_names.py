@@ -54,6 +54,8 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "lr_reference_samples": (f"{OPTIM}.lr", "folded into the lr written"),
     "lr_reference_prompts": (f"{OPTIM}.lr", "folded into the lr written"),
     "lr_warmup_steps": (f"{OPTIM}.lr_warmup_steps", "in training steps; verl's warm-up gives step 1 lr 0 (ours lr/K)"),
+    "lr_scheduler_type": (f"{OPTIM}.lr_scheduler_type", "constant, cosine; 'linear' (verl's FSDP optimizer has "
+                                                       "none): constant and a warning"),
     "adam_betas": (f"{OPTIM}.betas", ""),
     "weight_decay": (f"{OPTIM}.weight_decay", "verl's default is 0.01: always written"),
     "grad_clip": (f"{ACTOR}.grad_clip, {OPTIM}.clip_grad", ""),
@@ -104,6 +106,7 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "dtype": (f"{ROLLOUT}.dtype", "auto / bfloat16; float32 and float16: a warning (verl's actor is FSDP mixed "
                                   "precision)"),
     "checkpoint_every": ("trainer.save_freq", "0 -> -1 (verl saves at the end only)"),
+    "keep_checkpoints": ("trainer.max_actor_ckpt_to_keep", "the last K only (verl keeps no best-by-pass@1): a warning"),
     "run_name": ("trainer.experiment_name", "project_name='brorl_lab'"),
     "report_to": ("trainer.logger", "console and file always; tensorboard, wandb"),
     "run_dir": ("-", "verl's checkpoints go to trainer.default_local_dir"),
@@ -168,7 +171,10 @@ def verl_overrides(cfg: Config, *, data_dir: str, model_path: str, max_prompt_le
     o[f"{ACTOR}.ppo_max_token_len_per_gpu"] = max(cfg.train_micro_batch_tokens, max_prompt_length + cfg.max_new_tokens)
     o[f"{OPTIM}.lr"] = cfg.effective_lr
     o[f"{OPTIM}.lr_warmup_steps"] = cfg.lr_warmup_steps
-    o[f"{OPTIM}.lr_scheduler_type"] = "constant"
+    # verl's FSDP actor optimizer has constant and cosine (to min_lr_ratio=0 over the run, half a cycle) only
+    o[f"{OPTIM}.lr_scheduler_type"] = "constant" if cfg.lr_scheduler_type == "linear" else cfg.lr_scheduler_type
+    _warn_unless(cfg.lr_scheduler_type != "linear", "lr_scheduler_type='linear': verl's FSDP actor optimizer has "
+                 "only 'constant' and 'cosine'; written as 'constant'", warnings)
     o[f"{OPTIM}.betas"] = list(cfg.adam_betas)
     o[f"{OPTIM}.weight_decay"] = cfg.weight_decay
     o[f"{OPTIM}.clip_grad"] = cfg.grad_clip
@@ -223,6 +229,11 @@ def verl_overrides(cfg: Config, *, data_dir: str, model_path: str, max_prompt_le
     o["trainer.test_freq"] = freq if freq else -1
     o["trainer.val_before_train"] = bool(freq)
     o["trainer.save_freq"] = cfg.checkpoint_every if cfg.checkpoint_every else -1
+    if cfg.keep_checkpoints:
+        o["trainer.max_actor_ckpt_to_keep"] = cfg.keep_checkpoints
+    _warn_unless(not cfg.keep_checkpoints, f"keep_checkpoints={cfg.keep_checkpoints}: verl keeps the last "
+                 f"{cfg.keep_checkpoints} actor checkpoints (max_actor_ckpt_to_keep), not also the best by pass@1",
+                 warnings)
     o["trainer.project_name"] = "brorl_lab"
     o["trainer.experiment_name"] = cfg.run_name or "verl"
     o["trainer.logger"] = ["console", "file", *[LOGGERS[t] for t in cfg.report_to if t in LOGGERS]]

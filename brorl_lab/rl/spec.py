@@ -33,6 +33,7 @@ from brorl_lab.rl.trackers import TRACKERS
 from brorl_lab.rollout.engines import ENGINES
 from brorl_lab.rollout.tasks import TASKS, TaskFamily, build_tasks
 from brorl_lab.rollout.tasks.templates import TEMPLATES, resolve_template
+from brorl_lab.rollout.tasks.user import TaskFileError
 
 __all__ = ["RunSpec", "check", "resolve"]
 
@@ -90,6 +91,8 @@ def resolve(cfg: Config, *, tokenizer: Any = None) -> RunSpec:
     check(cfg)
     try:
         families = build_tasks(cfg.task_names(), cfg.task_configs)
+    except TaskFileError as e:  # the file itself is at fault: name the task, not the (maybe empty) settings
+        raise ConfigError(f"config field 'tasks': {e}") from None
     except ValueError as e:
         raise ConfigError(f"config field 'task_configs': got {cfg.task_configs!r}; {e}") from None
     return RunSpec(cfg, families, resolve_template(cfg.template, cfg.model, tokenizer))

@@ -159,6 +159,30 @@ def check_local(spec: str) -> None:
         raise ValueError(f"file {spec!r} has suffix {path.suffix!r}; allowed: {form}")
 
 
+class TaskFileError(ValueError):
+    """A ``local:`` file that exists but cannot be read (the file is at fault, not its task_configs)."""
+
+
+def _first_bad_line(path: str) -> str:
+    """``'<path> line K: <why>'`` for the first line of a jsonl file that is not a JSON object, else ''."""
+    import json
+
+    if not path.lower().endswith(".jsonl"):
+        return ""
+    with open(path, errors="replace") as f:
+        for k, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ok = isinstance(json.loads(line), dict)
+                why = "not a JSON object"
+            except json.JSONDecodeError as e:
+                ok, why = False, f"{e.msg} at column {e.colno}"
+            if not ok:
+                return f"{path} line {k}: {why}"
+    return ""
+
+
 @lru_cache(maxsize=16)
 def _read_columns(path: str, mtime_ns: int, size: int) -> tuple[dict, str]:
     """All columns of a jsonl/parquet file as lists, read with ``datasets`` (cached per file version), and the
@@ -172,8 +196,8 @@ def _read_columns(path: str, mtime_ns: int, size: int) -> tuple[dict, str]:
     try:
         ds = load_dataset(builder, data_files=path, split="train", cache_dir=str(cache_dir() / "datasets"))
     except Exception as e:  # malformed json, not parquet, ...
-        raise ValueError(f"could not be read as {builder} ({_one_line(e)}); allowed: a {builder} file with "
-                         "one question/answer record per row") from None
+        raise TaskFileError(f"could not be read as {builder} ({_first_bad_line(path) or _one_line(e)}); allowed: "
+                            f"a {builder} file with one question/answer record per row") from None
     finally:
         if not quiet:
             ds_utils.enable_progress_bars()
