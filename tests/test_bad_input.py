@@ -324,6 +324,9 @@ def test_a_bad_yaml_config_through_the_cli_exits_with_one_line_and_leaves_the_ru
     (["train", "--run-dir", "{root}", "--run-name", "done", "--eps-low", "1"], "eps_low"),
     (["train", "--run-dir", "{root}", "--run-name", "../escape"], "run_name"),
     (["train", "--config", "{root}/missing.yaml"], "--config"),
+    (["train", "--run-dir", "{root}", "--run-name", "done", "--task-configs", "{{bad"], "--task-configs"),
+    (["train", "--run-dir", "{root}", "--run-name", "done", "--model", "{root}/nonexistent"], "'model'"),
+    (["train", "--run-dir", "{root}", "--run-name", "done", "--tasks", "local:{root}/missing.jsonl"], "'tasks'"),
 ])
 def test_cli_errors_are_one_line_and_write_nothing(argv, needle, finished_run, capsys):
     root = finished_run.parent
