@@ -85,6 +85,10 @@ def test_grid_comparison_pairs_measured_points_and_refuses_interpolation():
     assert g["gap"].iloc[-1] == pytest.approx(0.04, abs=0.01) and g["lo"].iloc[-1] > 0
     u = R.grid_comparison(df, "cum_nominal_updates")
     assert list(u["budget"]) == [0, 1, 2]  # the ProRL arm's steps 1 and 2: the same update counts
+    mid = df[df["arm"] == "prorl"].assign(arm="middle")  # its own extra points (steps 1, 2) are not ProRL's grid
+    mid = pd.concat([mid, mid[mid["step"] == 1].assign(step=3, cum_nominal_samples=3072, cum_nominal_updates=3)])
+    m = R.grid_comparison(pd.concat([df, mid]), "cum_nominal_samples", arm="middle")
+    assert list(m["budget"]) == [0, 4096, 8192]  # read on the BroRL arm's grid
     gappy = df[~((df["arm"] == "prorl") & (df["step"] == 4) & (df["seed"] == 3))]
     with pytest.raises(ValueError, match="seeds \\[3\\]"):  # a missing point is an error, not an interpolation
         R.grid_comparison(gappy, "cum_nominal_samples")

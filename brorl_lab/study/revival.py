@@ -71,13 +71,14 @@ def grid_values(df: pd.DataFrame, x: str = "cum_nominal_samples", *, arm: str = 
 
 
 def grid_comparison(df: pd.DataFrame, x: str = "cum_nominal_samples", *, arm: str = "brorl",
-                    against: str = "prorl", metric: str = METRIC) -> pd.DataFrame:
+                    against: str = "prorl", metric: str = METRIC, grid_arm: str = "brorl") -> pd.DataFrame:
     """At every point of the shared grid of ``x`` (:func:`grid_values`), both arms' measured ``metric`` paired by
     seed: one row per budget with n (paired seeds), each arm's mean, the gap ``arm - against`` and its 95% t
     interval (lo, hi), the sd of the per-seed gaps, and the smallest detectable gap (mde; mde_power at 80%).
     Every seed of both arms must have an evaluation at exactly that budget: a grid point one of them lacks is an
-    error, not an interpolation."""
-    grid = grid_values(df, x, arm=arm, metric=metric)
+    error, not an interpolation. The grid is ``grid_arm``'s (the BroRL arm's: every arm is measured there; a middle
+    arm's own extra points are not the ProRL arm's)."""
+    grid = grid_values(df, x, arm=grid_arm, metric=metric)
     a, b = _evals(df, arm, metric), _evals(df, against, metric)
     seeds = sorted(set(a["seed"]) & set(b["seed"]))
     if not seeds:
