@@ -39,8 +39,14 @@ def test_variant_arms_keep_the_prorl_arm_and_the_sample_budget(tmp_path):
     base = tiny_base(tmp_path, steps=4, eval_every=2, checkpoint_every=2)
     main = A.variant_arms(base, {}, **ARMS, prompts_large=2)
     wide = A.variant_arms(base, {"prompts_large": 4, "lr_scaling": "sqrt_samples"}, **ARMS, prompts_large=2)
-    assert A._config_key(main["prorl"]) == A._config_key(wide["prorl"])  # one ProRL run serves both
-    assert (main["brorl"].steps, wide["brorl"].steps) == (4, 2) and wide["brorl"].eval_every == 1
+    # On the shared grid the ProRL arm is evaluated where its BroRL arm is: a variant that moves the BroRL grid gets
+    # a ProRL run of its own, trained alike and differing only in where it is evaluated.
+    differ = {k for k, v in main["prorl"].to_dict().items() if wide["prorl"].to_dict()[k] != v}
+    assert differ == {"eval_at_steps"}
+    assert A._config_key(main["prorl"]) != A._config_key(wide["prorl"])
+    assert A._config_key(A.variant_arms(base, {}, **ARMS, prompts_large=2)["prorl"]) == A._config_key(main["prorl"])
+    assert (main["brorl"].steps, wide["brorl"].steps) == (4, 2)
+    assert wide["brorl"].eval_at_steps and max(wide["brorl"].eval_at_steps) == 2  # its grid ends where it ends
     for arms in (main, wide):
         assert arms["brorl"].samples_per_step * arms["brorl"].steps == arms["prorl"].samples_per_step * arms["prorl"].steps
     assert wide["brorl"].effective_lr == pytest.approx(base.lr * 2)  # sqrt(16 x 4 / (4 x 4))
@@ -61,8 +67,8 @@ def test_run_ablations_shares_identical_runs_and_tables_three_budgets(tmp_path):
     variants = A.ablation_grid(lr_rules=("none",), prompts=(2, 4), advantages=(), main_prompts=2)
     df = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
     runs = sorted(p.name for p in root.iterdir())
-    assert runs == sorted(["prorl_s0", "brorl_s0", *[r for r in runs if r.startswith("brorl_") and r != "brorl_s0"]])
-    assert len(runs) == 3  # the main arms were reused; only the wider BroRL arm is new
+    assert {"prorl_s0", "brorl_s0"} <= set(runs)
+    assert len(runs) == 4  # the main arms were reused; the wider variant's two arms (its own grid) are new
     assert set(df["variant"]) == {"main", "prompts_large=4"}
     pd.testing.assert_series_equal(  # the main variant's ProRL rows are the run the main experiment wrote
         df[(df["variant"] == "main") & (df["arm"] == "prorl")]["eval/mean/pass@1"].reset_index(drop=True),

@@ -143,10 +143,16 @@ def test_training_job_turns_a_kernel_interrupt_into_on_interrupt():
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)  # what the kernel's ■ button sends
 
-    killer = threading.Thread(target=interrupt_once_waiting, daemon=True)
-    killer.start()
-    assert job.result(timeout=30) == "stopped cleanly"
-    killer.join(5)
+    # A kernel turns SIGINT into KeyboardInterrupt; an earlier test in this process (an engine, a Trainer) may have
+    # left another SIGINT handler installed, under which the signal would never reach result().
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        killer = threading.Thread(target=interrupt_once_waiting, daemon=True)
+        killer.start()
+        assert job.result(timeout=30) == "stopped cleanly"
+        killer.join(5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     failing = TrainingJob(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         failing.result(timeout=30)
