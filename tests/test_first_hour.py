@@ -62,6 +62,25 @@ def test_outputs_are_as_readable_as_the_umask_says(tmp_path, mask, mode):
     assert stat.S_IMODE(path.stat().st_mode) == mode
 
 
+def test_a_runs_policy_and_its_export_are_as_readable_as_the_umask_says(tmp_path):
+    """safetensors writes model.safetensors 0600 through its own temp file: policy/, kept checkpoints and exports
+    (what others load) must still follow the umask."""
+    from brorl_lab.rl.trainer import export_policy
+
+    old = os.umask(0o022)
+    try:
+        cfg = tiny_config(tmp_path, "shared", steps=1, checkpoint_every=1, keep_checkpoints=1, dynamic_sampling=False)
+        with Trainer(cfg, progress=False) as t:
+            t.run()
+        out = export_policy(t.run_dir.path, tmp_path / "exported")
+    finally:
+        os.umask(old)
+    dirs = [t.run_dir.path / "policy", t.run_dir.path / "checkpoints" / "step_000001", out]
+    modes = {str(f.relative_to(tmp_path)): oct(stat.S_IMODE(f.stat().st_mode)) for d in dirs for f in d.rglob("*")}
+    assert "model.safetensors" in " ".join(modes) and set(modes.values()) == {"0o644"}, modes
+    assert {oct(stat.S_IMODE(d.stat().st_mode)) for d in dirs} == {"0o755"}
+
+
 def test_a_run_that_trained_on_nothing_says_so_and_logs_every_step(tmp_path):
     # one prompt whose 2 samples all agree under greedy-ish sampling is not guaranteed; a zero-reward-variance run
     # is: top_p tiny makes every group's samples identical, so dynamic sampling keeps no group.
