@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from brorl_lab.core.config import Config, ConfigError, read_config_file
+from brorl_lab.core.console import live_bars
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, EVAL_DIR, NOTEBOOK_DIR, PLATEAU_MODEL_DIR, REPO_ROOT, RUNS_DIR
 from brorl_lab.core.validation import UserError
 
@@ -183,7 +184,8 @@ def cmd_eval(args) -> int:
         res = evaluate(engine, args.tasks, samples=args.samples, k=tuple(args.k), prompts=args.prompts,
                        sampling=RolloutSampling(temperature=args.temperature, top_p=args.top_p,
                                                 max_new_tokens=args.max_new_tokens, seed=args.seed),
-                       template=spec.template, progress=not args.quiet, task_families=spec.families)
+                       template=spec.template, progress=not args.quiet and live_bars(),
+                       task_families=spec.families)  # a batch job: no bar, the table at the end
     finally:
         engine.close()
     table = res.table()

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
+from helpers_notebooks import write_notebook
 from helpers_runs import tiny_config
 
 from brorl_lab.core.config import Config
@@ -16,6 +20,8 @@ from brorl_lab.core.rundir import atomic_write_text
 from brorl_lab.lab import report, tracking
 from brorl_lab.lab.sweep import run_id
 from brorl_lab.rl.trainer import Trainer
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("kind, expected", [
@@ -56,6 +62,25 @@ def test_outputs_are_as_readable_as_the_umask_says(tmp_path, mask, mode):
     assert stat.S_IMODE(path.stat().st_mode) == mode
 
 
+def test_a_runs_policy_and_its_export_are_as_readable_as_the_umask_says(tmp_path):
+    """safetensors writes model.safetensors 0600 through its own temp file: policy/, kept checkpoints and exports
+    (what others load) must still follow the umask."""
+    from brorl_lab.rl.trainer import export_policy
+
+    old = os.umask(0o022)
+    try:
+        cfg = tiny_config(tmp_path, "shared", steps=1, checkpoint_every=1, keep_checkpoints=1, dynamic_sampling=False)
+        with Trainer(cfg, progress=False) as t:
+            t.run()
+        out = export_policy(t.run_dir.path, tmp_path / "exported")
+    finally:
+        os.umask(old)
+    dirs = [t.run_dir.path / "policy", t.run_dir.path / "checkpoints" / "step_000001", out]
+    modes = {str(f.relative_to(tmp_path)): oct(stat.S_IMODE(f.stat().st_mode)) for d in dirs for f in d.rglob("*")}
+    assert "model.safetensors" in " ".join(modes) and set(modes.values()) == {"0o644"}, modes
+    assert {oct(stat.S_IMODE(d.stat().st_mode)) for d in dirs} == {"0o755"}
+
+
 def test_a_run_that_trained_on_nothing_says_so_and_logs_every_step(tmp_path):
     # one prompt whose 2 samples all agree under greedy-ish sampling is not guaranteed; a zero-reward-variance run
     # is: top_p tiny makes every group's samples identical, so dynamic sampling keeps no group.
@@ -77,3 +102,18 @@ def test_sweep_directories_lead_with_the_swept_parameter():
     a, b = (run_id({**base, "seed": s}, first=["seed"]) for s in (0, 1))
     assert a.startswith("seed=0_") and b.startswith("seed=1_")
     assert run_id({**base, "seed": 0})[:80] == run_id({**base, "seed": 1})[:80]  # why: sorted, seed was cut off
+
+
+def test_a_bar_where_it_renders_plain_lines_in_a_batch_job(tmp_path):
+    """A kernel's stderr is no tty, yet tqdm.auto draws a widget there: the trainer's bar must not be dropped in a
+    notebook (a bare isatty() test did), while a batch job (stderr a pipe or file) gets plain lines."""
+    import papermill as pm
+
+    code = "import sys\nfrom brorl_lab.core.console import live_bars\nprint(live_bars(), sys.stderr.isatty())"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    batch = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert batch.stdout.split() == ["False", "False"]
+    nb = write_notebook(tmp_path / "bars.ipynb", "x = 1", code)
+    out = pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False,
+                              cwd=str(REPO))
+    assert out.cells[-1].outputs[0]["text"].split() == ["True", "False"]

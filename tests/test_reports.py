@@ -158,9 +158,12 @@ def test_train_writes_a_report_at_the_end(tmp_path, capsys):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_train_stopped_by_a_signal_checkpoints_reports_and_exits_128_plus_it(tmp_path, sig):
     """Ctrl-C, and SIGTERM (how Slurm and Kubernetes preempt): finish the step, checkpoint, mark the run
-    interrupted, write the report, and exit 128 + the signal's number (130, 143) so a job system sees the stop."""
+    interrupted, write the report, and exit 128 + the signal's number (130, 143) so a job system sees the stop.
+    The SIGTERM run is a batch job as Slurm runs it (no --quiet, stderr a file): plain step lines, no carriage
+    returns, no third-party bars, and the same lines in <run>/train.log."""
+    batch = sig == signal.SIGTERM
     cmd = [sys.executable, "-m", "brorl_lab", "train", "--steps", "100000", "--run-dir", str(tmp_path / "runs"),
-           "--run-name", "stopped", *TINY_TRAIN]
+           "--run-name", "stopped", *[a for a in TINY_TRAIN if not (batch and a == "--quiet")]]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     metrics = tmp_path / "runs" / "stopped" / "metrics.parquet"
     with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
@@ -183,6 +186,12 @@ def test_train_stopped_by_a_signal_checkpoints_reports_and_exits_128_plus_it(tmp
     page = (metrics.parent / report.REPORT_FILE).read_text()
     assert "report: " in (tmp_path / "out.txt").read_text()
     assert "<td>interrupted</td>" in page and len(figures_in(page)) == 3
+    log = (metrics.parent / "train.log").read_text()
+    assert "step 1/100000" in log and "interrupted at step" in log, log
+    if batch:
+        text = (tmp_path / "err.txt").read_bytes().decode()  # not read_text(): it turns carriage returns into \n
+        assert "step 1/100000" in text and "\r" not in text, text[-2000:]
+        assert not re.search(r"Loading weights|checkpoint shards|Timeout", text, re.I), text[-2000:]
 
 
 @pytest.mark.parametrize("argv, needle", [

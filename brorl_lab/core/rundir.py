@@ -100,6 +100,11 @@ def stage_dir(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+                # writers that go through their own temp files leave them 0600 (safetensors' model.safetensors)
+                if not f.stat().st_mode & 0o111:
+                    shareable(f)
+            elif f.is_dir():
+                shareable(f, directory=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

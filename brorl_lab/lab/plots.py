@@ -33,6 +33,7 @@ import plotly.io as pio
 from plotly.io.base_renderers import NotebookRenderer
 from plotly.subplots import make_subplots
 
+from brorl_lab.core.console import in_kernel
 from brorl_lab.core.rundir import eval_key
 
 TERM_LABELS = {"sampled_correct": "sampled correct", "sampled_incorrect": "sampled incorrect",
@@ -519,16 +520,6 @@ class OfflineNotebookRenderer(NotebookRenderer):
         return {"text/html": LOAD_PLOTLYJS + html}
 
 
-def _in_kernel() -> bool:
-    """Whether this code runs in a Jupyter (ipykernel) kernel, where figures are displayed as notebook outputs."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__module__.startswith("ipykernel.")
-
-
 def exportable_figures(*, force: bool = False) -> bool:
     """Make the figures a Jupyter kernel displays survive an HTML export: renderer ``plotly_mimetype+brorl_notebook``
     (interactive mimetype for JupyterLab, self-contained HTML for nbconvert), plotly.js embedded into the current
@@ -537,7 +528,7 @@ def exportable_figures(*, force: bool = False) -> bool:
     Only plotly's plain-kernel default is replaced: outside a kernel, under ``PLOTLY_RENDERER``, in VS Code or Colab
     (their own defaults), or after a notebook chose a renderer, nothing changes unless ``force``. Calling it again
     with ``force=True`` embeds plotly.js again (e.g. after the cell that first embedded it was re-run or cleared)."""
-    if not _in_kernel():
+    if not in_kernel():
         return False
     if not force and (os.environ.get("PLOTLY_RENDERER") or pio.renderers.default != PLAIN_KERNEL_RENDERER):
         return False

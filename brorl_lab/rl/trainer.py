@@ -41,6 +41,7 @@ import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.console import live_bars
 from brorl_lab.core.rundir import (
     RunDir,
     atomic_copy_dir,
@@ -389,7 +390,8 @@ class Trainer:
         sampling = RolloutSampling(temperature=c.eval_temperature, top_p=c.eval_top_p, max_new_tokens=c.max_new_tokens,
                                    seed=derive_seed(c.seed, "eval", step if step is not None else self.step_idx))
         return evaluate(self.engine, c.eval_tasks or c.tasks, samples=c.eval_samples, k=c.eval_k,
-                        prompts=c.eval_prompts, sampling=sampling, template=self.template, progress=self.progress,
+                        prompts=c.eval_prompts, sampling=sampling, template=self.template,
+                        progress=self.progress and live_bars(),
                         task_families=self.spec.families)
 
     # ---- the loop -------------------------------------------------------------------------------------------------------
@@ -406,9 +408,9 @@ class Trainer:
             self.rows.append(row)
             self._emit(row)
         self.run_dir.write_status("running", step=self.step_idx, steps=total)
-        # A terminal gets a live bar; a batch job (no tty: Slurm, nohup, CI) gets plain lines instead of a stream
-        # of carriage returns. Either way every step's line goes to <run>/train.log.
-        live = self.progress and sys.stderr.isatty()
+        # A terminal or a notebook gets a live bar; a batch job (stderr a file: Slurm, nohup, CI) gets plain lines
+        # instead of a stream of carriage returns. Either way every step's line goes to <run>/train.log.
+        live = self.progress and live_bars()
         bar = tqdm(total=total, initial=self.step_idx, desc=self.run_dir.path.name, disable=not live)
         self.log(f"start: step {self.step_idx} of {total}", echo=self.progress and not live)
         try:
