@@ -50,7 +50,8 @@ from .common import (
 from .long_model import long_model_path, param_total
 
 GROUP = "long"
-TARGETS = {"torch/hf": ">= 3", "torch/vllm": ">= 1", "step": "<= 0.33", "rss": "<= 1.2"}
+# issue 30's targets (the step's was 0.33x before it; the decode roofline share is new there)
+TARGETS = {"torch/hf": ">= 3", "torch/vllm": ">= 1", "step": "<= 0.4", "rss": "<= 1.2", "decode roofline": ">= 65"}
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,13 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
     finally:
         for e in built.values():
             e.close()
-    peak, bandwidth = max(results["matmul"]), max(results["stream"])
+    # The peak and the bandwidth are the best this run saw: the rounds between the rollouts, more rounds once the
+    # engines are closed, and the decode-attention bench's copy rounds. A single round can read low (on 2026-12-05
+    # one read 13.9 GB/s where every other copy in the run read 21), and a low bandwidth flatters the roofline share.
+    _, extra = interleave({"matmul": cases["matmul"], "stream": cases["stream"]}, 3, warmup=False)
+    attn = bench_decode_attention.measure(attn_size)
+    peak = max(results["matmul"] + extra["matmul"])
+    bandwidth = max(results["stream"] + extra["stream"] + [attn["copy_gbps"] * 1e9])
 
     sps, tps = {}, {}
     for key in cases:
@@ -234,7 +241,9 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
 
     # ---- decode MFU and its profile ---------------------------------------------------------------------------
     decode_s = median(seconds[("torch", hi)])
-    hw_fair = (f"peak: best of {size.repeats}x3 fp32 matmuls n={size.matmul_n}, round-robin with the rollouts; "
+    hw_fair = (f"peak and copy bandwidth: the best of {size.repeats + 3} rounds of 3 calls (fp32 matmuls "
+               f"n={size.matmul_n}; {size.stream_mib} MiB copies), round-robin with the rollouts and after them, and of "
+               f"the decode-attention bench's copy rounds; "
                f"{threads} torch threads; body params {counts[0]:,}, LM head {counts[1]:,}; attention FLOPs not counted")
     rows.append(row(GROUP, f"long fp32 matmul peak (n={size.matmul_n}, best)", peak / 1e9, "GFLOP/s", fairness=hw_fair))
     total_prof = sum(prof_shares.values())
@@ -256,7 +265,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
                     note=f"{roof['flop_seconds']:.3g} s of model FLOPs at the matmul peak + {roof['kv_gb']:.3g} GB "
                          f"of KV-cache reads at the copy bandwidth; the torch engine took {decode_s:.3g} s"))
     rows.append(row(GROUP, f"long decode torch engine speed / roofline N={hi}", 100 * roof["seconds"] / decode_s,
-                    "% roofline"))
+                    "% roofline", target=None if smoke else TARGETS["decode roofline"]))
     if hf_s:
         rows.append(row(GROUP, f"long rollout torch/hf N={hi} at the roofline", hf_s / roof["seconds"], "x",
                         note=f"hf's {hf_s:.3g} s over the roofline: the largest torch/hf any engine could reach here"))
@@ -270,8 +279,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
                     100 * ratio(prof_kv / bandwidth, attn_s), "% roofline", fairness=hw_fair,
                     note=f"{prof_kv / 1e9:.3g} GB of KV at the copy bandwidth over the profile's attention time "
                          f"({attn_s:.3g} s; profiler overhead included)"))
-    rows += bench_decode_attention.rows_of(bench_decode_attention.measure(attn_size), attn_size, threads,
-                                           group=GROUP, prefix="long ")
+    rows += bench_decode_attention.rows_of(attn, attn_size, threads, group=GROUP, prefix="long ")
 
     # ---- one update at P=1 x N=lo and x N=hi: peak RSS and update MFU -----------------------------------------
     mem = {}

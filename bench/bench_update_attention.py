@@ -1,6 +1,8 @@
 """The update at long responses, by suffix-pass attention: PrefixDecoder's explicit scores vs the model's own SDPA.
 
     .venv/bin/python -m bench.bench_update_attention [--rows 64] [--tokens 256] [--budget 18432 4096] [--threads 1]
+    .venv/bin/python -m bench.bench_update_attention --profile [--rows 512] [--tokens 256]
+
 
 The trainer's shared-prefix layout runs each micro-batch's prompts once, then the responses against their KV
 (``brorl_lab.rl.logprobs``). For that suffix pass it has two kernels with the same numbers: PrefixDecoder, which
@@ -10,6 +12,12 @@ only for responses of at most ``DECODER_MAX_RESPONSE`` tokens. This times one up
 forward and backward, AdamW; ``steps.update``) on the long bench's model (``bench/long_model.py``) over P=1 prompt
 x ``rows`` fixed-length responses, with the decoder forced (the rule before) and with the rule, at each micro-batch
 token budget, round-robin in one process; it prints the median wall and CPU seconds of each and their ratios.
+
+``--profile`` instead answers "what keeps the update under the matmul peak" (issue 30): one update with the rule
+(after a warm-up) under torch.profiler with FLOP counting, each op's self CPU time in classes (:data:`UPDATE_CLASSES`),
+and the rate the matmul ops themselves reach against the measured fp32 matmul peak (``bench_hw.matmul_round``, best
+of rounds before and after). The update's share of the peak is then (matmul FLOPs / update wall) / peak = (the
+matmuls' own rate / peak) x (the matmuls' share of the wall time).
 """
 
 from __future__ import annotations
@@ -101,6 +109,85 @@ def run(rows: int = 64, tokens: int = 256, budgets=(18432,), repeats: int = 3, t
     return out
 
 
+# torch.profiler op names (self CPU time) -> what the update's time goes to; first match wins
+UPDATE_CLASSES = (
+    ("optimizer (AdamW)", ("_foreach", "adamw", "optimizer")),
+    ("matmuls (weights, fwd and bwd)", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "mkldnn")),
+    ("attention (SDPA / scores, fwd and bwd)", ("attention", "aten::bmm", "aten::baddbmm", "softmax_backward",
+                                                "aten::_softmax", "aten::softmax")),
+    ("copies, views, indexing", ("aten::copy_", "aten::cat", "aten::index", "aten::gather", "aten::clone",
+                                 "aten::contiguous", "aten::empty", "aten::select", "aten::slice", "aten::stack",
+                                 "aten::scatter", "aten::zero", "aten::fill", "aten::as_strided", "aten::view",
+                                 "aten::reshape", "aten::transpose", "aten::expand", "aten::narrow")),
+)
+
+
+def classify_update(op: str) -> str:
+    low = op.lower()
+    for name, keys in UPDATE_CLASSES:
+        if any(k.lower() in low for k in keys):
+            return name
+    return "elementwise (norms, activations, rope, log-softmax, loss)"
+
+
+def profile_update(rows: int = 512, tokens: int = 256, budget: int = 18432, threads=None) -> list[dict]:
+    """One update at ``rows`` x ``tokens`` under torch.profiler: time by op class, and the matmuls' own FLOP rate
+    against the measured peak (see the module docstring)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from brorl_lab.core.config import Config
+    from brorl_lab.core.models import load_policy, make_reference
+    from brorl_lab.rl import logprobs as LP
+    from brorl_lab.rl import steps as S
+
+    from .bench_hw import matmul_round
+
+    threads = set_threads(threads)
+    path = long_model_path(False)
+    batch = long_batch(path, rows, tokens)
+    policy, _ = load_policy(path, device="cpu", dtype="float32")
+    reference = make_reference(policy)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
+    cfg = Config(model=path, rollouts_per_prompt=rows, prompts_per_step=1, max_new_tokens=tokens,
+                 train_micro_batch_tokens=budget, kl_beta=1e-3, lr=1e-5, eval_every=0)
+    adv = S.advantages(batch, "grpo")
+    old = LP.compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=budget)
+
+    def update():
+        S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old)
+
+    peak_round = matmul_round(2048, 3)
+    peaks = [peak_round()]
+    update()  # warm-up
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        update()
+    wall = time.perf_counter() - t0
+    peaks.append(peak_round())
+    peak = max(peaks)
+    secs: dict[str, float] = {}
+    mm_flops = mm_secs = 0.0
+    for ev in prof.key_averages():
+        cls = classify_update(ev.key)
+        secs[cls] = secs.get(cls, 0.0) + ev.self_cpu_time_total / 1e6
+        if cls.startswith("matmuls"):
+            mm_flops += ev.flops or 0
+            mm_secs += ev.self_cpu_time_total / 1e6
+    secs["outside ops (Python, autograd engine, dispatch)"] = max(wall - sum(secs.values()), 0.0)
+    fair = (f"long bench model, P=1 x {rows} rows x {tokens} tokens, budget {budget} tokens, fp32, {threads} torch "
+            f"threads; one update after a warm-up, profiled (profiler overhead included in the wall time)")
+    out = [row(GROUP, f"update profile: {name}", 100 * sec / wall, "% time", fairness=fair, note=f"{sec:.3g} s")
+           for name, sec in sorted(secs.items(), key=lambda kv: -kv[1])]
+    out.append(row(GROUP, "update profile: wall time", wall, "s", fairness=fair))
+    out.append(row(GROUP, "fp32 matmul peak (n=2048, best of rounds before and after)", peak / 1e9, "GFLOP/s"))
+    out.append(row(GROUP, "matmul ops' own rate / peak", 100 * ratio(mm_flops / max(mm_secs, 1e-9), peak),
+                   "% peak", note=f"{mm_flops / 1e9:.4g} GFLOP (profiler count) in {mm_secs:.3g} s of self time"))
+    out.append(row(GROUP, "update: matmul FLOPs / wall / peak", 100 * ratio(mm_flops / wall, peak), "% peak",
+                   note="= the matmuls' own rate / peak x their share of the wall time"))
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=64)
@@ -108,7 +195,13 @@ def main(argv=None) -> None:
     ap.add_argument("--budget", type=int, nargs="+", default=[18432], help="micro-batch token budgets")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile one update at --rows x --tokens (first --budget) instead: time by op class, the "
+                         "matmuls' own rate against the peak")
     args = ap.parse_args(argv)
+    if args.profile:
+        print(format_table(profile_update(args.rows, args.tokens, args.budget[0], args.threads)))
+        return
     print(format_table(run(args.rows, args.tokens, tuple(args.budget), args.repeats, args.threads)))
 
 

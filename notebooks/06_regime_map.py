@@ -41,6 +41,7 @@ settings = {                    # name -> tasks and their task_configs (reasonin
     "gcd": {"tasks": ["gcd"]},
     "spell_backward": {"tasks": ["spell_backward"]},
     "products": {"tasks": ["products"]},
+    "products_2d": {"tasks": ["products_2d"]},
     "simple_equations": {"tasks": ["simple_equations"]},
     "chain_sum": {"tasks": ["chain_sum"]},
 }

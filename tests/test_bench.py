@@ -232,3 +232,20 @@ def test_update_attention_bench_times_both_suffix_kernels():
     rows = bench_update_attention.run(rows=4, tokens=40, budgets=(256, 128), repeats=1, threads=1)
     assert len(rows) == 4 and all(r["value"] > 0 and r["unit"] == "s" for r in rows)
     assert sum("PrefixDecoder forced" in r["figure"] for r in rows) == 2
+
+
+def test_update_profile_accounts_for_the_update_and_rates_its_matmuls():
+    """--profile at a tiny size: the classes' shares cover the profiled wall time (outside ops is the rest, so they
+    sum to 100%), the matmuls were counted (their FLOPs > 0) and their rate is a share of a measured peak."""
+    from bench import bench_update_attention as U
+
+    rows = U.profile_update(rows=4, tokens=40, budget=256, threads=1)
+    shares = {r["figure"]: r["value"] for r in rows if r["unit"] == "% time"}
+    assert abs(sum(shares.values()) - 100) < 1e-6 or sum(shares.values()) > 100  # outside ops clipped at 0
+    assert shares["update profile: matmuls (weights, fwd and bwd)"] > 0
+    own = next(r for r in rows if r["figure"] == "matmul ops' own rate / peak")
+    assert 0 < own["value"] and "GFLOP" in own["note"]
+    assert U.classify_update("aten::_foreach_addcdiv_") == "optimizer (AdamW)"
+    assert U.classify_update("aten::mm") == "matmuls (weights, fwd and bwd)"
+    assert U.classify_update("aten::_scaled_dot_product_flash_attention_for_cpu").startswith("attention")
+    assert U.classify_update("aten::silu").startswith("elementwise")
