@@ -40,6 +40,16 @@ REGIME_TITLES = {"short": "short responses: the default model, answers of 3-4 to
                  "long": "long responses: the default architecture at a few million parameters, fixed-length answers"}
 
 
+def command_line(argv) -> str:
+    """The command as typed, for the JSON: ``python -m brorl_lab bench ...`` rather than the absolute path of
+    ``__main__.py`` that ``sys.argv[0]`` holds under ``-m`` (results are committed; no machine's paths in them)."""
+    argv = list(argv)
+    if argv and Path(argv[0]).name == "__main__.py":
+        argv[0] = "-m " + Path(argv[0]).parent.name
+    elif argv:
+        argv[0] = Path(argv[0]).name
+    return " ".join(["python", *argv])
+
 def _runner(name: str) -> Callable[[bool, int], list]:
     if name == "theory":
         return _theory
@@ -146,7 +156,7 @@ def main(only: Optional[Sequence[str]] = None, smoke: bool = False, json_path: s
             print(f"fairness [{name}]: {text}")
     scored = [r for r in all_rows if r.get("met") is not None]
     print(f"targets met: {sum(r['met'] for r in scored)}/{len(scored)}; figures failed: {len(errors)}")
-    out = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "args": {"only": names, "smoke": smoke,
+    out = {"command": command_line(sys.argv), "args": {"only": names, "smoke": smoke,
            "threads": threads}, "machine": machine, "figures": figures, "rows": all_rows, "errors": errors,
            "plots": plots}
     path = Path(json_path)

@@ -249,3 +249,11 @@ def test_update_profile_accounts_for_the_update_and_rates_its_matmuls():
     assert U.classify_update("aten::mm") == "matmuls (weights, fwd and bwd)"
     assert U.classify_update("aten::_scaled_dot_product_flash_attention_for_cpu").startswith("attention")
     assert U.classify_update("aten::silu").startswith("elementwise")
+
+
+def test_bench_json_records_the_command_without_the_machines_paths():
+    from bench.run_all import command_line
+
+    assert command_line(["/home/x/repo/brorl_lab/__main__.py", "bench", "--only", "long"]) == \
+        "python -m brorl_lab bench --only long"
+    assert command_line(["/home/x/repo/bench/run_all.py", "--smoke"]) == "python run_all.py --smoke"
