@@ -254,6 +254,6 @@ def test_update_profile_accounts_for_the_update_and_rates_its_matmuls():
 def test_bench_json_records_the_command_without_the_machines_paths():
     from bench.run_all import command_line
 
-    assert command_line(["/home/x/repo/brorl_lab/__main__.py", "bench", "--only", "long"]) == \
+    assert command_line(["checkout/brorl_lab/__main__.py", "bench", "--only", "long"]) == \
         "python -m brorl_lab bench --only long"
-    assert command_line(["/home/x/repo/bench/run_all.py", "--smoke"]) == "python run_all.py --smoke"
+    assert command_line(["checkout/bench/run_all.py", "--smoke"]) == "python run_all.py --smoke"
