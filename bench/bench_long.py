@@ -28,7 +28,6 @@ share (``4 * context * D`` per token and layer), which the profile's attention r
 from __future__ import annotations
 
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,11 +36,13 @@ from .bench_hw import matmul_round, stream_round
 from .bench_rollout import BRORL_GPU_SCALING, available_engines, start_engines
 from .common import (
     bench_items,
+    classify_op,
     format_prompts,
     forward_flops,
     interleave,
     median,
     param_counts,
+    profile_by_class,
     ratio,
     row,
     run_child,
@@ -88,27 +89,14 @@ PROFILE_CLASSES = (
 
 
 def classify(op: str) -> str:
-    low = op.lower()
-    for name, keys in PROFILE_CLASSES:
-        if any(k.lower() in low for k in keys):
-            return name
-    return "other ops (norms, activations)"
+    return classify_op(op, PROFILE_CLASSES, "other ops (norms, activations)")
 
 
 def profile_call(fn) -> tuple[dict, float]:
     """``({class: seconds}, wall seconds)`` of ``fn()`` under torch.profiler: each op's self CPU time, classified by
     :func:`classify`; the wall time no op accounts for is "outside ops (Python, dispatch)"."""
-    from torch.profiler import ProfilerActivity, profile
-
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    wall = time.perf_counter() - t0
-    shares: dict[str, float] = {}
-    for ev in prof.key_averages():
-        shares[classify(ev.key)] = shares.get(classify(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
-    shares["outside ops (Python, dispatch)"] = max(wall - sum(shares.values()), 0.0)
-    return shares, wall
+    secs, _, wall = profile_by_class(fn, classify, "outside ops (Python, dispatch)")
+    return secs, wall
 
 
 def kv_bytes_per_token(cfg) -> int:

@@ -3,7 +3,6 @@
     .venv/bin/python -m bench.bench_update_attention [--rows 64] [--tokens 256] [--budget 18432 4096] [--threads 1]
     .venv/bin/python -m bench.bench_update_attention --profile [--rows 512] [--tokens 256]
 
-
 The trainer's shared-prefix layout runs each micro-batch's prompts once, then the responses against their KV
 (``brorl_lab.rl.logprobs``). For that suffix pass it has two kernels with the same numbers: PrefixDecoder, which
 builds [rows, H, W, prompt + W] attention scores (the prompt's KV read once per prompt), and the model's own
@@ -14,8 +13,8 @@ x ``rows`` fixed-length responses, with the decoder forced (the rule before) and
 token budget, round-robin in one process; it prints the median wall and CPU seconds of each and their ratios.
 
 ``--profile`` instead answers "what keeps the update under the matmul peak" (issue 30): one update with the rule
-(after a warm-up) under torch.profiler with FLOP counting, each op's self CPU time in classes (:data:`UPDATE_CLASSES`),
-and the rate the matmul ops themselves reach against the measured fp32 matmul peak (``bench_hw.matmul_round``, best
+(after a warm-up) under torch.profiler, each op's self CPU time in classes (:data:`UPDATE_CLASSES`), and the rate
+the matmul ops themselves reach against the measured fp32 matmul peak (``bench_hw.matmul_round``, best
 of rounds before and after). The update's share of the peak is then (matmul FLOPs / update wall) / peak = (the
 matmuls' own rate / peak) x (the matmuls' share of the wall time).
 """
@@ -26,7 +25,19 @@ import argparse
 import time
 from dataclasses import replace
 
-from .common import bench_items, format_prompts, format_table, forward_flops, median, param_counts, ratio, row, set_threads
+from .common import (
+    bench_items,
+    classify_op,
+    format_prompts,
+    format_table,
+    forward_flops,
+    median,
+    param_counts,
+    profile_by_class,
+    ratio,
+    row,
+    set_threads,
+)
 from .long_model import long_model_path
 
 GROUP = "update_attention"
@@ -51,7 +62,10 @@ def long_batch(path: str, rows: int, tokens: int):
     return batch
 
 
-def run(rows: int = 64, tokens: int = 256, budgets=(18432,), repeats: int = 3, threads=None) -> list[dict]:
+def update_case(rows: int, tokens: int, budget: int):
+    """Everything one update over the long bench's P=1 x ``rows`` batch of ``tokens``-token responses needs:
+    ``(batch, policy, cfg, update)``, where ``update(c=cfg)`` runs ``steps.update`` (reference forward, policy
+    forward and backward, AdamW) under the Config ``c`` (``cfg``, micro-batch budget ``budget``, or a variant)."""
     import torch
 
     import brorl_lab.rl.logprobs as LP
@@ -59,16 +73,26 @@ def run(rows: int = 64, tokens: int = 256, budgets=(18432,), repeats: int = 3, t
     from brorl_lab.core.models import load_policy, make_reference
     from brorl_lab.rl import steps as S
 
-    threads = set_threads(threads)
     path = long_model_path(False)
     batch = long_batch(path, rows, tokens)
     policy, _ = load_policy(path, device="cpu", dtype="float32")
     reference = make_reference(policy)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
     cfg = Config(model=path, rollouts_per_prompt=rows, prompts_per_step=1, max_new_tokens=tokens,
-                 train_micro_batch_tokens=budgets[0], kl_beta=1e-3, lr=1e-5, eval_every=0)
+                 train_micro_batch_tokens=budget, kl_beta=1e-3, lr=1e-5, eval_every=0)
     adv = S.advantages(batch, "grpo")
-    old = LP.compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=budgets[0])
+    old = LP.compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=budget)
+
+    def update(c=cfg):
+        S.update(policy, optimizer, batch, adv, cfg=c, reference=reference, old_logprobs=old)
+    return batch, policy, cfg, update
+
+
+def run(rows: int = 64, tokens: int = 256, budgets=(18432,), repeats: int = 3, threads=None) -> list[dict]:
+    import brorl_lab.rl.logprobs as LP
+
+    threads = set_threads(threads)
+    _, _, cfg, update = update_case(rows, tokens, budgets[0])
     rule = LP.DECODER_MAX_RESPONSE
 
     def case(limit, budget):
@@ -77,7 +101,7 @@ def run(rows: int = 64, tokens: int = 256, budgets=(18432,), repeats: int = 3, t
         def go():
             LP.DECODER_MAX_RESPONSE = limit
             try:
-                S.update(policy, optimizer, batch, adv, cfg=c, reference=reference, old_logprobs=old)
+                update(c)
             finally:
                 LP.DECODER_MAX_RESPONSE = rule
         return go
@@ -110,9 +134,10 @@ def run(rows: int = 64, tokens: int = 256, budgets=(18432,), repeats: int = 3, t
 
 
 # torch.profiler op names (self CPU time) -> what the update's time goes to; first match wins
+MATMULS = "matmuls (weights, fwd and bwd)"
 UPDATE_CLASSES = (
     ("optimizer (AdamW)", ("_foreach", "adamw", "optimizer")),
-    ("matmuls (weights, fwd and bwd)", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "mkldnn")),
+    (MATMULS, ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "mkldnn")),
     ("attention (SDPA / scores, fwd and bwd)", ("attention", "aten::bmm", "aten::baddbmm", "softmax_backward",
                                                 "aten::_softmax", "aten::softmax")),
     ("copies, views, indexing", ("aten::copy_", "aten::cat", "aten::index", "aten::gather", "aten::clone",
@@ -123,11 +148,7 @@ UPDATE_CLASSES = (
 
 
 def classify_update(op: str) -> str:
-    low = op.lower()
-    for name, keys in UPDATE_CLASSES:
-        if any(k.lower() in low for k in keys):
-            return name
-    return "elementwise (norms, activations, rope, log-softmax, loss)"
+    return classify_op(op, UPDATE_CLASSES, "elementwise (norms, activations, rope, log-softmax, loss)")
 
 
 def profile_update(rows: int = 512, tokens: int = 256, budget: int = 18432, threads=None, flops: bool = False) -> list[dict]:
@@ -135,48 +156,19 @@ def profile_update(rows: int = 512, tokens: int = 256, budget: int = 18432, thre
     against the measured peak (see the module docstring). The matmuls' FLOPs are the model's (reference forward,
     policy forward and backward: 4 forwards over every response token and each prompt once), or with ``flops`` the
     profiler's own count (which holds every op's inputs: ~100 MB of memory per row at 256 tokens, too much at 512)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from brorl_lab.core.config import Config
-    from brorl_lab.core.models import load_policy, make_reference
-    from brorl_lab.rl import logprobs as LP
-    from brorl_lab.rl import steps as S
-
     from .bench_hw import matmul_round
 
     threads = set_threads(threads)
-    path = long_model_path(False)
-    batch = long_batch(path, rows, tokens)
-    policy, _ = load_policy(path, device="cpu", dtype="float32")
-    reference = make_reference(policy)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
-    cfg = Config(model=path, rollouts_per_prompt=rows, prompts_per_step=1, max_new_tokens=tokens,
-                 train_micro_batch_tokens=budget, kl_beta=1e-3, lr=1e-5, eval_every=0)
-    adv = S.advantages(batch, "grpo")
-    old = LP.compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=budget)
-
-    def update():
-        S.update(policy, optimizer, batch, adv, cfg=cfg, reference=reference, old_logprobs=old)
+    batch, policy, _, update = update_case(rows, tokens, budget)
 
     peak_round = matmul_round(2048, 3)
     peaks = [peak_round()]
     update()  # warm-up
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU], with_flops=flops) as prof:
-        update()
-    wall = time.perf_counter() - t0
+    secs, flops_by_class, wall = profile_by_class(update, classify_update,
+                                                  "outside ops (Python, autograd engine, dispatch)", with_flops=flops)
     peaks.append(peak_round())
     peak = max(peaks)
-    secs: dict[str, float] = {}
-    mm_flops = mm_secs = 0.0
-    for ev in prof.key_averages():
-        cls = classify_update(ev.key)
-        secs[cls] = secs.get(cls, 0.0) + ev.self_cpu_time_total / 1e6
-        if cls.startswith("matmuls"):
-            mm_flops += ev.flops or 0
-            mm_secs += ev.self_cpu_time_total / 1e6
-    secs["outside ops (Python, autograd engine, dispatch)"] = max(wall - sum(secs.values()), 0.0)
+    mm_secs, mm_flops = secs.get(MATMULS, 0.0), flops_by_class.get(MATMULS, 0.0)
     count = "profiler count"
     if not flops:
         fed = sum(len(x) for x in batch.prompt_ids) + int(batch.lengths.sum())

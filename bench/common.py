@@ -94,6 +94,37 @@ def interleave(cases: dict[str, Callable[[], Any]], repeats: int, *, warmup: boo
     return seconds, results
 
 
+
+def classify_op(op: str, classes, default: str) -> str:
+    """The first name in ``classes`` (``(name, substrings)`` pairs) with a substring in the torch.profiler op name
+    ``op`` (case-insensitive); ``default`` when none has."""
+    low = op.lower()
+    for name, keys in classes:
+        if any(k.lower() in low for k in keys):
+            return name
+    return default
+
+
+def profile_by_class(fn: Callable[[], Any], classify: Callable[[str], str], outside: str,
+                     with_flops: bool = False) -> tuple[dict, dict, float]:
+    """``({class: seconds}, {class: FLOPs}, wall seconds)`` of ``fn()`` under torch.profiler: each op's self CPU
+    time summed by ``classify(op name)``, and the wall time no op accounts for under ``outside``. FLOPs are the
+    profiler's count (zero unless ``with_flops``, which keeps every op's input shapes: memory grows with the run)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], with_flops=with_flops) as prof:
+        fn()
+    wall = time.perf_counter() - t0
+    secs: dict[str, float] = {}
+    flops: dict[str, float] = {}
+    for ev in prof.key_averages():
+        cls = classify(ev.key)
+        secs[cls] = secs.get(cls, 0.0) + ev.self_cpu_time_total / 1e6
+        flops[cls] = flops.get(cls, 0.0) + (ev.flops or 0)
+    secs[outside] = max(wall - sum(secs.values()), 0.0)
+    return secs, flops, wall
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 

@@ -50,6 +50,7 @@ def command_line(argv) -> str:
         argv[0] = Path(argv[0]).name
     return " ".join(["python", *argv])
 
+
 def _runner(name: str) -> Callable[[bool, int], list]:
     if name == "theory":
         return _theory
