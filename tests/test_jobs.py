@@ -1,0 +1,212 @@
+"""brorl_lab.lab.jobs: independent runs side by side in spawned processes or as Ray tasks; the same numbers as one
+after another at the same thread count; Ctrl-C, a failing job and a job that asks to stop all stop the rest cleanly;
+a stopped study resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers_jobs import failing_job, matmul_job, sleeping_job, train_job
+from helpers_runs import tiny_config
+
+from brorl_lab.core.validation import UserError
+from brorl_lab.lab.jobs import NOT_RUN, Job, JobError, run_jobs, split_threads
+
+REPO = Path(__file__).resolve().parents[1]
+TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
+
+
+def matmul_jobs(root: Path, seeds=(0, 1, 2, 3)) -> list[Job]:
+    return [Job(matmul_job, (s, str(root / f"s{s}")), name=f"s{s}", run_dir=root / f"s{s}") for s in seeds]
+
+
+def test_two_processes_give_the_sequential_results_at_equal_threads(tmp_path):
+    here = run_jobs(matmul_jobs(tmp_path / "one"), workers=1, threads=1, progress=False)
+    side = run_jobs(matmul_jobs(tmp_path / "two"), workers=2, threads=1, progress=False)
+    assert here.complete and side.complete and side.workers == 2
+    assert [r["out"] for r in here] == [r["out"] for r in side]  # bit-equal, job by job
+    assert {r["threads"] for r in side} == {1} and {r["omp"] for r in side} == {"1"}
+    pids = [r["pid"] for r in side]
+    assert len(set(pids)) == 4 and os.getpid() not in pids  # a fresh process per job
+    assert here[0]["pid"] == os.getpid()  # workers=1 runs here
+    assert all(w > 0 for w in side.wall_s)
+
+
+def test_threads_are_split_over_the_cores():
+    assert split_threads(1, cores=16) == 16 and split_threads(2, cores=16) == 8 and split_threads(3, cores=2) == 1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_job_is_named_and_nothing_after_it_starts(tmp_path, workers):
+    jobs = [Job(sleeping_job, (0.1,), name="first"), Job(failing_job, (0.5,), name="fail_me"),
+            *matmul_jobs(tmp_path, seeds=(5, 6, 7))]
+    with pytest.raises(JobError, match="fail_me.*ValueError: this job fails on purpose") as e:
+        run_jobs(jobs, workers=workers, threads=1, progress=False)
+    assert e.value.job == "fail_me" and isinstance(e.value.__cause__, ValueError)
+    started = [s for s in (5, 6, 7) if (tmp_path / f"s{s}" / "done").exists()]
+    assert len(started) <= workers - 1  # at most the one that was already running beside it
+
+
+def test_bad_arguments_are_one_clear_error():
+    with pytest.raises(UserError, match="jobs: got 0"):
+        run_jobs([Job(sleeping_job, (0,))], workers=0)
+    with pytest.raises(UserError, match="threads: got -1"):
+        run_jobs([Job(sleeping_job, (0,))], workers=2, threads=-1)
+    with pytest.raises(UserError, match="allowed: a list of brorl_lab.lab.jobs.Job"):
+        run_jobs([sleeping_job])
+    with pytest.raises(UserError, match="run_dir: .*absolute"):
+        run_jobs([Job(sleeping_job, (0,), name="x", run_dir=Path("relative"))], ray="127.0.0.1:1")
+
+
+def _train_jobs(root: Path, names=("a", "b", "c"), steps: int = 12) -> list[Job]:
+    cfgs = [tiny_config(root, name, seed=i, steps=steps, eval_every=0, checkpoint_every=1)
+            for i, name in enumerate(names)]
+    return [Job(train_job, (c,), name=c.run_name, run_dir=root / c.run_name) for c in cfgs]
+
+
+STUDY_SCRIPT = """
+import json, sys
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from test_jobs import _train_jobs
+from brorl_lab.lab.jobs import NOT_RUN, run_jobs
+
+res = run_jobs(_train_jobs(Path({root!r})), workers=2, threads=1, progress=False,
+               stop_if=lambda r: not r[1])
+print(json.dumps({{"stopped": res.stopped,
+                   "finished": [None if r is NOT_RUN else bool(r[1]) for r in res]}}))
+"""
+
+
+def _study(root: Path) -> subprocess.Popen:
+    script = STUDY_SCRIPT.format(paths=[str(REPO), str(REPO / "tests")], root=str(root))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(root.parent))
+
+
+def _step(run: Path) -> int:
+    try:
+        return int(json.loads((run / "status.json").read_text()).get("step") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_every_job_at_a_checkpoint_and_the_study_resumes(tmp_path):
+    """SIGINT to the runner (what a terminal's Ctrl-C or a kernel interrupt delivers) is passed on once to each
+    worker: both running Trainers checkpoint and return unfinished, the third job never starts. Run again: the
+    partial runs resume from their checkpoints and every run ends bit-equal to an uninterrupted one."""
+    root = tmp_path / "study"
+    proc = _study(root)
+    deadline = time.monotonic() + 300
+    while not all(_step(root / n) >= 2 for n in ("a", "b")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the jobs never reached step 2"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    first = json.loads(out.strip().splitlines()[-1])
+    assert first == {"stopped": "SIGINT", "finished": [False, False, None]}, first
+    for n in ("a", "b"):
+        assert (root / n / "checkpoint").is_dir()
+        assert json.loads((root / n / "status.json").read_text())["status"] == "interrupted"
+        assert 2 <= _step(root / n) < 12
+    assert not (root / "c").exists()
+
+    again = _study(root)
+    out, err = again.communicate(timeout=400)
+    assert again.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"stopped": None, "finished": [True, True, True]}
+    for n in ("a", "b"):
+        events = [json.loads(line) for line in (root / n / "events.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in events].count("resumed") == 1
+
+    fresh = run_jobs(_train_jobs(tmp_path / "fresh", names=("a", "b")), workers=1, threads=1, progress=False)
+    for (df, _), n in zip(fresh, ("a", "b")):
+        resumed = pd.read_parquet(root / n / "metrics.parquet")
+        keep = [c for c in df.columns if not c.startswith(TIMING)]
+        pd.testing.assert_frame_equal(df[keep].reset_index(drop=True), resumed[keep].reset_index(drop=True))
+
+
+# ---- Ray: a local two-node cluster -----------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory):
+    """``ray start --head`` and a second ``ray start --address`` node, one CPU each, in their own process groups
+    (``--block``: stopping the command stops what it started), stopped by group id in teardown."""
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        pytest.skip("Ray is not installed (the ray extra; `make env` installs it)")
+    tmp = tmp_path_factory.mktemp("ray")
+    temp_dir = Path("/tmp") / f"ray-jobs-{os.getpid()}"  # Ray's socket paths must stay short
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+           "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    common = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
+    procs = [subprocess.Popen([str(ray_bin), "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
+                               "--include-dashboard=false", f"--temp-dir={temp_dir}", *common],
+                              env=env, start_new_session=True, stdout=open(tmp / "head.log", "w"),
+                              stderr=subprocess.STDOUT)]
+    try:
+        import ray
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ray.init(address=address, log_to_driver=False)
+                break
+            except Exception:  # noqa: BLE001 - the head is still starting
+                assert procs[0].poll() is None, (tmp / "head.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, (tmp / "head.log").read_text()[-2000:]
+                time.sleep(1)
+        procs.append(subprocess.Popen([str(ray_bin), "start", "--address", address, "--node-ip-address",
+                                       "127.0.0.1", *common], env=env, start_new_session=True,
+                                      stdout=open(tmp / "node.log", "w"), stderr=subprocess.STDOUT))
+        while len([n for n in ray.nodes() if n.get("Alive")]) < 2:
+            assert procs[1].poll() is None, (tmp / "node.log").read_text()[-2000:]
+            assert time.monotonic() < deadline + 60, (tmp / "node.log").read_text()[-2000:]
+            time.sleep(1)
+        ray.shutdown()
+        yield address
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=60)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_ray_runs_the_jobs_on_both_nodes_with_the_local_results(tmp_path, two_node_cluster):
+    jobs = [Job(train_job, (tiny_config(tmp_path / "ray", f"r{i}", seed=i, steps=3, eval_every=0),), name=f"r{i}",
+                run_dir=tmp_path / "ray" / f"r{i}") for i in range(4)]
+    res = run_jobs(jobs, ray=two_node_cluster, threads=1, progress=False)
+    assert res.complete and all(finished for _, finished in res)
+    assert len(set(res.where)) == 2  # one CPU per node: the four jobs were spread over both nodes
+    assert all((tmp_path / "ray" / f"r{i}" / "metrics.parquet").is_file() for i in range(4))  # written in place
+    local = run_jobs([Job(train_job, (tiny_config(tmp_path / "local", f"r{i}", seed=i, steps=3, eval_every=0),),
+                          name=f"r{i}") for i in range(4)], workers=1, threads=1, progress=False)
+    for (a, _), (b, _) in zip(res, local):
+        keep = [c for c in a.columns if not c.startswith(TIMING)]
+        pd.testing.assert_frame_equal(a[keep], b[keep])
+    assert NOT_RUN not in res
