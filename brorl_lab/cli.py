@@ -322,8 +322,9 @@ def cmd_plateau(args) -> int:
     from brorl_lab.study.plateau import plateau_config, train_plateau
 
     lr = {} if args.lr is None else {"lr": args.lr}  # default: study.plateau.PLATEAU_SETTINGS
-    cfg = plateau_config(steps=args.steps, tasks=args.families, seed=args.seed, eval_every=args.eval_every,
-                         checkpoint_every=args.eval_every, run_dir=args.run_dir, torch_threads=args.threads, **lr)
+    cfg = plateau_config(model=args.model, steps=args.steps, tasks=args.families, seed=args.seed,
+                         eval_every=args.eval_every, checkpoint_every=args.eval_every, run_dir=args.run_dir,
+                         torch_threads=args.threads, **lr)
     rule = {k: v for k, v in (("window", args.window), ("max_slope", args.max_slope), ("gain", args.gain))
             if v is not None}  # unset: study.plateau.PLATEAU_RULE
     res = train_plateau(cfg, out=args.out, rule=rule, gate_prompts=args.gate_prompts, command=_command_line(args))
@@ -582,6 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--steps", type=int, default=800, help="step cap (the plateau rule usually stops earlier)")
     a.add_argument("--out", default=str(PLATEAU_MODEL_DIR), help="HF model directory to write")
     a.add_argument("--families", nargs="+", default=None, help="default: study.plateau.PLATEAU_FAMILIES")
+    a.add_argument("--model", default="default", help="the base the plateau run starts from: 'default', a model "
+                   "alias of study.plateau.MODEL_ALIASES or a model directory (e.g. a shorter train-default's)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--eval-every", type=int, default=10)
     a.add_argument("--window", type=int, default=None,

@@ -161,6 +161,21 @@ def test_reach_gate_counts_rare_successes():
         E.reach_gate(rates, min_share=2)
 
 
+def test_p_histogram_bins_every_prompt_once_with_p0_and_p1_apart():
+    from brorl_lab.study.mechanism import p_histogram
+
+    p = [0.0, 1 / 512, 1 / 64, 1 / 64 + 1e-9, 1 / 16, 0.2, 0.5, 0.75, 0.99, 1.0]
+    rates = pd.DataFrame({"family": ["a"] * 5 + ["b"] * 5, "uid": range(10), "p": p, "signal_small": 0.0,
+                          "signal_large": False, "reach": "neither"})
+    h = p_histogram(rates)
+    allp = h[h["family"] == "all"].set_index("bin")["prompts"]
+    assert allp.to_dict() == {"p=0": 1, "(0,0.01562]": 2, "(0.01562,0.0625]": 2, "(0.0625,0.25]": 1,
+                              "(0.25,0.5]": 1, "(0.5,0.75]": 1, "(0.75,1)": 1, "p=1": 1}
+    assert h.groupby("family")["share"].sum().round(9).to_dict() == {"a": 1.0, "all": 1.0, "b": 1.0}
+    with pytest.raises(ValueError, match="edges"):
+        p_histogram(rates, edges=(0.1, 1.0))
+
+
 def test_reach_table_measures_each_family_alone():
     t = E.reach_table("default", ["gcd", "chain_sum"], prompts=3, n_draws=32)
     assert list(t["family"]) == ["gcd", "chain_sum"] and (t["prompts"] == 3).all()
@@ -197,6 +212,12 @@ def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
     assert meta["config"]["advantage"] == "reinforce_pp_baseline" and meta["config"]["reset_every"] == 0
     md = (outs[0] / "PLATEAU.md").read_text()
     assert "| 2 |" in md and "counts as a plateau" in md and "Reach gate" in md and "t interval" in md
+    # the branch point's per-prompt p: every prompt in the CSV, its histogram in the JSON and the markdown
+    rates = pd.read_csv(outs[0] / "branch_rates.csv")
+    assert len(rates) == 3 and (rates["p"] == rates["correct"] / 32).all()
+    hist = pd.DataFrame(meta["p_histogram"])
+    assert hist.groupby("family")["prompts"].sum().to_dict() == {"all": 3, "gcd": 3}
+    assert "Per-prompt pass rate p at the branch point" in md and "| p=0 |" in md
     p0, _ = load_policy(str(outs[0]))
     p1, _ = load_policy(str(outs[1]))
     assert all(torch.equal(a, b) for a, b in zip(p0.state_dict().values(), p1.state_dict().values()))

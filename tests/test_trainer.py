@@ -99,7 +99,9 @@ def test_metrics_row_has_the_documented_columns(tmp_path):
     for col in ("reward_mean", "pass_at_1", "ds_pass_rate", "entropy", "kl", "clipfrac_low", "clipfrac_high",
                 "response_length_mean", "response_length_max", "truncation_rate", "samples", "tokens",
                 "samples_per_s", "tokens_per_s", "time/rollout", "time/score", "time/logprobs", "time/update",
-                "time/sync", "cum_samples", "cum_wall_s", "eval/chain_sum/pass@1", "eval/chain_sum/pass@4"):
+                "time/sync", "cum_samples", "cum_trained_samples", "cum_updates", "cum_wall_s", "trained_samples",
+                "updates", "rollout_rounds", "refill_rounds", "ds_round_cap", "ds_sample_cap", "ds_cap_hit",
+                "kept_groups", "surplus_groups", "eval/chain_sum/pass@1", "eval/chain_sum/pass@4"):
         assert col in df.columns, col
     assert 0 <= row["ds_pass_rate"] <= 1
     assert row["entropy"] > 0
@@ -107,6 +109,45 @@ def test_metrics_row_has_the_documented_columns(tmp_path):
     # on-policy with a single mini-batch: the PPO ratio is exactly 1, nothing is clipped
     assert row["clipfrac_low"] == 0 and row["clipfrac_high"] == 0
     assert len(pd.read_parquet(t.run_dir.metrics_path)) == len(df)
+
+
+def test_dynamic_sampling_refills_up_to_the_declared_cap_and_counts_every_generated_sample(tmp_path):
+    """N=2 leaves many groups uniform (both right or both wrong), so steps refill; every round's samples count in
+    ``samples`` / ``cum_samples`` (generated), only the kept groups in ``trained_samples``, and each refill is logged."""
+    P, N, cap = 4, 2, 3
+    cfg = tiny_cfg(tmp_path, rollouts_per_prompt=N, prompts_per_step=P, max_resample_rounds=cap - 1, steps=4,
+                   eval_every=0, optimizer_steps_per_step=2)
+    with Trainer(cfg, progress=False) as t:
+        df = t.run()
+        events = [e for e in t.run_dir.read_events() if e["event"] == "refill"]
+    assert (df["ds_round_cap"] == cap).all() and (df["ds_sample_cap"] == cap * P * N).all()
+    assert (df["samples"] == df["rollout_rounds"] * P * N).all()
+    assert (df["rollout_rounds"] <= cap).all() and (df["refill_rounds"] == df["rollout_rounds"] - 1).all()
+    assert df["refill_rounds"].sum() > 0, "N=2 should leave some first rounds short of P informative groups"
+    assert (df["ds_cap_hit"] == (df["kept_groups"] < P)).all()
+    assert (df.loc[~df["ds_cap_hit"], "rollout_rounds"] >= 1).all()
+    trained = ~df["skipped"]
+    assert (df.loc[trained, "trained_samples"] == df.loc[trained, "kept_groups"] * N).all()
+    assert (df.loc[~trained, "trained_samples"] == 0).all()
+    # updates: one per mini-batch of whole groups (fewer when fewer groups were kept than mini-batches)
+    assert (df.loc[trained, "updates"] == df.loc[trained, "kept_groups"].clip(upper=2)).all()
+    for col in ("samples", "trained_samples", "updates"):
+        assert df[f"cum_{col}"].tolist() == df[col].cumsum().tolist(), col
+    assert df["cum_samples"].iloc[-1] > df["cum_trained_samples"].iloc[-1]  # refills generated more than was kept
+    logged = df[(df["refill_rounds"] > 0) | df["ds_cap_hit"]]
+    assert [e["step"] for e in events] == logged["step"].tolist()
+    for e, (_, row) in zip(events, logged.iterrows()):
+        assert e["rounds"] == row["rollout_rounds"] and e["round_cap"] == cap
+        assert sum(e["generated_samples_by_round"]) == row["samples"]
+        assert sum(e["kept_groups_by_round"]) - row["kept_groups"] == row["surplus_groups"] >= 0
+
+
+def test_without_dynamic_sampling_every_generated_sample_is_trained_on(tmp_path):
+    with Trainer(tiny_cfg(tmp_path, dynamic_sampling=False, steps=2, eval_every=0), progress=False) as t:
+        df = t.run()
+        assert not [e for e in t.run_dir.read_events() if e["event"] == "refill"]
+    assert (df["ds_round_cap"] == 1).all() and (df["rollout_rounds"] == 1).all() and not df["ds_cap_hit"].any()
+    assert df["cum_trained_samples"].tolist() == df["cum_samples"].tolist() == [32, 64]
 
 
 MEMORY_PROBE = textwrap.dedent("""

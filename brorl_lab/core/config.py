@@ -146,8 +146,12 @@ class Config:
 
     # ---- dynamic sampling (DAPO) --------------------------------------------------------------------------------
     dynamic_sampling: bool = knob(True, "Drop groups whose `correct` is all equal (DAPO; ProRL and BroRL use it).")
-    max_resample_rounds: int = knob(4, "Extra rollout rounds to refill informative groups before truncating. "
-                                       "Not reported (verl DAPO: regenerate up to a cap).")
+    max_resample_rounds: int = knob(4, "Refill rounds (each prompts_per_step fresh prompts x rollouts_per_prompt) "
+                                       "a step may add until prompts_per_step groups are informative: the declared "
+                                       "cap, logged with every refill (metrics refill_rounds, ds_cap_hit; events "
+                                       "'refill'). Every generated sample counts in cum_samples. Not reported by "
+                                       "ProRL/BroRL (verl DAPO: max_num_gen_batches, regenerate up to a cap; BroRL's "
+                                       "sample counts, ~19.5k a ProRL step of 8,192, imply refills).")
 
     # ---- reference reset (ProRL) --------------------------------------------------------------------------------
     reset_every: int = knob(0, "Reset the reference to the policy every K steps; 0 = never. ProRL v1: when validation "

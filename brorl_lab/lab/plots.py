@@ -197,7 +197,8 @@ RESET_MARKER = dict(symbol="x-thin", size=11, color="#d62728", line=dict(width=2
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff",
            "#fecb52")
 # Columns of a metrics table that are bookkeeping, not curves worth choosing in a browser.
-NOT_METRICS = ("step", "run", "skipped", "reset", "samples", "tokens", "kept_groups", "rollout_rounds")
+NOT_METRICS = ("step", "run", "skipped", "reset", "samples", "tokens", "kept_groups", "rollout_rounds", "refill_rounds",
+               "ds_round_cap", "ds_sample_cap", "ds_cap_hit", "surplus_groups", "trained_samples", "updates")
 
 
 def metric_label(metric: str) -> str:

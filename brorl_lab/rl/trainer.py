@@ -152,6 +152,18 @@ def export_policy(run: str | Path, out: str | Path) -> Path:
     return atomic_write_dir(out, lambda tmp: write_pretrained(tmp, policy, tok, cfg, step=state["step"], run_dir=run))
 
 
+def ds_round_cap(cfg: Config) -> int:
+    """Rollout rounds a step may take: 1, plus ``max_resample_rounds`` refills with dynamic sampling (the declared
+    cap; verl DAPO's ``max_num_gen_batches``)."""
+    return 1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)
+
+
+def new_cum() -> dict:
+    """The running totals every metrics row carries as ``cum_<key>``: generated samples (``samples``, refills
+    included), trained samples, optimizer updates, generated tokens and training wall time (eval excluded)."""
+    return {"samples": 0, "trained_samples": 0, "updates": 0, "tokens": 0, "wall_s": 0.0}
+
+
 def default_run_name(cfg: Config) -> str:
     """``<tasks>_N<rollouts>_P<prompts>_s<seed>``; a ``local:`` task counts by its file's stem, and characters a
     directory name should not hold become ``_`` (one directory under run_dir, whatever the task names)."""
@@ -215,7 +227,7 @@ class Trainer:
         self.trackers: list = []  # cfg.report_to, opened at the first row a run() logs (see _emit)
         self.rows: list[dict] = []
         self.step_idx = 0  # completed training steps
-        self.cum = {"samples": 0, "tokens": 0, "wall_s": 0.0}
+        self.cum = new_cum()  # cum_samples (generated), cum_trained_samples, cum_updates, cum_tokens, cum_wall_s
         self.bad_steps = 0
         self._stop = threading.Event()
         self.stop_signal: Optional[int] = None  # SIGINT / SIGTERM that stopped the last run(), else None
@@ -245,14 +257,22 @@ class Trainer:
 
     # ---- stage 1: rollout + score + dynamic sampling ---------------------------------------------------------------
     def collect(self, step: int) -> tuple[RolloutBatch, dict]:
-        """Roll out and score full batches of ``prompts_per_step`` prompts until enough groups are informative."""
+        """Roll out and score full batches of ``prompts_per_step`` prompts until enough groups are informative
+        (dynamic sampling, DAPO): round 0, then refill rounds while fewer than ``prompts_per_step`` groups are kept,
+        at most ``max_resample_rounds`` of them (the declared cap: ``1 + max_resample_rounds`` rounds, i.e. at most
+        ``(1 + max_resample_rounds) * prompts_per_step * rollouts_per_prompt`` generated samples a step).
+
+        Every sample generated counts (``samples``: what BroRL's table counts), whether trained on or not; the
+        row also says what was trained on (``trained_samples``), the cap, how many refill rounds ran and whether
+        the cap cut the batch short; each step that refilled or hit the cap logs a ``refill`` event with the kept
+        groups and generated samples of every round (events.jsonl)."""
         c = self.cfg
         kept: list[RolloutBatch] = []
         seen: list[RolloutBatch] = []
         t = {"rollout": 0.0, "score": 0.0, "filter": 0.0}
         gen_groups = kept_groups = 0
         gen_s = 0.0
-        rounds = 1 + (c.max_resample_rounds if c.dynamic_sampling else 0)
+        rounds = ds_round_cap(c)
         for rnd in range(rounds):
             t0 = time.perf_counter()
             families = self.spec.families
@@ -275,18 +295,26 @@ class Trainer:
             t["filter"] += time.perf_counter() - t2
             if sum(b.num_prompts for b in kept) >= c.prompts_per_step:
                 break
+        informative = sum(b.num_prompts for b in kept)  # kept groups over all rounds, before truncation
         train = RolloutBatch.concat(kept)
         if train.num_prompts > c.prompts_per_step:
             train = train.select_prompts(range(c.prompts_per_step))
         allb = RolloutBatch.concat(seen)
         s = allb.summary()
         tokens = int(allb.lengths.sum())
+        cap_hit = bool(c.dynamic_sampling and train.num_prompts < c.prompts_per_step)
+        if c.dynamic_sampling and (len(seen) > 1 or cap_hit):
+            self.run_dir.log_event("refill", step=step, rounds=len(seen), round_cap=rounds, cap_hit=cap_hit,
+                                   kept_groups_by_round=[b.num_prompts for b in kept],
+                                   generated_samples_by_round=[b.size for b in seen])
         info = {
             **{k: s[k] for k in ("reward_mean", "pass_at_1", "response_length_mean", "response_length_max",
                                   "truncation_rate")},
             "samples": allb.size, "tokens": tokens, "rollout_rounds": len(seen),
+            "refill_rounds": len(seen) - 1, "ds_round_cap": rounds,
+            "ds_sample_cap": rounds * c.prompts_per_step * c.rollouts_per_prompt, "ds_cap_hit": cap_hit,
             "ds_pass_rate": kept_groups / gen_groups if c.dynamic_sampling and gen_groups else float("nan"),
-            "kept_groups": train.num_prompts,
+            "kept_groups": train.num_prompts, "surplus_groups": informative - train.num_prompts,
             "samples_per_s": allb.size / gen_s if gen_s > 0 else float("nan"),
             "tokens_per_s": tokens / gen_s if gen_s > 0 else float("nan"),
             **{f"time/{k}": v for k, v in t.items()},
@@ -307,7 +335,7 @@ class Trainer:
         batch, info = self.collect(step)                                                   # 1. rollout/score/filter
         row.update(info)
         rewards_ok = batch.rewards is None or bool(torch.isfinite(batch.rewards).all())
-        skipped, applied = None, 0  # applied: optimizer steps a non-finite update made before it stopped
+        skipped, applied = None, 0  # applied: optimizer steps taken (a non-finite update: those before it stopped)
         if batch.num_prompts == 0:
             skipped = "no informative groups"
         elif not rewards_ok:
@@ -327,6 +355,7 @@ class Trainer:
                 report = S.update(self.policy, self.optimizer, batch, adv, cfg=c,           # 4. update
                                   reference=self.reference, old_logprobs=old)
                 row.update(report.metrics)
+                applied = report.optimizer_steps
             except S.NonFiniteError as e:
                 skipped, applied = f"non-finite update: {e}", e.optimizer_steps
             row["time/update"] = time.perf_counter() - t0
@@ -346,7 +375,13 @@ class Trainer:
             row.update(self.evaluate(step).metrics)
             row["time/eval"] = time.perf_counter() - t0
         row["step_wall_s"] = time.perf_counter() - t_start
-        self.cum["samples"] += row["samples"]
+        # what this step trained on: the mini-batches (whole groups) applied; a non-finite update stops part way
+        row["updates"] = applied
+        row["trained_samples"] = batch.n * sum(
+            len(g) for g in torch.arange(batch.num_prompts).chunk(c.optimizer_steps_per_step)[:applied])
+        self.cum["samples"] += row["samples"]  # generated (refills included): BroRL's compute unit
+        self.cum["trained_samples"] += row["trained_samples"]
+        self.cum["updates"] += row["updates"]
         self.cum["tokens"] += row["tokens"]
         self.cum["wall_s"] += row["step_wall_s"] - row.get("time/eval", 0.0)  # training time, eval excluded
         row.update({f"cum_{k}": v for k, v in self.cum.items()})
@@ -610,7 +645,7 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
-        self.step_idx, self.cum, self.rows = state["step"], dict(state["cum"]), list(state["rows"])
+        self.step_idx, self.cum, self.rows = state["step"], {**new_cum(), **state["cum"]}, list(state["rows"])
         self.bad_steps = state.get("bad_steps", 0)
         self._checkpoint_step = self.step_idx
         S.sync(self.engine, self.policy)

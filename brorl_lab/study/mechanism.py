@@ -109,6 +109,31 @@ def reach_summary(rates: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# Edges of the per-prompt pass-rate histogram at a branch point: p = 0 and p = 1 are bins of their own (no signal at
+# any N), (0, 1/16] is the reach gate's rare-success band (an N=16 group is all-wrong with probability >= 0.36).
+P_EDGES = (0.0, 1 / 64, 1 / 16, 1 / 4, 1 / 2, 3 / 4, 1.0)
+
+
+def p_histogram(rates: pd.DataFrame, edges: Sequence[float] = P_EDGES) -> pd.DataFrame:
+    """Per family and over all prompts: how many prompts of a :func:`prompt_pass_rates` table sit at p = 0, in each
+    half-open bin (lo, hi] of ``edges`` (the last one (lo, 1) open at 1) and at p = 1. Columns family, bin, lo, hi,
+    prompts, share (of the family's prompts); one row per bin, so the table is the histogram a reader re-plots."""
+    _check_rates(rates, "rates")
+    edges = [float(e) for e in edges]
+    if edges[0] != 0 or edges[-1] != 1 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"edges: got {edges}; allowed: increasing floats from 0 to 1")
+    out = []
+    for fam, g in [*rates.groupby("family", sort=True), ("all", rates)]:
+        p = g["p"].to_numpy()
+        bins = [("p=0", 0.0, 0.0, p == 0)]
+        bins += [(f"({lo:.4g},{hi:.4g}" + (")" if hi == 1 else "]"), lo, hi,
+                  (p > lo) & ((p < hi) if hi == 1 else (p <= hi))) for lo, hi in zip(edges, edges[1:])]
+        bins.append(("p=1", 1.0, 1.0, p == 1))
+        out += [{"family": fam, "bin": name, "lo": lo, "hi": hi, "prompts": int(m.sum()), "share": float(m.mean())}
+                for name, lo, hi, m in bins]
+    return pd.DataFrame(out)
+
+
 def reach_change(before: pd.DataFrame, after: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """Mean change of each prompt's pass rate p from ``before`` (the branch point) to ``after[arm]`` (the same
     prompts under each arm's final policy), per reach class of the *branch point*, with the prompt count. A

@@ -214,6 +214,7 @@ class PlateauResult:
     rule: dict = field(default_factory=dict)  # plateau_rule's numbers at the last evaluation
     gate: dict = field(default_factory=dict)  # reach_gate at the last checkpoint ({} when skipped)
     reach: Optional[pd.DataFrame] = None  # mechanism.reach_summary at the last checkpoint
+    rates: Optional[pd.DataFrame] = None  # mechanism.prompt_pass_rates at the last checkpoint (the gate's prompts)
     wall_s: float = 0.0  # this call's wall time (a resumed run counts only its own part)
 
     @property
@@ -345,7 +346,7 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
         if gate_prompts:
             rates = measure_reach(trainer.policy, trainer.tokenizer, cfg, prompts=gate_prompts, n_draws=gate_draws)
             res.gate = {**reach_gate(rates, **gate), "draws": gate_draws, "seed": GATE_SEED}
-            res.reach = reach_summary(rates)
+            res.reach, res.rates = reach_summary(rates), rates
         res.wall_s = time.perf_counter() - t0
         if out is not None:
             if tried is None and list(cfg.tasks) == PLATEAU_FAMILIES:
@@ -402,6 +403,8 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
     """Write the trainer's policy and tokenizer to ``out`` (via a temp dir, then swapped in), plus PLATEAU.md and
     plateau.json (families, seed, steps, the eval curve, the rule's numbers, the reach gate and summary, wall time,
     and ``tried``: what was tried before this recipe, in words)."""
+    from brorl_lab.study.mechanism import p_histogram
+
     _check_model_out(out)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
@@ -412,7 +415,8 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
     base = Path(cfg.model) if cfg.model != "default" else DEFAULT_MODEL_DIR
     weights = base / "model.safetensors"
     meta = {
-        "command": command, "base_model": repo_relative(base) if base.exists() else cfg.model,
+        "command": command, "out": repo_relative(out),
+        "base_model": repo_relative(base) if base.exists() else cfg.model,
         "base_model_sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None,
         "families": list(cfg.tasks), "seed": cfg.seed, "steps": res.steps, "plateaued": res.plateaued,
         "gate_passed": res.passed, "rule": res.rule, "gate": res.gate,
@@ -421,6 +425,9 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
         "config": {k: v for k, v in cfg.to_dict().items() if k not in IGNORED_FIELDS},
         "curve": res.curve.to_dict(orient="records"),
     }
+    if res.rates is not None:  # the branch point's per-prompt p: histogram in the JSON, every prompt in the CSV
+        meta["p_histogram"] = p_histogram(res.rates).to_dict(orient="records")
+        res.rates.to_csv(tmp / BRANCH_RATES, index=False)
     (tmp / "plateau.json").write_text(json.dumps(meta, indent=1, default=float))
     (tmp / "PLATEAU.md").write_text(plateau_markdown(meta))
     if out.exists():
@@ -429,6 +436,7 @@ def save_plateau_model(trainer, out: Path, res: PlateauResult, *, command: Optio
     return out
 
 
+BRANCH_RATES = "branch_rates.csv"  # per training prompt at the branch point: family, uid, correct (K of 512), p, reach
 OPTIMIZER_NOTE = ("The HF checkpoint carries weights only: every run that starts from it (each arm of the branch) "
                   "starts a fresh Adam, so the optimizer is reset in both arms alike; within the plateau run one Adam "
                   "is kept throughout (ProRL v2: no reference/optimizer reset, reset_every=0 as in the arms).")
@@ -440,7 +448,8 @@ def plateau_markdown(meta: dict) -> str:
     curve = pd.DataFrame(meta["curve"])
     fams = [eval_key(c)[0] for c in curve.columns if c.startswith("eval/") and c.endswith(PASS1)]
     rule, cfg = meta["rule"], meta["config"]
-    lines = ["# data/plateau_model: the default model trained with the ProRL v2 recipe until held-out pass@1 stalled",
+    where = meta.get("out") or "data/plateau_model"
+    lines = [f"# {where}: {meta['base_model']} trained with the ProRL v2 recipe until held-out pass@1 stalled",
              "", f"Command: `{meta['command'] or 'python -m brorl_lab plateau'}` (seed {meta['seed']}); wall time "
              f"{meta.get('wall_s', 0) / 60:.1f} min (this call's part, gate measurement included).", "",
              f"Base: {meta['base_model']} (model.safetensors sha256 {meta.get('base_model_sha256')}).", "",
@@ -485,10 +494,20 @@ def plateau_markdown(meta: dict) -> str:
         for _, r in rows.iterrows():
             lines.append(f"| {r['family']} | " + " | ".join(
                 f"{int(r[c])}" if c == "prompts" else f"{r[c]:.3f}" for c in cols) + " |")
+    if meta.get("p_histogram"):
+        hist = pd.DataFrame(meta["p_histogram"])
+        fam_order = list(dict.fromkeys(hist["family"]))
+        wide = hist.pivot(index="bin", columns="family", values="prompts").reindex(
+            list(dict.fromkeys(hist["bin"])))[fam_order]
+        lines += ["", f"Per-prompt pass rate p at the branch point ({gate.get('draws', GATE_DRAWS)} draws per prompt; "
+                  f"every prompt in {BRANCH_RATES}; prompts per bin):", "",
+                  "| p | " + " | ".join(fam_order) + " |", "|---|" + "---:|" * len(fam_order)]
+        lines += [f"| {b} | " + " | ".join(str(int(v)) for v in r) + " |" for b, r in wide.iterrows()]
     first, last = curve.iloc[0], curve.iloc[-1]
     moves = ", ".join(f"{f} {100 * (last[f'eval/{f}/{PASS1}'] - first[f'eval/{f}/{PASS1}']):+.1f}" for f in fams)
     lines += ["", *([f"What was tried: {meta['tried']}", ""] if meta.get("tried") else []),
               f"Change from the first to the last evaluation, in points (0.01 pass@1): {moves}.", "",
-              "Load it with `Config(model=\"data/plateau_model\")` (from the repository root) or "
-              "`brorl_lab.study.experiments.recipe_config(model=\"plateau\")`.", ""]
+              f"Load it with `Config(model=\"{where}\")` (from the repository root)"
+              + "".join(f" or `brorl_lab.study.experiments.recipe_config(model=\"{a}\")`" for a, d in MODEL_ALIASES.items()
+                        if repo_relative(d) == where) + ".", ""]
     return "\n".join(lines)
