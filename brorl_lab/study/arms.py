@@ -210,9 +210,12 @@ def label_arm(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFram
     df["prompts_per_step"] = cfg.prompts_per_step
     kept = df["kept_groups"].fillna(0) if "kept_groups" in df else pd.Series(0.0, index=df.index)
     skipped = df["skipped"].eq(True) if "skipped" in df else pd.Series(False, index=df.index)
-    df["cum_trained_samples"] = (kept * cfg.rollouts_per_prompt).where(~skipped, 0).cumsum()
     trained = df["step"].gt(0) & ~skipped  # row 0 is the evaluation before training
-    df["cum_updates"] = (trained * cfg.optimizer_steps_per_step).cumsum()  # optimizer updates so far
+    # the trainer counts both (rl.trainer: cum_trained_samples, cum_updates); runs written before it did are rebuilt
+    if "cum_trained_samples" not in df or df["cum_trained_samples"].isna().any():
+        df["cum_trained_samples"] = (kept * cfg.rollouts_per_prompt).where(~skipped, 0).cumsum()
+    if "cum_updates" not in df or df["cum_updates"].isna().any():
+        df["cum_updates"] = (trained * cfg.optimizer_steps_per_step).cumsum()  # optimizer updates so far
     df["cum_nominal_samples"] = df["step"] * cfg.samples_per_step  # steps x prompts x N: the arms' budget unit
     df["cum_nominal_updates"] = df["step"] * cfg.optimizer_steps_per_step  # as planned (a skipped step takes none)
     return df
