@@ -21,6 +21,11 @@
 # than its siblings each answer did) -> **update** (a clipped policy-gradient step with a KL penalty) -> **sync**
 # (the sampler gets the new weights). This notebook runs each stage by hand on the tiny shipped model and shows what
 # it returns; then the `Trainer` runs the same functions for a few steps. It takes well under a minute.
+#
+# **One stage you write yourself:** the GRPO advantage (section 5). Its cell holds a `# TODO` stub; the cell after it
+# checks your function against `brorl_lab.rl.algo` and stops the notebook with a message until it is right. The
+# reference solution is kept apart, in `notebooks/solutions/00_quickstart.py`; `use_solutions = True` below runs
+# the notebook with it (the tests and the book do).
 
 # %% tags=["parameters"]
 model = "default"                      # the tiny Qwen2 in data/default_model, or a local HF model directory
@@ -32,6 +37,7 @@ seed = 0
 torch_threads = 1
 run_dir = None                         # where the Trainer run goes; None: a temporary directory
 overwrite = False                      # replace a run already in run_dir/quickstart (sweep retries pass True)
+use_solutions = False                  # True: fill the exercise from notebooks/solutions/00_quickstart.py
 
 # %%
 import logging
@@ -44,6 +50,8 @@ from IPython.display import display
 from brorl_lab.core.config import Config
 from brorl_lab.core.models import load_policy, make_reference
 from brorl_lab.lab import plots
+from brorl_lab.lab.course import Exercises
+from brorl_lab.rl import algo
 from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
 from brorl_lab.rl.trainer import Trainer
@@ -66,6 +74,7 @@ reference = make_reference(policy)               # frozen copy: the KL term's pi
 engine = make_engine("torch", policy, tok)       # the rollout engine keeps its own copy of the weights
 optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
 print(f"{sum(p.numel() for p in policy.parameters()):,} parameters; engine: {type(engine).__name__}")
+exercise = Exercises("00_quickstart", use_solutions)   # @exercise: your function, or the kept-apart solution
 
 # %% [markdown]
 # ## 1 · Prompts
@@ -123,10 +132,37 @@ stats
 # ## 5 · Advantages
 #
 # GRPO: each sample's reward minus its group's mean, divided by the group's standard deviation. One number per
-# sample; shown here as prompts x rollouts.
+# sample.
+#
+# ### Exercise · The GRPO advantage
+#
+# Write it for rewards shaped prompts x rollouts, $[P, N]$:
+# $A_{p,s} = (r_{p,s} - \bar r_p) / (\sigma_p + \varepsilon)$ with $\bar r_p$ the group's mean and $\sigma_p$ its
+# sample standard deviation (divide by $N - 1$, as verl and TRL do), $\varepsilon = 10^{-6}$. A group whose rewards
+# are all equal carries no signal: its advantages must be exactly 0. Three or four lines of torch.
+
+# %% tags=["exercise"]
+@exercise
+def grpo_advantage(rewards, *, eps=1e-6):
+    """GRPO advantages [P, N] from rewards [P, N]; a uniform group gets exactly 0."""
+    return torch.zeros_like(rewards)          # TODO: centre by the group mean, divide by the group std + eps
+
+
+# %% tags=["check"]
+rewards = kept.grouped(kept.rewards).float()                          # [P, N] this batch's kept groups
+probe = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 1.0]])   # one uniform group
+for r in (rewards, probe):
+    mine, ref = grpo_advantage(r), algo.grpo(r, std_norm=True)
+    assert torch.allclose(mine, ref, atol=1e-5), f"not yet: largest gap to algo.grpo {(mine - ref).abs().max():.3g}"
+assert torch.equal(grpo_advantage(probe)[1], torch.zeros(4)), "not yet: a uniform group must get exactly 0"
+print(f"your advantages match rl.algo.grpo on {rewards.shape[0]} kept groups and the probe: correct")
+
+# %% [markdown]
+# The trainer computes them with the configured estimator (`cfg.advantage`); shown as prompts x rollouts.
 
 # %%
 adv = S.advantages(kept, cfg.advantage, std_norm=cfg.adv_std_norm)
+assert cfg.advantage != "grpo" or torch.allclose(kept.grouped(adv), grpo_advantage(rewards), atol=1e-5)
 kept.grouped(adv).numpy().round(2)
 
 # %% [markdown]
@@ -159,6 +195,9 @@ print("engine weights equal the updated policy:", same)
 # frozen eval sets (row 0 is the evaluation before training), checkpoints and can resume. One row per step, and the
 # same steps as curves: the mean reward and pass@1 on each step's training prompts, and pass@1 on the held-out eval
 # sets before and after training (`python -m brorl_lab report RUN_DIR` draws every curve of a run on one page).
+#
+# **What you should see:** three short curves, one point per step. With so few steps and prompts they move up or
+# down by chance; they show the loop runs, not that it learns (notebooks 02 and 03 train longer).
 
 # %%
 with Trainer(cfg, policy=policy, tokenizer=tok, engine=engine, overwrite=overwrite) as trainer:

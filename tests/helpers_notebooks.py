@@ -72,3 +72,26 @@ def execute_small(notebook: Path, tmp_path: Path, parameters: dict, monkeypatch)
     return {"outputs": outputs, "kinds": [k for o in shown for k in o.data],
             "text": "".join(o.get("text", "") for o in outputs if o.output_type == "stream"),
             "figures": [o.data[PLOTLY] for o in shown if PLOTLY in o.data]}
+
+
+def exercise_names(notebook: Path) -> list[str]:
+    """The functions defined in a notebook's cells tagged ``exercise``, in order; each must be followed by a cell
+    tagged ``check`` before the next exercise, and have a solution of the same name in notebooks/solutions/."""
+    import ast
+
+    from brorl_lab.lab.course import load_solutions
+
+    cells = nbformat.read(notebook, as_version=4).cells
+    names, pending = [], False
+    for c in cells:
+        tags = c.metadata.get("tags", [])
+        if "exercise" in tags:
+            assert not pending, f"exercise {names[-1]} has no check cell before the next exercise"
+            names += [n.name for n in ast.parse(c.source).body if isinstance(n, ast.FunctionDef)]
+            pending = True
+        elif "check" in tags:
+            pending = False
+    assert not pending, f"exercise {names[-1]} has no check cell"
+    solutions = load_solutions(notebook.stem)
+    assert all(callable(getattr(solutions, n, None)) for n in names), f"a solution is missing for {notebook.stem}"
+    return names

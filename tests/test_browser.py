@@ -43,7 +43,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 # Small enough that Run All finishes in seconds on two shared cores (the same sizes as test_theory_notebook).
 SMALL = dict(vocab=3000, n_correct=250, steps=30, n_values=[4, 512], trials=200, explorer_trials=30,
-             budget_draws=1024, budget_n_values=[4, 64, 1024], seed=1)
+             budget_draws=1024, budget_n_values=[4, 64, 1024], seed=1, use_solutions=True)
 HIST_TITLE = "Monte-Carlo draws of ΔQ_pos at"
 BAR_PATHS = ".trace.bars .point path"  # one SVG path per bar (error bars are separate paths)
 DASHBOARD_NB = "live_dashboard.ipynb"

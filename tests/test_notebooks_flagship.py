@@ -7,14 +7,14 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync
+from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync, exercise_names
 
 from brorl_lab.study import revival as R
 
 papermill = pytest.importorskip("papermill")
 
 PLOTLY = "application/vnd.plotly.v1+json"
-QUICK = dict(prompts_per_step=4, rollouts_per_prompt=8, trainer_steps=2, seed=0, torch_threads=1)
+QUICK = dict(prompts_per_step=4, rollouts_per_prompt=8, trainer_steps=2, seed=0, torch_threads=1, use_solutions=True)
 SCALING = dict(steps=2, eval_every=1, seeds=[0, 1], n_small=4, n_large=16, prompts_small=2, prompts_large=2,
                n_mid=8, prompts_mid=2, middle_seeds=[0], optimizer_steps_per_step=1, eval_prompts=8, eval_samples=4,
                eval_k=[1, 4], torch_threads=1, run_ablations=True, ablation_prompts=[1, 2], ablation_seeds=[0],
@@ -65,12 +65,24 @@ def test_quickstart_shows_every_stage_and_a_trainer_run(tmp_path, monkeypatch):
     assert "FilterStats(generated_groups=" in text
     assert "UpdateReport(loss=" in text and "grad_norm=" in text
     assert "engine weights equal the updated policy: True" in printed(outputs)
+    assert "your advantages match rl.algo.grpo on" in printed(outputs)  # the exercise, with its solution filled in
     metrics = pd.read_parquet(tmp_path / "run" / "quickstart" / "metrics.parquet")
     assert list(metrics["step"]) == [0, 1, 2] and metrics["eval/mean/pass@1"].notna().sum() == 2
     figures = [o.data[PLOTLY] for o in outputs if PLOTLY in o.get("data", {})]  # it ends with a picture
     assert len(figures) == 1 and {a["text"] for a in figures[0]["layout"]["annotations"]} == {
         "mean reward", "train pass@1", "mean pass@1 (eval)"}
     assert {len([y for y in t["y"] if y is not None]) for t in figures[0]["data"] if t["name"] == "quickstart"} == {2}
+
+
+def test_quickstart_stub_fails_its_check(tmp_path, monkeypatch):
+    """As a student first runs it (use_solutions=False): the GRPO stub returns zeros and its check stops the
+    notebook with a "not yet" message, before anything is trained."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert exercise_names(NOTEBOOKS / "00_quickstart.ipynb") == ["grpo_advantage"]
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        run("00_quickstart", tmp_path, {**QUICK, "use_solutions": False, "run_dir": str(tmp_path / "run")})
+    assert err.value.ename == "AssertionError" and "not yet" in err.value.evalue
+    assert not (tmp_path / "run" / "quickstart").exists()
 
 
 def test_rollout_scaling_notebook_is_a_study_on_a_shared_grid_with_intervals_and_the_rule(tmp_path, monkeypatch):

@@ -30,10 +30,25 @@ from brorl_lab.theory import balance as theory
 # =================================================================================================================
 
 EXPLORER_N_DESCRIPTION = "N"  # stable handles for browser tests
-EXPLORER_TITLE = plots.TERMS_TITLE
 EXPLORER_N_VALUES = tuple(2**k for k in range(17))  # 1 .. 65,536 on a log2 grid
 SHAPES = {"paper (seeded)": "paper_seeded", "paper (unseeded)": "paper_unseeded", "zipf": "zipf"}
 CUSTOM = "custom logits"
+# Teaching views: one click sets the vocabulary controls. On the paper's seeded vocabulary P(dQ<0) is 0 at every N
+# (the unsampled bar only grows, then fades past N ~ 1/p); the confidently-wrong Zipf vocabulary (correct tokens in
+# the tail) is where an update loses correct mass at small N and stops losing it as N grows.
+VIEWS = {"paper, seeded": {"shape": "paper (seeded)"},
+         "zipf, tail": {"shape": "zipf", "placement": "tail", "exponent": 1.0}}
+# The three panels, named where they are drawn (the notebook's task sheet refers to these names).
+PANELS = {"terms": "① Terms at this N",
+          "histogram": "② ΔQ_pos of each Monte-Carlo draw",
+          "sweep": "③ The N sweep"}
+EXPLORER_TITLE = f"{PANELS['terms']}: {plots.TERMS_TITLE}"
+PANEL_GUIDE = (
+    f"<b>{PANELS['terms']}</b>: the expected value of each of Theorem 1's terms and their total on the "
+    "N·ΔQ_pos/lr scale, error bars ±1 standard deviation over draws. "
+    f"<b>{PANELS['histogram']}</b>: the total of every draw at this N; draws left of the red line lost correct mass. "
+    f"<b>{PANELS['sweep']}</b>: left, the expected terms against N; right, P(ΔQ_pos &lt; 0), the share of draws "
+    "that lose correct mass (±2 s.e.); the open circles mark the N of the slider.")
 
 
 class MassBalanceExplorer(w.VBox):
@@ -45,7 +60,12 @@ class MassBalanceExplorer(w.VBox):
     """
 
     def __init__(self, problem: Optional[theory.Problem] = None, *, n_values: Sequence[int] = EXPLORER_N_VALUES,
-                 n: int = 512, vocab: int = 128_000, n_correct: int = 10_000, trials: int = 300, seed: int = 0):
+                 n: int = 512, vocab: int = 128_000, n_correct: int = 10_000, trials: int = 300, seed: int = 0,
+                 view: Optional[str] = None):
+        if view is not None and view not in VIEWS:
+            raise ValueError(f"view: got {view!r}; allowed: one of {list(VIEWS)} or None")
+        if view is not None and problem is not None:
+            raise ValueError("view: a teaching view sets the vocabulary; pass either problem or view, not both")
         self.n_values = theory._n_grid(n_values)
         if n not in self.n_values:
             raise ValueError(f"n must be one of n_values {self.n_values.tolist()}, got {n}")
@@ -68,6 +88,12 @@ class MassBalanceExplorer(w.VBox):
                                  style=style)
         self.r_w = w.FloatSlider(value=-1.0, min=-2.0, max=0.0, step=0.1, description="R_w",
                                  continuous_update=False, style=style)
+        if view is not None:
+            self._set_view_controls(view)
+        self.views = w.ToggleButtons(options=list(VIEWS), value=view, description="teaching view", style=style,
+                                     tooltips=["P(ΔQ<0) = 0 at every N; the unsampled bar grows, then fades",
+                                               "confidently wrong: updates lose correct mass at small N"])
+        self.guide = w.HTML(f"<div style='max-width:1000px;font-size:90%'>{PANEL_GUIDE}</div>")
         self.status = w.HTML()
         self.last_redraw_s = float("nan")
         self._busy = False
@@ -75,9 +101,12 @@ class MassBalanceExplorer(w.VBox):
         self._build_problem()
         self._price()
         g = self._index(n)
-        self.terms_fig = go.FigureWidget(plots.terms_bar_figure(self._bar_values(g), spread=self._bar_spread(g)))
-        self.sweep_fig = go.FigureWidget(plots.n_sweep_figure(self.sweep, current_n=int(n)))
+        self.terms_fig = go.FigureWidget(plots.terms_bar_figure(self._bar_values(g), spread=self._bar_spread(g),
+                                                                title=EXPLORER_TITLE))
+        sweep_title = f"{PANELS['sweep']}: expected terms and P(ΔQ_pos < 0) across N"
+        self.sweep_fig = go.FigureWidget(plots.n_sweep_figure(self.sweep, current_n=int(n), title=sweep_title))
         self.hist_fig = go.FigureWidget(plots.dq_histogram_figure(self.draw_terms[:, g, 3]))
+        self.hist_fig.layout.title.text = self._hist_title(n)
         self._update_status()
 
         self.n_slider.observe(lambda ch: self.redraw(ch["new"]), names="value")
@@ -85,10 +114,31 @@ class MassBalanceExplorer(w.VBox):
             c.observe(self._on_problem, names="value")
         for c in (self.r_c, self.r_w):
             c.observe(self._on_rewards, names="value")
+        self.views.observe(lambda ch: ch["new"] is not None and self.apply_view(ch["new"]), names="value")
         self._sync_controls()
         controls = w.HBox([w.VBox([self.n_slider, self.shape, self.vocab, self.n_correct]),
                            w.VBox([self.placement, self.exponent, self.r_c, self.r_w])])
-        super().__init__([controls, self.status, w.HBox([self.terms_fig, self.hist_fig]), self.sweep_fig])
+        super().__init__([self.views, controls, self.status, self.guide, w.HBox([self.terms_fig, self.hist_fig]),
+                          self.sweep_fig])
+
+    # ---- teaching views ---------------------------------------------------------------------------------------------
+    def _set_view_controls(self, view: str) -> None:
+        for name, value in VIEWS[view].items():
+            getattr(self, name).value = value
+
+    def apply_view(self, view: str) -> None:
+        """Set the vocabulary controls to a teaching view (one of :data:`VIEWS`) and recompute once."""
+        if view not in VIEWS:
+            raise ValueError(f"view: got {view!r}; allowed: one of {list(VIEWS)}")
+        self._busy = True  # the controls' observers would recompute once per control
+        try:
+            self._set_view_controls(view)
+        finally:
+            self._busy = False
+        if self.views.value != view:
+            self.views.value = view  # its observer calls apply_view again, which lands here with nothing to do
+            return
+        self._on_problem()
 
     # ---- precomputation (everything that does not depend on N) ---------------------------------------------------
     def current_problem(self) -> theory.Problem:
@@ -139,7 +189,7 @@ class MassBalanceExplorer(w.VBox):
             bar.error_y.array = self._spread[g]
         with self.hist_fig.batch_update():
             self.hist_fig.data[0].x = self.draw_terms[:, g, 3]
-            self.hist_fig.layout.title.text = f"Monte-Carlo draws of ΔQ_pos at N = {int(n):,}"
+            self.hist_fig.layout.title.text = self._hist_title(n)
         with self.sweep_fig.batch_update():
             mark = self.sweep_fig.select_traces(selector={"name": "current N"})
             mark_neg = self.sweep_fig.select_traces(selector={"name": "current N p_neg"})
@@ -150,6 +200,9 @@ class MassBalanceExplorer(w.VBox):
         self.last_redraw_s = time.perf_counter() - t0
         self._update_status()
         return self.last_redraw_s
+
+    def _hist_title(self, n: int) -> str:
+        return f"{PANELS['histogram']}: Monte-Carlo draws of ΔQ_pos at N = {int(n):,}"
 
     def _redraw_all(self) -> None:
         """After a problem or reward change: replace the sweep curves, then the per-N parts."""
@@ -173,6 +226,9 @@ class MassBalanceExplorer(w.VBox):
                 self.n_correct.max = int(change["new"]) - 1
                 self.n_correct.value = int(np.clip(round(share * int(change["new"])), 1, int(change["new"]) - 1))
             self._sync_controls()
+            view = VIEWS.get(self.views.value, {})
+            if any(getattr(self, k).value != v for k, v in view.items()):
+                self.views.value = None  # the controls left the teaching view: no button stays lit
             self.status.value = "<i>drawing Monte-Carlo samples…</i>"
             self._build_problem()
             self._price()
