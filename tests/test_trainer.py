@@ -150,6 +150,32 @@ def test_without_dynamic_sampling_every_generated_sample_is_trained_on(tmp_path)
     assert df["cum_trained_samples"].tolist() == df["cum_samples"].tolist() == [32, 64]
 
 
+def test_a_budget_of_generated_samples_stops_the_run_and_thresholds_place_the_evaluations(tmp_path):
+    """max_samples stops the run at the step whose cum_samples reaches it (that step evaluates); eval_at_samples
+    evaluates at the first step reaching each threshold; refills make the steps' sample counts differ."""
+    cfg = tiny_cfg(tmp_path, rollouts_per_prompt=2, prompts_per_step=4, max_resample_rounds=2, steps=50,
+                   eval_every=0, eval_at_samples=[20, 45], max_samples=70, eval_prompts=2, eval_samples=2, eval_k=[1])
+    assert cfg.evaluates and cfg.eval_due_samples(10, 20) and not cfg.eval_due_samples(20, 30)
+    assert cfg.eval_due_samples(60, 70) and cfg.budget_spent(70) and not cfg.budget_spent(69)
+    with Trainer(cfg, progress=False) as t:
+        df = t.run()
+        assert t.run_dir.read_status()["status"] == "finished"
+    cum = df["cum_samples"].tolist()
+    assert cum[-1] >= 70 and cum[-2] < 70, "the step that reaches the budget is the last"
+    evaluated = df.loc[df["eval/chain_sum/pass@1"].notna(), "cum_samples"].tolist()
+    expected = [0] + [next(c for c in cum if c >= m) for m in (20, 45, 70)]
+    assert evaluated == sorted(set(expected))
+
+
+def test_a_bad_eval_at_samples_names_the_field(tmp_path):
+    from brorl_lab.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_at_samples"):
+        tiny_cfg(tmp_path, eval_at_samples=[0])
+    with pytest.raises(ConfigError, match="max_samples"):
+        tiny_cfg(tmp_path, max_samples=-1)
+
+
 MEMORY_PROBE = textwrap.dedent("""
     import json, resource, sys, torch
     torch.set_num_threads(1)

@@ -165,11 +165,18 @@ class Config:
 
     # ---- loop, evaluation, checkpoints ----------------------------------------------------------------------------
     steps: int = knob(20, "Training steps.")
+    max_samples: int = knob(0, "Also stop once cum_samples (generated samples, refills included) reaches this budget "
+                               "(the step that crosses it is the last, and evaluates); 0 = no budget. BroRL's "
+                               "compute unit: its table counts generated samples (ProRL +10,439k in 535 steps).")
     eval_every: int = knob(5, "Evaluate on the frozen eval sets every K steps (and at the start and end); 0 = never.")
     eval_at_steps: list = knob([], "Also evaluate at the end of these training steps (with eval_every=0: only at "
                                    "these, plus the start). Arms with different samples per step use it to be "
                                    "measured on one shared grid of samples and of optimizer updates (lab.arms); not "
                                    "in the papers.", elem=int)
+    eval_at_samples: list = knob([], "Also evaluate at the end of the step whose cum_samples (generated, refills "
+                                     "included) first reaches each of these; the row records the actual count. A "
+                                     "shared grid of generated samples for arms whose refills differ (BroRL's basis); "
+                                     "not in the papers.", elem=int)
     eval_samples: int = knob(8, "Samples per eval prompt (pass@1 is their mean; pass@k from these). ProRL: 16; "
                                 "pass@128 from 256.")
     eval_k: list = knob([1, 4], "k values for the unbiased pass@k estimator 1 - C(n-c, k)/C(n, k).")
@@ -260,13 +267,23 @@ class Config:
     @property
     def evaluates(self) -> bool:
         """Whether the run evaluates at all (then also at step 0, where training starts from)."""
-        return bool(self.eval_every or self.eval_at_steps)
+        return bool(self.eval_every or self.eval_at_steps or self.eval_at_samples)
 
     def eval_due(self, step: int) -> bool:
         """Whether training step ``step`` (1-based) ends with an evaluation: every ``eval_every`` steps and at the
         last step, or at a step listed in ``eval_at_steps``."""
         return bool(self.eval_every and (step % self.eval_every == 0 or step == self.steps)) \
             or step in self.eval_at_steps
+
+    def eval_due_samples(self, before: int, after: int) -> bool:
+        """Whether a step that took cum_samples from ``before`` to ``after`` ends with an evaluation: it first
+        reaches a threshold of ``eval_at_samples``, or (in a run that evaluates) the ``max_samples`` budget."""
+        marks = [*self.eval_at_samples, *([self.max_samples] if self.max_samples and self.evaluates else [])]
+        return any(before < m <= after for m in marks)
+
+    def budget_spent(self, cum_samples: int) -> bool:
+        """Whether ``cum_samples`` generated samples have used up the ``max_samples`` budget (never, when 0)."""
+        return bool(self.max_samples) and cum_samples >= self.max_samples
 
     def reset_due(self, step: int) -> bool:
         """Whether the reset schedule (reset_every steps, or reset_every_samples trained-batch samples) fires at the
@@ -294,7 +311,7 @@ class Config:
             _require(name, getattr(self, name) >= 1, "an integer >= 1")
         for name in ("eval_every", "checkpoint_every", "keep_checkpoints", "reset_every", "reset_every_samples",
                      "lr_warmup_steps",
-                     "max_resample_rounds", "torch_threads", "seed"):
+                     "max_resample_rounds", "torch_threads", "seed", "max_samples"):
             _require(name, getattr(self, name) >= 0, "an integer >= 0")
         _require("max_bad_steps", self.max_bad_steps >= 1, "an integer >= 1")
         for name in ("temperature", "eval_temperature"):
@@ -317,6 +334,7 @@ class Config:
                                                           and 1 <= k <= self.eval_samples for k in self.eval_k),
                  f"a non-empty list of integers in [1, eval_samples={self.eval_samples}]")
         _require("eval_at_steps", all(is_int(k) and k >= 1 for k in self.eval_at_steps), "a list of integers >= 1")
+        _require("eval_at_samples", all(is_int(k) and k >= 1 for k in self.eval_at_samples), "a list of integers >= 1")
         _require("optimizer_steps_per_step", self.prompts_per_step % self.optimizer_steps_per_step == 0,
                  f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
         _choice("kl_placement", self.kl_placement, KL_PLACEMENTS)

@@ -87,9 +87,11 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "top_p": (f"{ROLLOUT}.top_p", ""),
     "max_new_tokens": ("data.max_response_length", "rollout.response_length follows it"),
     "steps": ("trainer.total_training_steps", "total_epochs set so the data never runs out first"),
+    "max_samples": ("-", "verl stops on steps only: a budget of generated samples is a warning"),
     "eval_every": ("trainer.test_freq", "val_before_train=true (ours evaluates at step 0 too)"),
     "eval_at_steps": ("trainer.test_freq", "the gcd of eval_every and these steps (a grid holding every one of them); "
                                            "a warning names the extra evaluations that grid adds"),
+    "eval_at_samples": ("-", "verl evaluates on steps only (test_freq): a warning"),
     "eval_samples": (f"{ROLLOUT}.val_kwargs.n", "do_sample=true"),
     "eval_temperature": (f"{ROLLOUT}.val_kwargs.temperature", ""),
     "eval_top_p": (f"{ROLLOUT}.val_kwargs.top_p", ""),
@@ -226,6 +228,9 @@ def verl_overrides(cfg: Config, *, data_dir: str, model_path: str, max_prompt_le
         extra = sorted(eval_steps(freq, cfg.steps) - {s for s in range(1, cfg.steps + 1) if cfg.eval_due(s)})
         _warn_unless(not extra, f"eval_at_steps={list(cfg.eval_at_steps)}: verl evaluates every test_freq steps only; "
                      f"test_freq={freq} holds them all and adds evaluations at steps {_short(extra)}", warnings)
+    for name in ("max_samples", "eval_at_samples"):
+        _warn_unless(not getattr(cfg, name), f"{name}={getattr(cfg, name)}: verl 0.9.1 stops and evaluates on steps "
+                     "only (total_training_steps, test_freq), not on generated samples", warnings)
     o["trainer.test_freq"] = freq if freq else -1
     o["trainer.val_before_train"] = bool(freq)
     o["trainer.save_freq"] = cfg.checkpoint_every if cfg.checkpoint_every else -1

@@ -370,7 +370,7 @@ class Trainer:
             row["time/sync"] = time.perf_counter() - t0
         row["skipped"] = bool(skipped)
         row["reset"] = self._maybe_reset(step, row)                                         # 6. reset / eval / log
-        if c.eval_due(step):
+        if c.eval_due(step) or c.eval_due_samples(self.cum["samples"], self.cum["samples"] + row["samples"]):
             t0 = time.perf_counter()
             row.update(self.evaluate(step).metrics)
             row["time/eval"] = time.perf_counter() - t0
@@ -450,7 +450,7 @@ class Trainer:
         self.log(f"start: step {self.step_idx} of {total}", echo=self.progress and not live)
         try:
             with self._interruptible():
-                while self.step_idx < total and not self._stop.is_set():
+                while self.step_idx < total and not self._stop.is_set() and not c.budget_spent(self.cum["samples"]):
                     row = self.step()
                     self._emit(row)
                     self.run_dir.write_status("running", step=self.step_idx, steps=total)  # a sweep's view inside
