@@ -577,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--overwrite", action="store_true", help="replace a run already in RUN")
     ir.set_defaults(func=cmd_import_run)
 
-    # Defaults that live with their commands (study.plateau.RECIPE, rl.train_default.TRAIN_DEFAULTS,
+    # Defaults that live with their commands (study.recipe.RECIPE, rl.train_default.TRAIN_DEFAULTS,
     # rollout.make_data): None here, so parsing imports none of them (nor torch); each command fills them in.
     a = sub.add_parser("plateau", help="train the default model with the ProRL recipe until held-out pass@1 stalls")
     a.add_argument("--steps", type=int, default=800, help="step cap (the plateau rule usually stops earlier)")

@@ -59,7 +59,7 @@
 # `eval_every` count BroRL-arm steps; an arm with r times fewer samples per step trains r times as many steps.
 model = "plateau"               # "plateau" is data/plateau_model (shipped); or "default", or an HF model directory
 families = None                 # None: the families the plateau model was trained on (its plateau.json)
-recipe = "prorl_v2"             # the arms' recipe (study.plateau.RECIPES): "prorl_v2" (BroRL's base) or "prorl_v1"
+recipe = "prorl_v2"             # the arms' recipe (study.recipe.RECIPES): "prorl_v2" (BroRL's base) or "prorl_v1"
 steps = 8                       # BroRL-arm steps (the ProRL arm: 64)
 eval_every = 1                  # BroRL-arm steps between points of the shared grid (8 points)
 seeds = [0, 1, 2]               # paired seeds (make demo: 3; full_size: 8)
@@ -103,8 +103,11 @@ from brorl_lab.core.models import load_policy
 from brorl_lab.lab import plots
 from brorl_lab.rl.steps import sample_prompts
 from brorl_lab.study import ablations as A
-from brorl_lab.study import experiments, mechanism
+from brorl_lab.study import arms as arms_
+from brorl_lab.study import compare as C
+from brorl_lab.study import mechanism
 from brorl_lab.study import revival as R
+from brorl_lab.study.recipe import recipe_config
 
 # Quiet: math-verify warns on every call that its signal timeout is off (it must be outside the main thread),
 # and transformers draws a bar per model load.
@@ -114,17 +117,17 @@ transformers.utils.logging.disable_progress_bar()
 if full_size:
     seeds = sorted(set(seeds) | set(range(8)))
     n_mid = n_mid or 64
-base = experiments.recipe_config(recipe, model=model, tasks=families, steps=steps, eval_every=eval_every,
-                                 checkpoint_every=eval_every, optimizer_steps_per_step=optimizer_steps_per_step,
-                                 lr=lr, lr_warmup_steps=lr_warmup_steps, reward=reward, eval_prompts=eval_prompts,
-                                 eval_samples=eval_samples, eval_k=eval_k, torch_threads=torch_threads)
+base = recipe_config(recipe, model=model, tasks=families, steps=steps, eval_every=eval_every,
+                     checkpoint_every=eval_every, optimizer_steps_per_step=optimizer_steps_per_step, lr=lr,
+                     lr_warmup_steps=lr_warmup_steps, reward=reward, eval_prompts=eval_prompts,
+                     eval_samples=eval_samples, eval_k=eval_k, torch_threads=torch_threads)
 arm_options = dict(n_small=n_small, n_large=n_large, prompts_small=prompts_small, prompts_large=prompts_large,
                    lr_scaling=lr_scaling, **(dict(n_mid=n_mid, prompts_mid=prompts_mid) if n_mid else {}))
-arms = experiments.arm_configs(base, **arm_options)
-root = experiments.experiment_root(base, run_dir, **arm_options)
+arms = arms_.arm_configs(base, **arm_options)
+root = arms_.experiment_root(base, run_dir, **arm_options)
 print(f"model: {base.model}\nfamilies: {base.tasks}\nrecipe: {recipe}\nseeds: {seeds}\narm runs: {root}")
 print(f"\nThe rule, fixed before the run:\n{R.REVIVES_RULE}")
-experiments.arms_table(arms)
+arms_.arms_table(arms)
 
 # %% [markdown]
 # ## 1 · The arms, side by side
@@ -140,8 +143,8 @@ experiments.arms_table(arms)
 # run first for every seed, the middle arm after them.
 
 # %%
-df = experiments.run_rollout_scaling(base, seeds=seeds, root=root, middle_seeds=middle_seeds, **arm_options)
-labels = experiments.arm_display_names(df)
+df = arms_.run_rollout_scaling(base, seeds=seeds, root=root, middle_seeds=middle_seeds, **arm_options)
+labels = C.arm_display_names(df)
 print(f"{len(df)} metrics rows from {df['run'].nunique()} runs")
 df.groupby("arm")[["step", "cum_nominal_samples", "cum_samples", "cum_trained_samples", "cum_updates",
                    "cum_wall_s"]].max()
@@ -155,15 +158,15 @@ df.groupby("arm")[["step", "cum_nominal_samples", "cum_samples", "cum_trained_sa
 # shaded band is the range over seeds.
 
 # %%
-fig_samples = plots.arm_pass_at_1_figure(df, x="cum_nominal_samples", labels=labels)
+fig_samples = plots.arm_pass_at_1_figure(df, x="cum_nominal_samples", labels=labels, colors=C.ARM_COLORS)
 fig_samples
 
 # %%
-fig_updates = plots.arm_pass_at_1_figure(df, x="cum_nominal_updates", labels=labels)
+fig_updates = plots.arm_pass_at_1_figure(df, x="cum_nominal_updates", labels=labels, colors=C.ARM_COLORS)
 fig_updates
 
 # %%
-fig_time = plots.arm_pass_at_1_figure(df, x="cum_wall_s", labels=labels)
+fig_time = plots.arm_pass_at_1_figure(df, x="cum_wall_s", labels=labels, colors=C.ARM_COLORS)
 fig_time
 
 # %% [markdown]
@@ -178,7 +181,7 @@ fig_time
 # budget; the table after the figure shows both counts.
 
 # %%
-fig_diag = plots.arm_diagnostics_figure(df, x="cum_nominal_samples", labels=labels)
+fig_diag = plots.arm_diagnostics_figure(df, x="cum_nominal_samples", labels=labels, colors=C.ARM_COLORS)
 fig_diag
 
 # %% [markdown]
@@ -188,8 +191,9 @@ fig_diag
 # table gives the mean gap with its 95% t interval (t_{0.975, n-1}), the spread of the per-seed gaps, and the
 # smallest gap this many seeds can tell from zero (**MDE**: t · sd / sqrt(n)) and the one they detect with 80%
 # power. The figure draws the same intervals. The middle arm, when run, is compared with the ProRL arm the same
-# way. Below the grid: the same arms at equal *generated* samples and equal wall time, which no grid can hit
-# exactly (each run's curve is interpolated between its measured points).
+# way. Below the grid, for description only (the verdict, section 6, reads the grid): the same arms at equal
+# *generated* samples and equal wall time, which no grid can hit exactly (each run's curve is interpolated between
+# its measured points).
 
 # %%
 grids = {f"{labels['brorl']} - {labels['prorl']}": {x: R.grid_comparison(df, x) for x in R.GRID_AXES}}
@@ -204,10 +208,10 @@ fig_gaps = R.grid_gap_figure(grids)
 fig_gaps
 
 # %%
-headline = df[df["arm"].isin(experiments.ARMS)]
+headline = df[df["arm"].isin(C.ARMS)]
 for x in ("cum_samples", "cum_wall_s"):
-    display(experiments.compare_arms(headline, x).round(4))
-summary = experiments.summarize(df)
+    display(C.compare_arms(headline, x).round(4))
+summary = C.summarize(df)
 display(summary.T)
 
 # %% [markdown]
@@ -228,12 +232,12 @@ if measure_mechanism:
     after = {}
     for seed in seeds:
         after[seed] = {}
-        for arm in experiments.ARMS:
+        for arm in C.ARMS:
             pol, tok = load_policy(str(root / f"{arm}_s{seed}"))  # a run directory: its last checkpoint's policy/
             after[seed][arm] = mechanism.prompt_pass_rates(pol, tok, items, base, n_draws=mechanism_draws,
                                                            n_small=n_small)
     reach = mechanism.reach_summary(before)
-    change = mechanism.reach_change(before, {labels[a]: after[seeds[0]][a] for a in experiments.ARMS})
+    change = mechanism.reach_change(before, {labels[a]: after[seeds[0]][a] for a in C.ARMS})
     mech = R.mechanism_gaps(before, after)
     fig_mechanism = mechanism.reach_figure(before, change, n_small=n_small, n_large=mechanism_draws)
     display(reach.round(3))
@@ -246,12 +250,12 @@ if measure_mechanism:
 # ## 6 · The verdict
 #
 # `revival.revival_report` computes every number of the rule from the tables above and `revival_text` says the
-# outcome, whatever it is, with each condition's interval; the older `verdict` (both arms at equal generated
-# samples, optimizer updates and wall time, interpolated) follows it. One point is 0.01 pass@1.
+# outcome, whatever it is, with each condition's interval. This is the study's one verdict; one point is 0.01
+# pass@1.
 
 # %%
 report = R.revival_report(df, mechanism=mech if measure_mechanism else None)
-text = R.revival_text(report) + "\n\n" + experiments.verdict(headline)
+text = R.revival_text(report)
 print(text)
 
 # %% [markdown]
@@ -273,7 +277,7 @@ if run_ablations:
         A.run_ablations(base, {k: v for k, v in variants.items() if k != A.MAIN}, seeds=ablation_seeds,
                         root=root, **opts)], ignore_index=True)
     ablation_table = A.ablation_table(abl)
-    fig_ablations = plots.ablation_figure(ablation_table)
+    fig_ablations = A.ablation_figure(ablation_table)
     display(ablation_table.round(3))
     display(fig_ablations)
     findings = A.findings(ablation_table, reach if measure_mechanism else None,
@@ -302,8 +306,8 @@ if run_dir:
             [a[["uid", "p"]].rename(columns={"p": f"p after {labels[arm]} s{seed}"}).set_index("uid")
              for seed, arms_after in after.items() for arm, a in arms_after.items()], axis=1), on="uid")
         tables.update(mechanism_reach=reach, mechanism_change=change, mechanism_prompts=prompts_table)
-    written = experiments.save_outputs(run_dir, df, figures, summary=summary, verdict_text=text,
-                                       export_png=export_png, tables=tables)
+    written = arms_.save_outputs(run_dir, df, figures, summary=summary, verdict_text=text, export_png=export_png,
+                                 tables=tables)
     (written["verdict"].parent / "verdict.json").write_text(json.dumps(report, indent=1, default=float))
     print("wrote:", ", ".join(str(p) for p in [written["metrics"], written["summary"], written["verdict"],
                                                   *written["tables"], *written["png"]]), "and verdict.json")

@@ -48,18 +48,16 @@ import logging
 import transformers
 from IPython.display import display
 
-from brorl_lab.study import experiments
-from brorl_lab.study.plateau import open_trainer
+from brorl_lab.study.recipe import open_trainer, recipe_config
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()
 
-cfg = experiments.recipe_config(model=model, tasks=families, rollouts_per_prompt=rollouts_per_prompt,
-                                prompts_per_step=prompts_per_step, steps=steps, eval_every=eval_every,
-                                optimizer_steps_per_step=optimizer_steps_per_step,
-                                checkpoint_every=eval_every, seed=seed, eval_prompts=eval_prompts,
-                                eval_samples=eval_samples, eval_k=eval_k, torch_threads=torch_threads,
-                                run_dir=run_dir or "../runs/iso_compute/one", run_name="run")
+cfg = recipe_config(model=model, tasks=families, rollouts_per_prompt=rollouts_per_prompt,
+                    prompts_per_step=prompts_per_step, steps=steps, eval_every=eval_every,
+                    optimizer_steps_per_step=optimizer_steps_per_step, checkpoint_every=eval_every, seed=seed,
+                    eval_prompts=eval_prompts, eval_samples=eval_samples, eval_k=eval_k,
+                    torch_threads=torch_threads, run_dir=run_dir or "../runs/iso_compute/one", run_name="run")
 print(f"N={cfg.rollouts_per_prompt} x {cfg.prompts_per_step} prompts = {cfg.samples_per_step} samples per step; "
       f"{cfg.steps} steps; families {cfg.tasks}; seed {cfg.seed}")
 

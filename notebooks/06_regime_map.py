@@ -24,8 +24,9 @@
 # one checkpoint and draws the map:
 #
 # 1. **At the branch point**, for each setting: 512 draws of `reach_prompts` training prompts
-#    (`study.mechanism.prompt_pass_rates`): the share of rare-success prompts (0 < p <= 0.1) and, from the
-#    measured p, each arm's expected share of informative groups E[s_16], E[s_512] and their ratio rho.
+#    (`study.mechanism.prompt_pass_rates`): the share of rare-success prompts (`study.rare.rare_success`:
+#    0 < p <= 1/16; the map shipped in notebooks/figures was measured with 0 < p <= 0.1, before that constant) and,
+#    from the measured p, each arm's expected share of informative groups E[s_16], E[s_512] and their ratio rho.
 # 2. **The branch**, for each setting and seed: both arms on the shared grid; the paired gap BroRL - ProRL at equal
 #    samples with its 95% t interval over seeds.
 # 3. **The map**: the gap against the rare-success share, a weighted line through it, and its crossover against
@@ -45,7 +46,7 @@ settings = {                    # name -> tasks and their task_configs (reasonin
     "simple_equations": {"tasks": ["simple_equations"]},
     "chain_sum": {"tasks": ["chain_sum"]},
 }
-recipe = "prorl_v2"             # the arms' recipe (study.plateau.RECIPES)
+recipe = "prorl_v2"             # the arms' recipe (study.recipe.RECIPES)
 steps = 4                       # BroRL-arm steps (the ProRL arm: 8x as many)
 eval_every = 4                  # BroRL-arm steps between shared-grid points
 seeds = [0, 1, 2]               # paired seeds per setting
@@ -74,22 +75,24 @@ import transformers
 from brorl_lab.core.models import load_policy
 from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.rl.steps import sample_prompts
-from brorl_lab.study import experiments, mechanism, regime
+from brorl_lab.study import arms as arms_
+from brorl_lab.study import mechanism, regime
 from brorl_lab.study import revival as R
+from brorl_lab.study.recipe import recipe_config
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()
 
 out = Path(run_dir) if run_dir else RUNS_DIR / "regime_map"
 arm_options = dict(n_small=n_small, n_large=n_large, prompts_small=prompts_small, prompts_large=prompts_large)
-bases = {name: experiments.recipe_config(recipe, model=model, tasks=s["tasks"], task_configs=s.get("task_configs", {}),
-                                         steps=steps, eval_every=eval_every, checkpoint_every=eval_every,
-                                         optimizer_steps_per_step=optimizer_steps_per_step, lr=lr, reward="correct",
-                                         eval_prompts=eval_prompts, eval_samples=eval_samples, eval_k=[1],
-                                         torch_threads=torch_threads)
+bases = {name: recipe_config(recipe, model=model, tasks=s["tasks"], task_configs=s.get("task_configs", {}),
+                             steps=steps, eval_every=eval_every, checkpoint_every=eval_every,
+                             optimizer_steps_per_step=optimizer_steps_per_step, lr=lr, reward="correct",
+                             eval_prompts=eval_prompts, eval_samples=eval_samples, eval_k=[1],
+                             torch_threads=torch_threads)
          for name, s in settings.items()}  # every setting validated before anything runs
 print(f"branch point: {next(iter(bases.values())).model}\nsettings: {list(settings)}\nseeds: {seeds}\nout: {out}")
-experiments.arms_table(experiments.arm_configs(next(iter(bases.values())), **arm_options))
+arms_.arms_table(arms_.arm_configs(next(iter(bases.values())), **arm_options))
 
 # %% [markdown]
 # ## 1 · The branch point: rare-success share and what s_N(p) predicts, per setting
@@ -114,8 +117,8 @@ predicted.round(3)
 # %%
 rows = {}
 for name, base in bases.items():
-    root = experiments.experiment_root(base, out / name, **arm_options)
-    df = experiments.run_rollout_scaling(base, seeds=seeds, root=root, **arm_options)
+    root = arms_.experiment_root(base, out / name, **arm_options)
+    df = arms_.run_rollout_scaling(base, seeds=seeds, root=root, **arm_options)
     g = R.grid_comparison(df, "cum_nominal_samples").iloc[-1]
     ds = df[df["step"] > 0].groupby("arm")["ds_pass_rate"].mean()
     rows[name] = {"gap": g["gap"], "lo": g["lo"], "hi": g["hi"], "se": g["sd"] / math.sqrt(g["n"]), "n": g["n"],

@@ -109,6 +109,13 @@ def package_graph() -> dict[str, list[tuple[str, int, bool]]]:
             for f in files}
 
 
+def with_injected(module: str, source: str) -> dict[str, list[tuple[str, int, bool]]]:
+    """The package's import graph with ``source``'s imports added to ``module`` (as lazy imports)."""
+    graph = package_graph()
+    graph[module] = graph[module] + imports_of(module, source, False)
+    return graph
+
+
 def test_every_module_sits_in_a_layer():
     graph = package_graph()
     assert {layer_of(m) for m in graph} == set(RANK) | {ROOT}
@@ -131,11 +138,15 @@ def test_no_import_runs_upward_or_in_a_circle():
     ("brorl_lab.rl.steps", "from ..lab import plots\n", "layer 'rl' may not import layer 'lab'"),
     ("brorl_lab.lab.plots", "def f():\n    from brorl_lab.study import mechanism\n", "layer 'lab' may not import layer 'study'"),
     ("brorl_lab.lab.plots", "import brorl_lab\n", "imports the package root"),
+    # the study's own order (study_order_violations, below)
+    ("brorl_lab.study.recipe", "def f():\n    from brorl_lab.study import arms\n", "recipe imports study.arms"),
+    ("brorl_lab.study.arms", "from brorl_lab.study.plateau import plateau_config\n", "study.arms imports study.plateau"),
+    ("brorl_lab.study.theorem", "from brorl_lab.study.plateau import PLATEAU_RULE\n", "only its own users"),
 ])
 def test_the_checker_catches_an_injected_upward_import(module, source, needle):
-    graph = package_graph()
-    graph[module] = graph[module] + imports_of(module, source, False)
-    assert any(needle in v for v in violations(graph)), violations(graph)
+    graph = with_injected(module, source)
+    found = violations(graph) + study_order_violations(graph)
+    assert any(needle in v for v in found), found
 
 
 def test_the_checker_catches_a_cycle():
@@ -169,3 +180,53 @@ def test_no_tracked_file_names_a_path_of_the_build_machine():
         text = path.read_text(encoding="utf-8", errors="ignore")
         hits += [f"{name}: {p}" for p in MACHINE_PATHS if p in text]
     assert hits == []
+
+
+# ---- the study's own order (brorl_lab/study/__init__.py is its map) ----------------------------------------------------
+# Each study module may import only the study modules before it here: the recipe is the base, the plateau sits above
+# what it uses and below nothing but the CLI, the verdict lives in revival alone.
+STUDY_ORDER = ("recipe", "rare", "compare", "mechanism", "plateau", "arms", "revival", "ablations", "regime", "theorem")
+
+
+def study_imports(graph) -> dict[str, set[str]]:
+    """{study module: the study modules it imports} (short names, every import counted, lazy ones too)."""
+    out = {}
+    for mod, deps in graph.items():
+        if mod.startswith("brorl_lab.study.") and mod.count(".") == 2:
+            out[mod.split(".")[2]] = {d.split(".")[2] for d, _, _ in deps
+                                      if d.startswith("brorl_lab.study.") and d.count(".") == 2} - {mod.split(".")[2]}
+    return out
+
+
+def study_order_violations(graph) -> list[str]:
+    bad = []
+    for mod, deps in study_imports(graph).items():
+        if mod not in STUDY_ORDER:
+            bad.append(f"brorl_lab.study.{mod} is not in STUDY_ORDER (add it to the map in study/__init__.py too)")
+            continue
+        bad += [f"brorl_lab.study.{mod} imports study.{d}, which comes after it (or is unknown)"
+                for d in sorted(deps) if d not in STUDY_ORDER[:STUDY_ORDER.index(mod)]]
+    users = sorted(m for m, deps in graph.items() for d, _, _ in deps
+                   if d == "brorl_lab.study.plateau" and m != "brorl_lab.study.plateau")
+    bad += [f"{m} imports study.plateau; only its own users (the CLI) may" for m in users if m != "brorl_lab.cli"]
+    return bad
+
+
+def test_the_study_keeps_its_order():
+    graph = package_graph()
+    assert set(study_imports(graph)) == set(STUDY_ORDER)  # the map and the modules agree
+    assert study_order_violations(graph) == []
+    init = (PACKAGE / "study" / "__init__.py").read_text()
+    assert all(f"\n    {m} " in init for m in STUDY_ORDER)  # the package docstring maps every module
+
+
+def test_the_verdict_lives_in_one_place():
+    """One verdict: brorl_revives (the rule fixed before the run) is defined in study/revival.py only, and no other
+    module of the package defines a function called a verdict."""
+    defined = {}
+    for f in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    "verdict" in node.name or "revive" in node.name):
+                defined.setdefault(node.name, []).append(module_name(f))
+    assert defined == {"brorl_revives": ["brorl_lab.study.revival"]}, defined

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync, exercise_names
 
+from brorl_lab.study import compare as C
 from brorl_lab.study import revival as R
 
 papermill = pytest.importorskip("papermill")
@@ -111,7 +112,9 @@ def test_rollout_scaling_notebook_is_a_study_on_a_shared_grid_with_intervals_and
     text = printed(outputs)
     assert "The rule, fixed before the run" in text and R.REVIVES_RULE in text
     assert "Does BroRL revive the plateau?" in text and "MDE" in text and "pass@4 at equal samples" in text
-    assert "Verdict (BroRL (N=16) vs ProRL (N=4)" in text
+    assert text.count("Does BroRL revive the plateau?") == 1 and "Verdict (" not in text  # one verdict, the rule's
+    colors = {t.get("name"): t.get("line", {}).get("color") for t in figures[0]["data"]}
+    assert colors["ProRL (N=4)"] == C.ARM_COLORS["prorl"] and colors["BroRL (N=16)"] == C.ARM_COLORS["brorl"]
     df = pd.read_parquet(run_dir / "metrics.parquet")
     assert set(df["arm"]) == {"prorl", "brorl", "middle"} and set(df["seed"]) == {0, 1}
     assert df.groupby("arm")["step"].max().to_dict() == {"brorl": 2, "middle": 4, "prorl": 8}

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from helpers_notebooks import assert_notebook_pair_in_sync
 
+from brorl_lab.study import rare
 from brorl_lab.study import regime as G
 
 
@@ -21,6 +22,26 @@ def test_informative_share_is_the_mean_of_s_n():
     assert row["rho"] == pytest.approx(row["E_s512"] / row["E_s16"]) and row["rho"] > 1
     with pytest.raises(ValueError, match="p"):
         G.informative_share([1.5], 16)
+
+
+def test_rare_success_has_one_definition_at_one_over_sixteen():
+    """study.rare is the one definition: 0 < p <= 1/16 (1/N at the ProRL arm's N = 16), its mirror 15/16 <= p < 1;
+    the plateau's gate, the mechanism's summary and the regime map all read it."""
+    from brorl_lab.study import mechanism, plateau
+
+    p = [0.0, 1 / 16, 0.0626, 0.1, 0.5, 15 / 16, 0.999, 1.0]
+    assert rare.rare_success(p).tolist() == [False, True, False, False, False, False, False, False]
+    assert rare.rare_failure(p).tolist() == [False, False, False, False, False, True, True, False]
+    assert (1 - rare.RARE_SUCCESS_MAX_P) ** 16 == pytest.approx(0.3561, abs=1e-4)  # an N=16 group all wrong
+    assert rare.s_n(np.array([0.5, 0.0]), 2).tolist() == [0.5, 0.0] and rare.s_n(0.1, 1) == pytest.approx(0.0)
+    assert plateau.GATE["max_p"] == rare.RARE_SUCCESS_MAX_P
+    rates = pd.DataFrame({"family": "f", "uid": list("abcd"), "p": [0.05, 0.08, 0.95, 0.5],
+                          "signal_small": 0.0, "signal_large": True, "reach": "only N=512"})
+    summary = mechanism.reach_summary(rates).set_index("family")
+    assert summary.loc["all", ["share rare successes", "share rare failures"]].tolist() == [0.25, 0.25]
+    assert G.branch_point_row(rates)["rare_success"] == 0.25  # 0.08 is above 1/16 in both
+    with pytest.raises(ValueError, match="n: got 0"):
+        rare.s_n(0.5, 0)
 
 
 def test_crossover_measured_by_weighted_fit_and_predicted_from_rho():

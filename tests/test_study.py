@@ -12,8 +12,9 @@ from brorl_lab.core.config import Config
 from brorl_lab.lab.analysis import iso_compute_summary
 from brorl_lab.rl.steps import sample_prompts
 from brorl_lab.study import ablations as A
-from brorl_lab.study import experiments as E
+from brorl_lab.study import arms as AR
 from brorl_lab.study import mechanism as M
+from brorl_lab.study.recipe import recipe_config
 
 ARMS = dict(n_small=4, n_large=16, prompts_small=4)
 
@@ -23,7 +24,7 @@ def tiny_base(tmp_path, **kw):
              eval_samples=2, optimizer_steps_per_step=1, max_new_tokens=6, max_resample_rounds=1, torch_threads=1,
              run_dir=str(tmp_path))
     d.update(kw)
-    return E.recipe_config(**d)
+    return recipe_config(**d)
 
 
 # ---- ablations -------------------------------------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def test_variant_arms_bad_input(tmp_path, variant, name):
 def test_run_ablations_shares_identical_runs_and_tables_three_budgets(tmp_path):
     base = tiny_base(tmp_path, steps=2, eval_every=2, checkpoint_every=2)  # the wider variant: 1 step, eval every 1
     root = tmp_path / "arms"
-    main = E.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
+    main = AR.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
     variants = A.ablation_grid(lr_rules=("none",), prompts=(2, 4), advantages=(), main_prompts=2)
     df = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
     runs = sorted(p.name for p in root.iterdir())

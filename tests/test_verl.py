@@ -37,7 +37,7 @@ def small(**kw) -> Config:
 @pytest.fixture(scope="module")
 def arms():
     from brorl_lab.study.arms import arm_configs
-    from brorl_lab.study.plateau import recipe_config
+    from brorl_lab.study.recipe import recipe_config
 
     return arm_configs(recipe_config(steps=2, eval_every=1, eval_prompts=3))
 

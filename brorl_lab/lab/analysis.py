@@ -24,14 +24,11 @@ import numpy as np
 import pandas as pd
 
 from brorl_lab.core.rundir import eval_key
-from brorl_lab.core.validation import check_int, is_finite_number
-from brorl_lab.lab.stats import t_interval
+from brorl_lab.core.validation import check_int
 
-# Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
-ARMS = ("prorl", "brorl")  # the flagship's two arms (study.arms), in display order
-ARM_NAMES = {"prorl": "ProRL", "brorl": "BroRL", "middle": "Middle"}
 PASS1 = "pass@1"
-MEAN = "mean"
+MEAN = "mean"  # the family name of the mean over families in eval/<family>/<metric> columns
+# Config fields that name or place a run, or that do not change what is learned: never what tells arms apart.
 ARM_IGNORE = ("run_name", "run_dir", "seed", "torch_threads", "checkpoint_every", "device", "ray_address")
 PASS_AT_K = re.compile(r"^eval/(?P<family>[^/]+)/pass@(?P<k>\d+)$")
 
@@ -187,167 +184,10 @@ def boundary_summary(pooled: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-# ---- BroRL vs ProRL arms: comparisons at equal budgets and the verdict -------------------------------------------
-X_AXES = {"cum_samples": "generated samples", "cum_updates": "optimizer updates", "cum_wall_s": "training wall time (s)"}
-
-
 def families_of(df: pd.DataFrame) -> list[str]:
     """Families with a held-out pass@1 column (``eval/<family>/pass@1``), the mean over families last."""
     fams = [eval_key(c)[0] for c in df.columns if c.startswith("eval/") and c.endswith(f"/{PASS1}")]
     return [f for f in fams if f != MEAN] + ([MEAN] if MEAN in fams else [])
-
-
-def _check_frame(df: pd.DataFrame, need: Sequence[str] = ("arm", "seed", "step", "cum_samples", "cum_wall_s")
-                 ) -> pd.DataFrame:
-    """Validate a results table and return it with a ``run`` column (``<arm>_s<seed>``) if it had none."""
-    if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"df: got {type(df).__name__}; allowed: the DataFrame study.arms.run_rollout_scaling returns")
-    missing = [c for c in need if c not in df.columns]
-    if missing or not families_of(df):
-        raise ValueError(f"df: missing columns {missing or ['eval/<family>/pass@1']}; allowed: the DataFrame "
-                         "run_rollout_scaling returns (columns arm, seed, step, cum_samples, cum_wall_s, eval/...)")
-    arms = [a for a in ARMS if a in set(df["arm"])]
-    if len(arms) < 2:
-        raise ValueError(f"df: arms {sorted(set(df['arm']))}; allowed: rows of both arms {', '.join(ARMS)}")
-    if "run" not in df.columns:
-        df = df.assign(run=df["arm"].astype(str) + "_s" + df["seed"].astype(str))
-    return df
-
-
-def arm_display_names(df: pd.DataFrame) -> dict[str, str]:
-    """{arm: display name with its N}, e.g. {"prorl": "ProRL (N=16)", "brorl": "BroRL (N=512)"}."""
-    return {a: _arm_label(df, a) for a in dict.fromkeys(df["arm"])}
-
-
-def _arm_label(df: pd.DataFrame, arm: str) -> str:
-    n = df.loc[df["arm"] == arm, "rollouts_per_prompt"].dropna() if "rollouts_per_prompt" in df else pd.Series([])
-    return f"{ARM_NAMES.get(arm, arm)} (N={int(n.iloc[0])})" if len(n) else ARM_NAMES.get(arm, arm)
-
-
-def compare_arms(df: pd.DataFrame, x: str = "cum_samples") -> pd.DataFrame:
-    """Held-out pass@1 of both arms at the same budget of ``x`` (``'cum_samples'`` or ``'cum_wall_s'``): the
-    largest value every run (arm x seed) reached, each run's eval curve interpolated there
-    (:func:`brorl_lab.lab.analysis.curves_on_grid`, never extrapolated). One row per family and the mean: budget,
-    each arm's mean over seeds, gap = BroRL - ProRL, and with paired seeds the spread (std) of the per-seed gaps,
-    its standard error, its 95% t interval (gap_lo, gap_hi; t with seeds - 1 degrees of freedom) and whether that
-    interval excludes 0 (``exceeds_noise``)."""
-    df = _check_frame(df)
-    if x not in X_AXES:
-        raise ValueError(f"x: got {x!r}; allowed: {', '.join(X_AXES)}")
-    df = df[df["arm"].isin(ARMS)]
-    seed_of = df.groupby("run")["seed"].first()
-    rows = []
-    for fam in families_of(df):
-        grid = curves_on_grid(df, f"eval/{fam}/{PASS1}", x, points=2, labels=df.groupby("run")["arm"].first())
-        if grid.empty:
-            raise ValueError(f"df: the runs' eval/{fam}/{PASS1} curves do not cover a common range of {x}; "
-                             "allowed: runs with at least two evaluations each")
-        last = grid[grid["x"] == grid["x"].max()].assign(seed=lambda g: g["run"].map(seed_of))
-        per = {a: last[last["arm"] == a].set_index("seed")["value"] for a in ARMS}
-        common = sorted(set(per["prorl"].index) & set(per["brorl"].index))
-        gaps = per["brorl"].loc[common] - per["prorl"].loc[common]
-        n = len(common)
-        ci = t_interval(gaps.to_numpy(float))
-        gap = float(per["brorl"].mean() - per["prorl"].mean())
-        rows.append({"family": fam, "x": x, "budget": float(grid["x"].max()), "prorl": float(per["prorl"].mean()),
-                     "brorl": float(per["brorl"].mean()), "gap": gap, "seeds": n, "gap_spread": ci["sd"],
-                     "gap_se": ci["se"], "gap_lo": ci["lo"], "gap_hi": ci["hi"],
-                     "exceeds_noise": ci["excludes_zero"] if n >= 2 else None})
-    return pd.DataFrame(rows)
-
-
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per arm (means over seeds, ``±`` std columns with >= 2 seeds): N and prompts per step, steps, final
-    held-out pass@1 per family and their mean, generated and trained samples, training wall time, mean
-    dynamic-sampling pass rate (kept / generated groups), generation samples/s and end-to-end samples/s."""
-    df = _check_frame(df)
-    fams = families_of(df)
-    per_run = []
-    for (arm, seed), g in df.groupby(["arm", "seed"], sort=False):
-        g = g.sort_values("step")
-        ev = g[g[f"eval/{fams[0]}/{PASS1}"].notna()]
-        steps = g[g["step"] > 0]
-        gen_s = (steps["samples"] / steps["samples_per_s"]).sum() if {"samples", "samples_per_s"} <= set(g) else np.nan
-        last = g.iloc[-1]
-        row = {"arm": arm, "seed": seed,
-               "N": g["rollouts_per_prompt"].iloc[0] if "rollouts_per_prompt" in g else np.nan,
-               "prompts_per_step": g["prompts_per_step"].iloc[0] if "prompts_per_step" in g else np.nan,
-               "steps": int(g["step"].max()),
-               **{f"final {PASS1} {f}": float(ev[f"eval/{f}/{PASS1}"].iloc[-1]) for f in fams},
-               "samples": float(last["cum_samples"]),
-               "trained_samples": float(last["cum_trained_samples"]) if "cum_trained_samples" in g else np.nan,
-               "wall_s": float(last["cum_wall_s"]),
-               "ds_pass_rate": float(steps["ds_pass_rate"].mean()) if "ds_pass_rate" in g else np.nan,
-               "gen_samples_per_s": float(steps["samples"].sum() / gen_s) if gen_s and gen_s > 0 else np.nan,
-               "samples_per_s": float(last["cum_samples"] / last["cum_wall_s"]) if last["cum_wall_s"] > 0 else np.nan}
-        per_run.append(row)
-    runs = pd.DataFrame(per_run)
-    numeric = [c for c in runs.columns if c not in ("arm", "seed")]
-    order = [a for a in ARMS if a in set(runs["arm"])] + sorted(set(runs["arm"]) - set(ARMS))
-    out = runs.groupby("arm")[numeric].mean().reindex(order)
-    out.insert(0, "seeds", runs.groupby("arm")["seed"].nunique().reindex(order))
-    if out["seeds"].max() >= 2:
-        for f in fams:
-            out[f"± {PASS1} {f}"] = runs.groupby("arm")[f"final {PASS1} {f}"].std(ddof=1).reindex(order)
-    out.index = [_arm_label(df, a) for a in order]
-    out.index.name = "arm"
-    return out
-
-
-def verdict(df: pd.DataFrame, *, tie_points: float = 0.5) -> str:
-    """A plain-words verdict computed from ``df`` (:func:`compare_arms` at equal generated samples and at equal
-    training wall time): where BroRL is ahead, behind or level, by how many points (1 point = 0.01 pass@1; gaps
-    within ``tie_points`` are level), and with >= 2 paired seeds which gaps have a 95% t interval excluding 0.
-    Whatever the data say, the text says."""
-    if not (is_finite_number(tie_points) and tie_points >= 0):
-        raise ValueError(f"tie_points: got {tie_points!r}; allowed: a finite float >= 0")
-    df = _check_frame(df)
-    bro, pro = _arm_label(df, "brorl"), _arm_label(df, "prorl")
-    seeds = int(df[df["arm"].isin(ARMS)].groupby("arm")["seed"].nunique().min())
-    heads, body = [], []
-    axes = (("cum_samples", "equal generated samples", "samples per arm"),
-            ("cum_updates", "equal optimizer updates", "updates per arm"),
-            ("cum_wall_s", "equal training wall time", "s of training per arm"))
-    for x, what, unit in (ax for ax in axes if ax[0] in df.columns):
-        cmp_ = compare_arms(df, x)
-        budget = cmp_["budget"].iloc[0]
-        fams = cmp_[cmp_["family"] != MEAN]
-        overall = cmp_[cmp_["family"] == MEAN].iloc[0] if (cmp_["family"] == MEAN).any() else None
-        gap = overall["gap"] if overall is not None else fams["gap"].mean()
-        heads.append(f"{_side_words(gap, tie_points)} at {what}")
-        groups = {}
-        for r in fams.itertuples():
-            groups.setdefault(_side(r.gap, tie_points), []).append(
-                f"{r.family} ({100 * r.gap:+.1f}: {r.brorl:.3f} vs {r.prorl:.3f})")
-        line = (f"At {what} ({budget:,.{1 if x == 'cum_wall_s' else 0}f} {unit}), BroRL vs ProRL pass@1: "
-                + "; ".join(f"{side} on {', '.join(v)}" for side, v in groups.items()))
-        if overall is not None:
-            line += (f"; mean over families {_side_words(overall['gap'], tie_points)} "
-                     f"({overall['brorl']:.3f} vs {overall['prorl']:.3f})")
-        if seeds >= 2:
-            sig = [f"{r.family} (gap {100 * r.gap:+.1f}, 95% interval [{100 * r.gap_lo:+.1f}, {100 * r.gap_hi:+.1f}])"
-                   for r in cmp_.itertuples() if r.exceeds_noise]
-            line += (f". Gaps whose 95% t interval over {seeds} paired seeds excludes 0: "
-                     + (", ".join(sig) if sig else "none; every gap is within seed noise"))
-        body.append(line + ".")
-    head = (f"Verdict ({bro} vs {pro}, held-out pass@1, {seeds} seed{'s' * (seeds != 1)}): "
-            + "on the mean over families BroRL is " + " and ".join(heads) + ".")
-    if seeds < 2:
-        body.append(f"With {seeds} seed these gaps cannot be told apart from seed noise; run paired seeds before "
-                    "trusting a difference of a few points.")
-    return "\n".join([head, *body])
-
-
-def _side(gap: float, tie_points: float) -> str:
-    pts = 100 * gap
-    return "level" if abs(pts) <= tie_points else "ahead" if pts > 0 else "behind"
-
-
-def _side_words(gap: float, tie_points: float) -> str:
-    side = _side(gap, tie_points)
-    if side == "level":
-        return f"level with ProRL ({100 * gap:+.1f} points, within ±{tie_points:g})"
-    return f"{side} by {abs(100 * gap):.1f} points"
 
 
 # ---- iso-compute sweep over N: where larger N stops paying ----------------------------------------------------------

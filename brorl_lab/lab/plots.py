@@ -382,12 +382,11 @@ def pass_at_k_figure(pooled: pd.DataFrame, *, family: str = "mean",
 
 
 # ---- training curves -------------------------------------------------------------------------------------------------
-# BroRL's Fig. 1 in miniature (notebook 02): the arms of brorl_lab.study.experiments.run_rollout_scaling, a long table with
-# columns arm, seed, run and the Trainer's metrics. One panel per metric; each arm's seeds are put on a grid of x
-# that they all cover (analysis.curves_on_grid, per arm so the longer arm is not cut) and pooled (analysis.arm_curves):
-# the mean line, and with >= 2 seeds the min-max band over seeds.
+# Runs grouped into arms (BroRL's Fig. 1 in miniature, notebook 02: brorl_lab.study.arms.run_rollout_scaling): a long
+# table with columns arm, seed, run and the Trainer's metrics; the caller may name each arm's colour. One panel per
+# metric; each arm's seeds are put on a grid of x that they all cover (analysis.curves_on_grid, per arm so the longer
+# arm is not cut) and pooled (analysis.arm_curves): the mean line, and with >= 2 seeds the min-max band over seeds.
 
-ARM_COLORS = {"prorl": "#1f77b4", "brorl": "#d62728", "middle": "#2ca02c"}
 ARM_DIAGNOSTICS = (("ds_pass_rate", "dynamic-sampling pass rate"), ("entropy", "entropy (nats/token)"),
                    ("kl", "KL to the reference policy"), ("response_length_mean", "mean response length (tokens)"),
                    ("samples_per_s", "generation samples/s"))
@@ -396,14 +395,14 @@ ARM_DIAGNOSTICS = (("ds_pass_rate", "dynamic-sampling pass rate"), ("entropy", "
 def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum_samples",
                       titles: Optional[Sequence[str]] = None, labels: Optional[Mapping[str, str]] = None,
                       cols: int = 2, title: Optional[str] = None, points: int = 41,
-                      height_per_row: int = 300) -> go.Figure:
-    """One panel per metric against ``x``, one line per arm (trace name ``labels[arm]``, legend group ``arm``)
-    and a band trace "<label> · seed range" when the arm has >= 2 seeds."""
+                      height_per_row: int = 300, colors: Optional[Mapping[str, str]] = None) -> go.Figure:
+    """One panel per metric against ``x``, one line per arm (trace name ``labels[arm]``, legend group ``arm``,
+    colour ``colors[arm]`` or the palette's) and a band trace "<label> · seed range" when the arm has >= 2 seeds."""
     from brorl_lab.lab.analysis import arm_curves, curves_on_grid
 
     if df.empty or not metrics or "arm" not in df:
         return empty_figure("no arms to plot", title=title)
-    labels = dict(labels or {})
+    labels, colors = dict(labels or {}), dict(colors or {})
     arms = list(dict.fromkeys(df["arm"]))
     rows = -(-len(metrics) // cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(titles or [metric_label(m) for m in metrics]),
@@ -415,7 +414,7 @@ def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum
             pooled = arm_curves(curves_on_grid(sub, m, x, points=points, labels={r: arm for r in sub["run"]}))
             if pooled.empty:
                 continue
-            color, name = ARM_COLORS.get(arm, PALETTE[j % len(PALETTE)]), labels.get(arm, arm)
+            color, name = colors.get(arm, PALETTE[j % len(PALETTE)]), labels.get(arm, arm)
             if (pooled["runs"] > 1).any():
                 fig.add_trace(go.Scatter(name=f"{name} · seed range", legendgroup=arm, showlegend=False,
                                          x=np.r_[pooled["x"], pooled["x"][::-1]],
@@ -431,44 +430,26 @@ def arm_panels_figure(df: pd.DataFrame, metrics: Sequence[str], *, x: str = "cum
 
 
 def arm_pass_at_1_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: Optional[Mapping[str, str]] = None,
-                         title: Optional[str] = None) -> go.Figure:
+                         title: Optional[str] = None, colors: Optional[Mapping[str, str]] = None) -> go.Figure:
     """Held-out pass@1 of each family (and their mean) against ``x`` for both arms: BroRL's Fig. 1 in miniature."""
     fams = sorted({eval_key(c)[0] for c in df.columns if c.startswith("eval/") and c.endswith("/pass@1")},
                   key=lambda f: (f == "mean", f))
     return arm_panels_figure(df, [f"eval/{f}/pass@1" for f in fams], x=x, titles=[f"{f} pass@1" for f in fams],
-                             labels=labels, title=title or f"Held-out pass@1 against {X_AXES.get(x, x)}")
+                             labels=labels, title=title or f"Held-out pass@1 against {X_AXES.get(x, x)}",
+                             colors=colors)
 
 
 def arm_diagnostics_figure(df: pd.DataFrame, *, x: str = "cum_samples", labels: Optional[Mapping[str, str]] = None,
-                           title: str = "What each arm's steps looked like") -> go.Figure:
+                           title: str = "What each arm's steps looked like",
+                           colors: Optional[Mapping[str, str]] = None) -> go.Figure:
     """Dynamic-sampling pass rate, entropy, KL to the reference, response length and generation samples/s of both
     arms against ``x``."""
     present = [(m, t) for m, t in ARM_DIAGNOSTICS if m in df]
     return arm_panels_figure(df, [m for m, _ in present], x=x, titles=[t for _, t in present], labels=labels,
-                             title=title)
+                             title=title, colors=colors)
 
 
-# ---- the flagship's explanations: ablations, iso-compute (the mechanism's figure: study.mechanism.reach_figure) --
-def ablation_figure(table: pd.DataFrame, *, title: str = "Ablations: BroRL − ProRL mean pass@1 at equal budgets"
-                    ) -> go.Figure:
-    """Grouped bars from :func:`brorl_lab.study.ablations.ablation_table`: per variant, the gap in points at equal
-    generated samples, optimizer updates and wall time, with the seed spread as error bars where >= 2 seeds."""
-    axes = [c[:-len(": gap (points)")] for c in table.columns if c.endswith(": gap (points)")]
-    if table.empty or not axes:
-        return empty_figure("no ablation results", title=title)
-    fig = go.Figure()
-    for i, ax in enumerate(axes):
-        spread = table.get(f"{ax}: seed spread")
-        err = dict(type="data", array=spread.fillna(0).tolist(), visible=True) if spread is not None else None
-        fig.add_trace(go.Bar(name=f"equal {X_AXES.get('cum_' + ax, ax)}", x=list(table.index),
-                             y=table[f"{ax}: gap (points)"], error_y=err, marker_color=PALETTE[i % len(PALETTE)]))
-    fig.add_hline(y=0, line_color="black", line_width=1)
-    fig.update_layout(title_text=title, barmode="group", height=420, yaxis_title="gap (points of pass@1)",
-                      legend=dict(orientation="h", y=-0.35), margin=dict(t=60, b=40, l=60, r=20))
-    return fig
-
-
-
+# ---- iso-compute sweeps over N (lab.sweep.iso_compute_plan, notebook 05) ---------------------------------------
 def iso_compute_figure(summary: pd.DataFrame, *, title: str = "Equal samples per step: held-out pass@k against N"
                        ) -> go.Figure:
     """From :func:`brorl_lab.lab.analysis.iso_compute_summary`: left, final pass@k against N (one line per k, std

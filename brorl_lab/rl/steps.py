@@ -29,8 +29,8 @@ from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rollout.tasks import TaskFamily, TaskItem, family_of, sample_items
 
-__all__ = ["sample_prompts", "rollout", "score", "filter_groups", "kl_in_reward", "advantages", "update", "sync",
-           "is_on_policy", "kl_in_loss", "UpdateReport", "NonFiniteError"]
+__all__ = ["sample_prompts", "rollout", "score", "filter_groups", "kl_in_reward", "advantages", "advantage_options",
+           "make_optimizer", "update", "sync", "is_on_policy", "kl_in_loss", "UpdateReport", "NonFiniteError"]
 
 
 def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = "train",
@@ -97,6 +97,21 @@ def advantages(batch: RolloutBatch, estimator: str = "grpo", **options) -> torch
     if batch.rewards is None:
         raise ValueError("batch.rewards: missing; call score(batch) first")
     return algo.compute_advantages(estimator, batch.rewards, batch.n, **options)
+
+
+def advantage_options(cfg: Config) -> dict:
+    """The estimator options a run's config implies: ``std_norm=cfg.adv_std_norm`` for GRPO (its group-std
+    normalisation, ProRL v1), none for the others. The trainer and every one-update study pass these to
+    :func:`advantages`: ``advantages(batch, cfg.advantage, **advantage_options(cfg))``."""
+    return {"std_norm": cfg.adv_std_norm} if cfg.advantage == "grpo" else {}
+
+
+def make_optimizer(policy: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    """The run's optimizer, fresh: AdamW over every parameter at ``cfg.effective_lr`` (the lr after the arm's lr
+    scaling) with ``cfg.adam_betas`` and ``cfg.weight_decay``. The trainer builds it here at start and at each
+    optimizer reset; a one-update experiment (study.theorem) builds the same one."""
+    return torch.optim.AdamW(policy.parameters(), lr=cfg.effective_lr, betas=tuple(cfg.adam_betas),
+                             weight_decay=cfg.weight_decay)
 
 
 class NonFiniteError(RuntimeError):

@@ -236,9 +236,7 @@ class Trainer:
 
     # ---- construction -----------------------------------------------------------------------------------------------
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        c = self.cfg
-        return torch.optim.AdamW(self.policy.parameters(), lr=c.effective_lr, betas=tuple(c.adam_betas),
-                                 weight_decay=c.weight_decay)
+        return S.make_optimizer(self.policy, self.cfg)
 
     def _make_engine(self) -> RolloutEngine:
         c = self.cfg
@@ -349,7 +347,7 @@ class Trainer:
             if kl is not None:
                 row["kl"] = kl
             row["time/logprobs"] = time.perf_counter() - t0
-            adv = S.advantages(batch, c.advantage, **self._adv_options())                   # 3. advantages
+            adv = S.advantages(batch, c.advantage, **S.advantage_options(c))                # 3. advantages
             t0 = time.perf_counter()
             try:
                 report = S.update(self.policy, self.optimizer, batch, adv, cfg=c,           # 4. update
@@ -393,9 +391,6 @@ class Trainer:
                                f"{c.max_bad_steps}); last: {skipped}. The last good state is checkpointed in "
                                f"{self.run_dir.checkpoint_dir}")
         return row
-
-    def _adv_options(self) -> dict:
-        return {"std_norm": self.cfg.adv_std_norm} if self.cfg.advantage == "grpo" else {}
 
     # ---- ProRL reference reset -----------------------------------------------------------------------------------------
     def _maybe_reset(self, step: int, row: dict) -> bool:

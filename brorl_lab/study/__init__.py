@@ -1,4 +1,20 @@
-"""study: the BroRL study built with the workbench's tools. The plateaued checkpoint (plateau), the ProRL and BroRL
-arms branched from it (arms), one-change-at-a-time ablations (ablations), the per-prompt signal at each N
-(mechanism), and the flagship notebook's facade (experiments). Imports any layer below (lab included); only the CLI
-imports it."""
+"""study: the BroRL study, built with the workbench's tools. Does broadening rollouts (N = 512) revive a ProRL run
+that has stalled at N = 16? The modules, from the base up (each imports only those above it in this list, and any
+layer below: core, theory, rollout, rl, lab):
+
+    recipe     the recipes (RECIPES, FLAGSHIP_RECIPE), model aliases ("plateau"), the default families,
+               recipe_config -> Config, open_trainer / check_same_config (resume a run only with its settings)
+    rare       the study's definitions: rare success (0 < p <= RARE_SUCCESS_MAX_P = 1/16) and s_N(p)
+    compare    the arms' names and colours (ARMS, ARM_NAMES, ARM_COLORS), summarize, compare_arms at a budget
+    mechanism  per-prompt pass rates from 512 draws: which prompts carry a signal at N = 16 and at N = 512
+    plateau    the branch point: train until the slope rule fires, gate on rare success, save data/plateau_model
+    arms       the ProRL and BroRL arms branched from one config, run on one shared evaluation grid
+    revival    THE verdict: the rule fixed before the run (brorl_revives) on the shared grid, in numbers and words
+    ablations  the branch re-run with one knob changed at a time, each variant against its own ProRL arm
+    regime     the regime map: the BroRL - ProRL gap across settings against their rare-success share
+    theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt
+
+A config travels arms -> recipe -> trainer, never back through :mod:`.plateau`, whose only users are the CLI's
+``plateau`` and ``reach`` commands (tests/test_architecture.py checks this order). The notebooks (01b, 02, 05, 06)
+and the CLI import these modules directly; nothing else in brorl_lab imports the study.
+"""

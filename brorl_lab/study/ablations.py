@@ -9,7 +9,7 @@ number of trained samples, stay exactly those of the main experiment.
 Every distinct arm config runs once: a run in ``root`` with the same config (whatever its name, e.g. the main
 experiment's ``prorl_s0``) is read back instead of re-run, so the ablations of the BroRL arm share the ProRL arm of
 the main experiment. Each variant is then compared to its own ProRL arm at equal generated samples, equal optimizer
-updates and equal training wall time (:func:`brorl_lab.lab.analysis.compare_arms`)::
+updates and equal training wall time (:func:`brorl_lab.study.compare.compare_arms`)::
 
     variants = ablation_grid(lr_rules=("none", "sqrt_samples"), prompts=(4, 8), advantages=("grpo",))
     df = run_ablations(base, variants, seeds=[0], root="runs/demo/arms", prompts_large=4, lr_scaling="none")
@@ -30,9 +30,11 @@ import pandas as pd
 from brorl_lab.core.config import Config
 from brorl_lab.core.rundir import RunDir
 from brorl_lab.core.validation import check_seeds
-from brorl_lab.lab.analysis import MEAN, X_AXES, compare_arms
+from brorl_lab.lab.analysis import MEAN
 from brorl_lab.study.arms import arm_configs, label_arm, run_arm
-from brorl_lab.study.plateau import IGNORED_FIELDS
+from brorl_lab.study.compare import BUDGET_AXES, compare_arms
+from brorl_lab.study.rare import RARE_FAILURE_MIN_P, RARE_SUCCESS_MAX_P
+from brorl_lab.study.recipe import IGNORED_FIELDS
 
 ARM_OPTIONS = ("n_small", "n_large", "prompts_small", "prompts_large", "samples_ratio", "lr_scaling")
 MAIN = "main"
@@ -156,7 +158,7 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
                "prompts_per_step": int(bro["prompts_per_step"].iloc[0]), "seeds": int(g["seed"].nunique())}
         if "lr" in bro:
             row["brorl_lr"] = f"{bro['lr'].dropna().max():.3g}"  # a string: tables round floats to 0.0
-        for x in X_AXES:
+        for x in BUDGET_AXES:
             if x not in g:
                 continue
             m = compare_arms(g.drop(columns="variant"), x)
@@ -166,6 +168,29 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
                         f"{short}: gap (points)": 100 * m["gap"], f"{short}: seed spread": 100 * m["gap_spread"]})
         rows.append(row)
     return pd.DataFrame(rows).set_index("variant")
+
+
+def ablation_figure(table: pd.DataFrame, *, title: str = "Ablations: BroRL − ProRL mean pass@1 at equal budgets"
+                    ):
+    """Grouped bars from :func:`ablation_table`: per variant, the gap in points at equal generated samples,
+    optimizer updates and wall time, with the seed spread as error bars where >= 2 seeds."""
+    import plotly.graph_objects as go
+
+    from brorl_lab.lab.plots import PALETTE, X_AXES, empty_figure
+
+    axes = [c[:-len(": gap (points)")] for c in table.columns if c.endswith(": gap (points)")]
+    if table.empty or not axes:
+        return empty_figure("no ablation results", title=title)
+    fig = go.Figure()
+    for i, ax in enumerate(axes):
+        spread = table.get(f"{ax}: seed spread")
+        err = dict(type="data", array=spread.fillna(0).tolist(), visible=True) if spread is not None else None
+        fig.add_trace(go.Bar(name=f"equal {X_AXES.get('cum_' + ax, ax)}", x=list(table.index),
+                             y=table[f"{ax}: gap (points)"], error_y=err, marker_color=PALETTE[i % len(PALETTE)]))
+    fig.add_hline(y=0, line_color="black", line_width=1)
+    fig.update_layout(title_text=title, barmode="group", height=420, yaxis_title="gap (points of pass@1)",
+                      legend=dict(orientation="h", y=-0.35), margin=dict(t=60, b=40, l=60, r=20))
+    return fig
 
 
 def findings(table: pd.DataFrame, reach: pd.DataFrame | None = None, change: pd.DataFrame | None = None) -> str:
@@ -196,8 +221,9 @@ def findings(table: pd.DataFrame, reach: pd.DataFrame | None = None, change: pd.
         lines.append(f"Signal: {a['pass_rate_small']:.0%} of groups informative at the small N vs "
                      f"{a['pass_rate_large']:.0%} at the large N; {a['share only N=512']:.0%} of the measured "
                      f"prompts are reached only by the large N, {a['share neither']:.0%} by neither. "
-                     f"{a['share rare successes']:.0%} of the prompts have rare successes (0 < p <= 0.1) and "
-                     f"{a['share rare failures']:.0%} rare failures (0.9 <= p < 1).")
+                     f"{a['share rare successes']:.0%} of the prompts have rare successes (0 < p <= "
+                     f"{RARE_SUCCESS_MAX_P:.4g}) and {a['share rare failures']:.0%} rare failures "
+                     f"({RARE_FAILURE_MIN_P:.4g} <= p < 1).")
     if change is not None and not change.empty:
         only = change[change["reach"] == "only N=512"].set_index("arm")["change"]
         both = change[change["reach"] == "both"].set_index("arm")["change"]

@@ -23,8 +23,8 @@ from brorl_lab.core.config import LR_SCALINGS, Config
 from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
 from brorl_lab.core.validation import check_int, check_seeds, is_int, is_number
-from brorl_lab.lab.analysis import ARM_NAMES
-from brorl_lab.study.plateau import IGNORED_FIELDS, check_same_config, open_trainer
+from brorl_lab.study.compare import ARM_NAMES
+from brorl_lab.study.recipe import IGNORED_FIELDS, check_same_config, open_trainer
 
 DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 

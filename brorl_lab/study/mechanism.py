@@ -7,8 +7,9 @@ probability
     s_N(p) = 1 - p^N - (1 - p)^N,
 
 so the expected dynamic-sampling pass rate at N is the mean of s_N(p) over the training distribution (BroRL Table 2:
-41% at N = 16, 62% at N = 512). This module measures it per prompt instead of assuming p: it draws ``n_draws``
-(512) samples of each prompt once, counts the correct ones (K of 512), and reads both sizes off the same draws:
+41% at N = 16, 62% at N = 512; s_N and *rare success* are defined once, in :mod:`brorl_lab.study.rare`). This
+module measures it per prompt instead of assuming p: it draws ``n_draws`` (512) samples of each prompt once, counts
+the correct ones (K of 512), and reads both sizes off the same draws:
 
     signal at N = 512   = 1[0 < K < 512]                               (the one group of 512)
     signal at N = 16    = share of the 32 disjoint groups of 16 with 0 < k < 16
@@ -39,11 +40,13 @@ from plotly.subplots import make_subplots
 
 from brorl_lab.core.config import Config
 from brorl_lab.core.validation import check_int
-from brorl_lab.lab.plots import ARM_COLORS, PALETTE, empty_figure
+from brorl_lab.lab.plots import PALETTE, empty_figure
 from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import TaskItem
+from brorl_lab.study.compare import ARM_COLORS
+from brorl_lab.study.rare import rare_failure, rare_success, s_n
 
 REACH = ("both", "only N=512", "neither")  # display order of the reach classes
 
@@ -95,16 +98,17 @@ def reach_class(signal_small: float, signal_large: bool) -> str:
 def reach_summary(rates: pd.DataFrame) -> pd.DataFrame:
     """Per family and over all prompts: number of prompts, the expected dynamic-sampling pass rate at the small N
     (mean ``signal_small``) and at the large N (share with ``signal_large``), the share in each reach class, and
-    where the signal sits: the share of prompts with *rare successes* (0 < p <= 0.1: the theory's case, correct
-    tokens a small N rarely draws) and with *rare failures* (0.9 <= p < 1: near-solved prompts)."""
+    where the signal sits: the share of prompts with *rare successes* (:func:`brorl_lab.study.rare.rare_success`,
+    0 < p <= 1/16: the theory's case, correct tokens a small N rarely draws) and with *rare failures*
+    (:func:`brorl_lab.study.rare.rare_failure`, 15/16 <= p < 1: near-solved prompts)."""
     _check_rates(rates, "rates")
     out = []
     for fam, g in [*rates.groupby("family", sort=True), ("all", rates)]:
         row = {"family": fam, "prompts": len(g), "pass_rate_small": g["signal_small"].mean(),
                "pass_rate_large": g["signal_large"].mean(), "mean_p": g["p"].mean()}
         row.update({f"share {r}": (g["reach"] == r).mean() for r in REACH})
-        row.update({"share rare successes": ((g["p"] > 0) & (g["p"] <= 0.1)).mean(),
-                    "share rare failures": ((g["p"] >= 0.9) & (g["p"] < 1)).mean()})
+        row.update({"share rare successes": rare_success(g["p"]).mean(),
+                    "share rare failures": rare_failure(g["p"]).mean()})
         out.append(row)
     return pd.DataFrame(out)
 
@@ -179,7 +183,7 @@ def reach_figure(rates: pd.DataFrame, change: Optional[pd.DataFrame] = None, *, 
                                    marker_color=PALETTE[i % len(PALETTE)], opacity=0.8), row=1, col=1)
     p = np.linspace(0, 1, 201)
     for n, dash in ((n_small, "dash"), (n_large, "dot")):
-        fig.add_trace(go.Scatter(name=f"P(group of N={n} informative)", x=p, y=1 - p ** n - (1 - p) ** n,
+        fig.add_trace(go.Scatter(name=f"P(group of N={n} informative)", x=p, y=s_n(p, n),
                                  mode="lines", line=dict(color="black", dash=dash)), row=1, col=1, secondary_y=True)
     fig.update_layout(barmode="group")  # histograms side by side per bin; the arms' bars side by side per class
     fig.update_xaxes(title_text="p (share of 512 draws correct)", row=1, col=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,116 +21,28 @@ import pandas as pd
 from brorl_lab.core.config import Config
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, RUNS_DIR, repo_relative
 from brorl_lab.core.rundir import eval_key
-from brorl_lab.core.validation import UserError, check_int, is_finite_number, is_int, is_number
+from brorl_lab.core.validation import UserError, check_int, is_finite_number, is_int
+from brorl_lab.lab.analysis import MEAN, PASS1
+from brorl_lab.study.rare import RARE_SUCCESS_MAX_P
+from brorl_lab.study.recipe import (
+    IGNORED_FIELDS,
+    MODEL_ALIASES,
+    open_trainer,
+    recipe_config,
+    resolve_experiment_model,
+)
 
-MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
-PASS1 = "pass@1"
-MEAN = "mean"
-
-# The ProRL recipes at small N (docs/RECIPES.md). lr and the batch sizes are ours: the tiny default model needs a far
-# larger lr than a 1.5B one. v1 (ProRL paper): GRPO with group-std normalisation, DAPO clip-higher 0.2/0.28, a k3 KL
-# penalty to a reference reset with the optimizer every `reset_every` steps, verifier scores as reward. v2 (ProRL v2,
-# what BroRL continues): REINFORCE++-baseline advantages (group mean removed, then normalised over the global
-# batch), k2 KL, clip 0.2/0.27, optimizer state kept on reset, binary `correct` reward.
-RECIPE = dict(rollouts_per_prompt=16, prompts_per_step=16, optimizer_steps_per_step=2, advantage="grpo",
-              adv_std_norm=True, policy_loss="ppo_clip", loss_agg="token_mean", eps_low=0.2, eps_high=0.28,
-              kl_beta=1e-3, kl_estimator="k3", dynamic_sampling=True, max_resample_rounds=4, reset_every=50,
-              reset_optimizer=True, temperature=1.0, top_p=1.0, lr=3e-4, template="plain", eval_temperature=0.6,
-              eval_top_p=0.95, eval_k=[1], eval_samples=8, reward="score")
-RECIPES = {"prorl_v1": RECIPE,
-           "prorl_v2": {**RECIPE, "advantage": "reinforce_pp_baseline", "kl_estimator": "k2", "eps_high": 0.27,
-                        "reset_optimizer": False, "reward": "correct"}}
-FLAGSHIP_RECIPE = "prorl_v2"  # the branch's default; "prorl_v1" is one knob away
 PLATEAU_RECIPE = "prorl_v2"  # the plateau run uses the arms' recipe, so the branch changes nothing but N and prompts
 # The rare-success regime at the default model (128 training prompts x 512 draws at T=1, share with 0 < p <= 1/16):
 # products_2d 66%, products 29% (its 2-digit half), chain_sum 6%, simple_equations 9%, gcd 7%, spell_backward 8%.
 PLATEAU_FAMILIES = ["products_2d"]
-PLATEAU_TRIED = (  # written into PLATEAU.md when the plateau run uses PLATEAU_FAMILIES
-    "The earlier plateau (ProRL v1 on spell_backward and gcd, 220 steps) was not flat by this rule (+1.8 points "
-    "per 100 steps after its last 'new best') and sat outside the rare-success regime: 9% of spell_backward and 3% "
-    "of gcd training prompts had 0 < p <= 0.1. Its chain_sum (53%) and simple_equations (47%) shares were high "
-    "only because RL on the other two families had degraded them (mean p on training prompts 0.41 -> 0.15 and "
-    "0.27 -> 0.19 against the default model, `python -m brorl_lab reach --model M --families chain_sum "
-    "simple_equations` with M that checkpoint, `git show 2b34bff:data/plateau_model`): forgetting, not the families' "
-    "own regime. At the default model (`python -m brorl_lab reach --model default --families products_2d products "
-    "chain_sum simple_equations gcd spell_backward`: 128 training prompts x 512 draws at T=1, 80 s) the share with "
-    "0 < p <= 1/16 is chain_sum 6%, simple_equations 9%, gcd 7%, spell_backward 8%, products 29%: all under the 30% "
-    "gate, and products' rare successes are its 2-digit half, products_2d: 68%, mean p 0.006 (its questions are "
-    "products questions, so the same hash partition holds its eval set out). ProRL v2 on products itself "
-    "(`python -m brorl_lab plateau --families products --steps 60 --lr X`) moved held-out pass@1 0.191 -> 0.178 at "
-    "lr 3e-4 and 0.191 -> 0.170 at lr 1e-3 and left 28.9% of 256 training prompts in 0 < p <= 1/16. On products_2d "
-    "(`python -m brorl_lab plateau --lr X`) 100 steps of ProRL v2 at N=16 fired the slope rule at every lr tried, "
-    "but at the recipe's lr 3e-4 (held-out 0.0083 -> 0.0061, slope -0.30 [-0.74, +0.13] points per 100 steps) and "
-    "at 1e-4 (0.0083 -> 0.0083, slope +0.07 [-0.35, +0.48]) the gate failed: 28.9% and 26.6% of training prompts "
-    "left in 0 < p <= 1/16, the rest mostly at p = 0 ('neither' 31% -> 70%) while mean p held (0.006 -> 0.008 at "
-    "1e-4): N=16 concentrates the successes on fewer prompts. lr 3e-5 is the largest tried that keeps the branch "
-    "point in the regime, so the plateau uses it; no lr made held-out pass@1 rise by a point, so the rule asks no "
-    "gain first (a plateau from the start).")
+# What was tried before this recipe, in words: written into PLATEAU.md when the plateau run uses PLATEAU_FAMILIES.
+# The research log lives beside this module as markdown (packaged with it), not in code.
+PLATEAU_TRIED = " ".join(re.sub(r"<!--.*?-->", "", Path(__file__).with_name("PLATEAU_TRIED.md").read_text(
+    encoding="utf-8"), flags=re.S).split())
 # Settings the plateau run overrides in the recipe: resets off, as in every arm (study.arms.arm_configs), and the lr.
 # lr 3e-5: at the recipe's 3e-4 (and at 1e-4) 100 steps at N=16 leave under 30% rare-success prompts (PLATEAU_TRIED).
 PLATEAU_SETTINGS = dict(reset_every=0, reset_every_samples=0, lr=3e-5)
-
-
-# ---- models and families ---------------------------------------------------------------------------------------------
-def resolve_experiment_model(model: str) -> str:
-    """``'plateau'`` -> the shipped plateau checkpoint (data/plateau_model, as an absolute path so notebooks running
-    in notebooks/ find it); anything else is returned unchanged for :class:`Config` to check."""
-    if not isinstance(model, str) or not model.strip():
-        raise UserError(f"model: got {model!r}; allowed: 'plateau', 'default', a local HF model directory or a hub id")
-    if model in MODEL_ALIASES:
-        path = MODEL_ALIASES[model]
-        if not (path / "config.json").is_file():
-            raise UserError(f"model: {model!r} -> {path} has no config.json; build it with "
-                             "`python -m brorl_lab.study.experiments plateau`")
-        return str(path)
-    return model
-
-
-def hard_families(report: str | Path | None = None, *, max_pass: float = 0.5, temperature: str = "t1.0") -> list[str]:
-    """The families the default model solves only sometimes or rarely: measured pass@1 at the training temperature
-    (``training_report.json`` of data/default_model, key ``pass_at_1[temperature]``) in ``(0, max_pass)``.
-
-    Families it never solves give no reward signal even at large N, and those it mostly solves have little left to
-    learn; the plateau and the branch experiment train on the ones in between.
-    """
-    path = Path(report) if report is not None else DEFAULT_MODEL_DIR / "training_report.json"
-    if not is_number(max_pass) or not 0 < max_pass <= 1:
-        raise ValueError(f"max_pass: got {max_pass!r}; allowed: a float in (0, 1]")
-    try:
-        table = json.loads(path.read_text())["pass_at_1"]
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"report: {path} has no readable pass_at_1 table ({type(e).__name__}: {e}); allowed: a "
-                         "training_report.json written by `python -m brorl_lab.rl.train_default`") from e
-    if temperature not in table:
-        raise ValueError(f"temperature: got {temperature!r}; allowed: {', '.join(table)} (keys of {path})")
-    fams = [f for f, p in table[temperature].items() if 0 < p < max_pass]
-    if not fams:
-        raise ValueError(f"max_pass: no family of {path} has pass@1 in (0, {max_pass}) at {temperature}: "
-                         f"{table[temperature]}")
-    return fams
-
-
-def recipe_config(recipe: str = FLAGSHIP_RECIPE, **overrides) -> Config:
-    """A ProRL recipe (``RECIPES[recipe]``: 'prorl_v2' or 'prorl_v1') as a validated Config, ``overrides`` applied.
-
-    ``model='plateau'`` names the shipped plateau checkpoint; ``tasks`` defaults to the plateau model's families
-    (read from its plateau.json) when the model is the plateau checkpoint, else to :func:`hard_families`.
-    """
-    if recipe not in RECIPES:
-        raise UserError(f"recipe: got {recipe!r}; allowed: {', '.join(RECIPES)}")
-    d = {**RECIPES[recipe], **overrides}
-    d["model"] = resolve_experiment_model(d.get("model", "default"))
-    if "tasks" not in overrides or overrides["tasks"] is None:
-        d["tasks"] = plateau_families(d["model"]) or hard_families()
-    return Config.from_dict(d)
-
-
-def plateau_families(model: str) -> Optional[list[str]]:
-    """The families a plateau checkpoint was trained on (its plateau.json), or None for any other model."""
-    meta = Path(model) / "plateau.json"
-    if meta.is_file():
-        return list(json.loads(meta.read_text())["families"])
-    return None
 
 
 # ---- the plateau ---------------------------------------------------------------------------------------------------
@@ -234,14 +147,15 @@ def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
 
 # The reach gate (issue 25): the branch point must sit in the regime BroRL is about. Measured on GATE_PROMPTS training
 # prompts (drawn as training draws them, seed GATE_SEED) x GATE_DRAWS samples at the training sampler.
-GATE = dict(min_share=0.30, max_p=1 / 16)
+GATE = dict(min_share=0.30, max_p=RARE_SUCCESS_MAX_P)
 GATE_PROMPTS, GATE_DRAWS, GATE_SEED = 128, 512, 12345
 
 
-def reach_gate(rates: pd.DataFrame, *, min_share: float = 0.30, max_p: float = 1 / 16) -> dict:
+def reach_gate(rates: pd.DataFrame, *, min_share: float = 0.30, max_p: float = RARE_SUCCESS_MAX_P) -> dict:
     """The reach gate on a :func:`brorl_lab.study.mechanism.prompt_pass_rates` table: the share of prompts with
-    *rare successes*, 0 < p <= ``max_p`` (an N=16 group of such a prompt is all-wrong with probability
-    (1 - p)^16 >= 0.36), must be >= ``min_share``. Returns prompts, share, passed and the arguments."""
+    *rare successes*, 0 < p <= ``max_p`` (default :data:`brorl_lab.study.rare.RARE_SUCCESS_MAX_P` = 1/16: an N=16
+    group of such a prompt is all-wrong with probability (1 - p)^16 >= 0.36), must be >= ``min_share``. Returns
+    prompts, share, passed and the arguments."""
     for name, v in (("min_share", min_share), ("max_p", max_p)):
         if not (is_finite_number(v) and 0 <= v <= 1):
             raise ValueError(f"{name}: got {v!r}; allowed: a float in [0, 1]")
@@ -356,40 +270,6 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
     finally:
         bar.close()
         trainer.close()
-
-
-def open_trainer(cfg: Config, *, progress: bool):
-    """A Trainer for ``cfg``: resumed from its run directory's checkpoint when one exists (same config), else new."""
-    from brorl_lab.rl.trainer import CHECKPOINT_FILE, Trainer, default_run_name
-
-    path = Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
-    if (path / "checkpoint" / CHECKPOINT_FILE).is_file():
-        check_same_config(path, cfg)
-        return Trainer.resume(path, progress=progress)
-    partial = (path / "config.yaml").is_file()
-    if partial:  # a run of these settings that never checkpointed: nothing to resume, so it starts again
-        check_same_config(path, cfg)
-    return Trainer(cfg, progress=progress, overwrite=partial)
-
-
-# Fields that may differ between a saved run and the request without changing what the run computes.
-IGNORED_FIELDS = ("torch_threads", "run_dir")
-
-
-def check_same_config(path: Path, cfg: Config) -> None:
-    from brorl_lab.core.rundir import RunDir
-
-    try:
-        saved = RunDir(path).read_config()
-    except (OSError, ValueError) as e:
-        raise UserError(f"root: {path} holds a run whose config.yaml cannot be read ({e}); allowed: a fresh root "
-                         "or one written by this function") from e
-    want = cfg.to_dict()
-    diff = sorted(k for k in want if k not in IGNORED_FIELDS and saved.get(k) != want[k])
-    if diff:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} there, {want[k]!r} asked" for k in diff[:4])
-        raise UserError(f"root: {path} already holds a run with a different config ({shown}); allowed: the same "
-                         "settings (to resume it), another root, or delete that directory")
 
 
 def _check_model_out(out: Path) -> None:
@@ -508,6 +388,6 @@ def plateau_markdown(meta: dict) -> str:
     lines += ["", *([f"What was tried: {meta['tried']}", ""] if meta.get("tried") else []),
               f"Change from the first to the last evaluation, in points (0.01 pass@1): {moves}.", "",
               f"Load it with `Config(model=\"{where}\")` (from the repository root)"
-              + "".join(f" or `brorl_lab.study.experiments.recipe_config(model=\"{a}\")`" for a, d in MODEL_ALIASES.items()
-                        if repo_relative(d) == where) + ".", ""]
+              + "".join(f" or `brorl_lab.study.recipe.recipe_config(model=\"{a}\")`"
+                        for a, d in MODEL_ALIASES.items() if repo_relative(d) == where) + ".", ""]
     return "\n".join(lines)

@@ -3,7 +3,9 @@ rare-success prompts, the BroRL - ProRL gap against that share, and what s_N(p) 
 
 For each setting (a list of tasks and their task_configs) the branch point is measured first
 (:func:`brorl_lab.study.mechanism.prompt_pass_rates`, 512 draws per prompt): the share of *rare-success* prompts
-(0 < p <= 0.1) and, from the measured per-prompt p, the expected share of informative groups of each arm,
+(:func:`brorl_lab.study.rare.rare_success`, 0 < p <= 1/16; the shipped map, notebooks/figures/regime_map.csv, was
+measured with 0 < p <= 0.1 before that constant) and, from the measured per-prompt p, the expected share of
+informative groups of each arm (:func:`brorl_lab.study.rare.informative_share`),
 
     E[s_N] = mean over prompts of s_N(p) = 1 - p^N - (1 - p)^N        (N = 16 and N = 512),
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -31,25 +33,17 @@ import numpy as np
 import pandas as pd
 
 from brorl_lab.lab.stats import t_quantile
-
-
-def informative_share(p: Sequence[float], n: int) -> float:
-    """E[s_N(p)] = mean of 1 - p^N - (1-p)^N over the prompts' pass rates ``p``: the expected share of groups of
-    ``n`` samples that are neither all right nor all wrong."""
-    p = np.asarray(p, dtype=float)
-    if p.size == 0 or not np.isfinite(p).all() or (p < 0).any() or (p > 1).any():
-        raise ValueError(f"p: got {p.size} values; allowed: a non-empty list of pass rates in [0, 1]")
-    return float(np.mean(1 - p ** n - (1 - p) ** n))
+from brorl_lab.study.rare import informative_share, rare_failure, rare_success
 
 
 def branch_point_row(rates: pd.DataFrame, *, n_small: int = 16, n_large: int = 512) -> dict:
     """What the branch point predicts for one setting, from its :func:`prompt_pass_rates` table: prompts, the
-    share of rare-success (0 < p <= 0.1) and rare-failure (0.9 <= p < 1) prompts, the 'only N=512' share,
+    share of rare-success and rare-failure prompts (:mod:`brorl_lab.study.rare`), the 'only N=512' share,
     E[s_16], E[s_512] and their ratio rho."""
     p = rates["p"].to_numpy(float)
     small, large = informative_share(p, n_small), informative_share(p, n_large)
-    return {"prompts": int(p.size), "mean_p": float(p.mean()), "rare_success": float(((p > 0) & (p <= 0.1)).mean()),
-            "rare_failure": float(((p >= 0.9) & (p < 1)).mean()),
+    return {"prompts": int(p.size), "mean_p": float(p.mean()), "rare_success": float(rare_success(p).mean()),
+            "rare_failure": float(rare_failure(p).mean()),
             "only_large": float((rates["reach"] == "only N=512").mean()),
             f"E_s{n_small}": small, f"E_s{n_large}": large, "rho": large / small if small > 0 else float("inf")}
 

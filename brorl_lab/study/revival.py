@@ -1,4 +1,4 @@
-"""Does BroRL revive the plateau? The flagship's comparison on the shared grid, and its rule, fixed before the run.
+"""Does BroRL revive the plateau? The study's one verdict: the rule fixed before the run, on the shared grid.
 
 The arms of :func:`brorl_lab.study.arms.arm_configs` are evaluated at the same sample counts (steps x prompts x N)
 and the same optimizer-update counts, so every budget below is a measured point of both arms, paired by seed:
@@ -21,6 +21,10 @@ paired seeds; BroRL "revives" the run only when all four hold:
    difference (BroRL arm's change of p) - (ProRL arm's change of p) lies above 0.
 
 A condition whose numbers are missing (too few seeds, the mechanism not measured) counts as not met, and says so.
+
+This is the only verdict in the package: notebook 02, ``make demo``'s verdict.txt and the docs all print
+:func:`revival_text` of :func:`revival_report`. (:func:`brorl_lab.study.compare.compare_arms` describes both arms at an
+interpolated budget; it judges nothing.)
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from brorl_lab.lab.analysis import ARM_NAMES, MEAN, PASS1, pass_at_k_columns
+from brorl_lab.lab.analysis import MEAN, PASS1, pass_at_k_columns
 from brorl_lab.lab.stats import format_interval, ols_slope, paired_t_interval, t_interval
+from brorl_lab.study.compare import ARM_NAMES
 
-GRID_AXES = {"cum_nominal_samples": "samples (steps x prompts x N)",
-             "cum_nominal_updates": "optimizer updates (steps x updates per step)"}
+# The shared grid's axes (study.arms.label_arm adds the columns; labels: brorl_lab.lab.plots.X_AXES): samples as
+# planned (steps x prompts x N) and optimizer updates as planned (steps x updates per step).
+GRID_AXES = ("cum_nominal_samples", "cum_nominal_updates")
 SLOPE_PER = 10_000  # slopes are in pass@1 per 10,000 samples
 METRIC = f"eval/{MEAN}/{PASS1}"
 RARE_SIDE = "only N=512, p < 0.5"

@@ -4,7 +4,9 @@ theory fed with the model's own first-token distribution.
 What is measured (the *experiment*). From one checkpoint (the plateau branch point, or the default model), for each
 N in ``n_values`` and each rollout seed s: sample N responses for each of the same ``prompts`` training prompts,
 score them, filter the groups (dynamic sampling), and take ONE trainer update with the flagship recipe
-(:data:`brorl_lab.study.plateau.FLAGSHIP_RECIPE`, one optimizer step of a fresh AdamW, same lr at every N). Then for
+(:data:`brorl_lab.study.recipe.FLAGSHIP_RECIPE`, one optimizer step of a fresh AdamW, same lr at every N), built from
+the trainer's own stages (:mod:`brorl_lab.rl.steps`: filter_groups, kl_in_reward, advantages with the run's
+advantage_options, make_optimizer, update). Then for
 every in-batch prompt and ``held_out`` prompts per family from the frozen eval sets (never sampled):
 
     dQ(x) = Q_pos(x; theta_after) - Q_pos(x; theta_before)            (exact, brorl_lab.rl.answer_mass)
@@ -63,7 +65,7 @@ from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import eval_set
-from brorl_lab.study.plateau import FLAGSHIP_RECIPE, recipe_config
+from brorl_lab.study.recipe import FLAGSHIP_RECIPE, recipe_config
 from brorl_lab.theory import balance
 
 N_VALUES = (4, 16, 64, 256, 512)
@@ -116,18 +118,19 @@ def setup(model: str = "plateau", *, prompts: int = 16, held_out: int = 16, lr: 
 
 
 def _optimizer(policy, cfg: Config, optimizer: str) -> torch.optim.Optimizer:
-    if optimizer == "adamw":  # what the Trainer makes (Trainer._make_optimizer), fresh
-        return torch.optim.AdamW(policy.parameters(), lr=cfg.effective_lr, betas=tuple(cfg.adam_betas),
-                                 weight_decay=cfg.weight_decay)
+    if optimizer == "adamw":  # the trainer's own optimizer, fresh
+        return S.make_optimizer(policy, cfg)
     if optimizer == "sgd":
         return torch.optim.SGD(policy.parameters(), lr=cfg.effective_lr)
     raise ValueError(f"optimizer: got {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
 
 
 def one_update(st: TheoremSetup, n: int, seed: int, *, engine=None, optimizer: str = "adamw"):
-    """ONE trainer update from the checkpoint at N = ``n`` with rollout seed ``seed``: rollout -> score -> filter ->
-    advantages -> :func:`brorl_lab.rl.steps.update` on a copy of the policy. Returns ``(policy_after, info)`` with
-    ``info`` = correct counts per in-batch prompt [P], which groups were kept, and the update's metrics."""
+    """ONE trainer update from the checkpoint at N = ``n`` with rollout seed ``seed``, through the trainer's stages
+    (:mod:`brorl_lab.rl.steps`) on a copy of the policy: rollout -> score -> filter_groups (when
+    ``cfg.dynamic_sampling``) -> kl_in_reward -> advantages(``advantage_options(cfg)``) -> update with a fresh
+    ``make_optimizer`` (or plain SGD). Returns ``(policy_after, info)`` with ``info`` = correct counts per in-batch
+    prompt [P], which groups were kept [P] and the update's metrics."""
     check_int("n", n, 2)
     cfg = st.cfg
     own = engine is None
@@ -142,15 +145,19 @@ def one_update(st: TheoremSetup, n: int, seed: int, *, engine=None, optimizer: s
         if own:
             engine.close()
     k = batch.grouped(batch.correct).sum(1).numpy()  # [P] correct per group
-    kept = (k > 0) & (k < n) if cfg.dynamic_sampling else np.ones(len(k), dtype=bool)
+    train = S.filter_groups(batch)[0] if cfg.dynamic_sampling else batch
+    survivors = {id(it) for it in train.items}  # select_prompts keeps the TaskItem objects
+    kept = np.array([id(it) in survivors for it in batch.items])  # [P]
+    if int(kept.sum()) != train.num_prompts:
+        raise ValueError("prompts: the in-batch prompts repeat a TaskItem object; allowed: distinct items "
+                         "(steps.sample_prompts draws them)")
     policy = copy.deepcopy(st.policy)
     policy.train()
     metrics = {}
-    if kept.any():
-        train = batch.select_prompts(np.flatnonzero(kept).tolist())
+    if train.num_prompts:
         train.meta["temperature"] = cfg.temperature
-        adv = S.advantages(train, cfg.advantage, **({"std_norm": cfg.adv_std_norm} if cfg.advantage == "grpo"
-                                                    else {}))
+        train, _ = S.kl_in_reward(train, policy, st.reference, cfg=cfg)  # a no-op unless kl_placement='reward'
+        adv = S.advantages(train, cfg.advantage, **S.advantage_options(cfg))
         metrics = S.update(policy, _optimizer(policy, cfg, optimizer), train, adv, cfg=cfg,
                            reference=st.reference).metrics
     return policy, {"k": k, "kept": kept, "metrics": metrics}

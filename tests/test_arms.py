@@ -1,4 +1,5 @@
-"""The BroRL-vs-ProRL experiment: arm recipe, plateau rule and training, resumable runs, summary and verdict."""
+"""The BroRL-vs-ProRL experiment: recipes (study.recipe), the plateau rule and training (study.plateau), the arms and
+their resumable runs (study.arms), and the arms compared (study.compare). The verdict is tested in test_revival.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import torch
 
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.validation import UserError
-from brorl_lab.study import experiments as E
+from brorl_lab.study import arms as AR
+from brorl_lab.study import compare as C
+from brorl_lab.study import plateau as P
+from brorl_lab.study import recipe as RC
 
 TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
 
@@ -22,13 +26,13 @@ def tiny_base(tmp_path, **kw) -> Config:
              eval_samples=2, optimizer_steps_per_step=1, max_new_tokens=6, max_resample_rounds=1, torch_threads=1,
              run_dir=str(tmp_path))
     d.update(kw)
-    return E.recipe_config(**d)
+    return RC.recipe_config(**d)
 
 
 # ---- arm_configs ---------------------------------------------------------------------------------------------------
 def test_arm_configs_follow_brorls_recipe(tmp_path):
     base = tiny_base(tmp_path, steps=3, eval_every=1, optimizer_steps_per_step=2, lr=2e-4)
-    arms = E.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_samples")
+    arms = AR.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_samples")
     pro, bro = arms["prorl"], arms["brorl"]
     assert (pro.rollouts_per_prompt, pro.prompts_per_step) == (16, 16)
     assert (bro.rollouts_per_prompt, bro.prompts_per_step) == (512, 4)  # 8x the samples: 2048 vs 256
@@ -41,13 +45,13 @@ def test_arm_configs_follow_brorls_recipe(tmp_path):
     assert bro.eval_at_steps == [1, 2, 3] and pro.eval_at_steps == [1, 2, 3, 8, 16, 24]
     assert bro.samples_per_step * bro.steps == pro.samples_per_step * pro.steps  # same nominal samples per arm
     assert {pro.seed, bro.seed} == {base.seed} and pro.tasks == bro.tasks == base.tasks
-    by_prompts = E.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_prompts")
+    by_prompts = AR.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_prompts")
     assert by_prompts["brorl"].effective_lr == pytest.approx(2e-4 * math.sqrt(4 / 16))  # 4x fewer prompts: lr / 2
-    assert E.arm_configs(base, n_small=16, n_large=512, prompts_small=16)["brorl"].effective_lr == pytest.approx(2e-4)
+    assert AR.arm_configs(base, n_small=16, n_large=512, prompts_small=16)["brorl"].effective_lr == pytest.approx(2e-4)
 
 
 def test_arms_reset_in_neither_arm_and_the_middle_arm_sits_on_the_grid(tmp_path):
-    arms = E.arm_configs(tiny_base(tmp_path, steps=4, eval_every=2, reset_every=8), n_mid=64)
+    arms = AR.arm_configs(tiny_base(tmp_path, steps=4, eval_every=2, reset_every=8), n_mid=64)
     pro, mid, bro = arms["prorl"], arms["middle"], arms["brorl"]  # 16 x 64, 64 x 32, 512 x 16 by default
     assert list(arms) == ["prorl", "middle", "brorl"]
     assert (mid.rollouts_per_prompt, mid.prompts_per_step, bro.prompts_per_step) == (64, 32, 16)
@@ -56,14 +60,14 @@ def test_arms_reset_in_neither_arm_and_the_middle_arm_sits_on_the_grid(tmp_path)
     assert (pro.steps, mid.steps, bro.steps) == (32, 16, 4)
     assert bro.eval_at_steps == [2, 4] and mid.eval_at_steps == [2, 4, 8, 16] and pro.eval_at_steps == [2, 4, 16, 32]
     with pytest.raises(ValueError, match="prompts_mid"):  # 64 x 24 does not divide 512 x 16
-        E.arm_configs(tiny_base(tmp_path), n_mid=64, prompts_mid=24)
+        AR.arm_configs(tiny_base(tmp_path), n_mid=64, prompts_mid=24)
 
 
 def test_arm_configs_at_the_papers_sizes_and_explicit_prompts(tmp_path):
     base = tiny_base(tmp_path, optimizer_steps_per_step=4)
-    arms = E.arm_configs(base, n_small=16, n_large=512, prompts_small=512)
+    arms = AR.arm_configs(base, n_small=16, n_large=512, prompts_small=512)
     assert arms["brorl"].prompts_per_step == 128  # BroRL: 512 x 128 against ProRL's 16 x 512
-    arms = E.arm_configs(base, n_small=4, n_large=64, prompts_small=8, prompts_large=4, lr_scaling="sqrt_samples")
+    arms = AR.arm_configs(base, n_small=4, n_large=64, prompts_small=8, prompts_large=4, lr_scaling="sqrt_samples")
     assert arms["brorl"].samples_per_step / arms["prorl"].samples_per_step == 8
     assert arms["brorl"].effective_lr / arms["prorl"].effective_lr == pytest.approx(math.sqrt(8))
 
@@ -77,19 +81,19 @@ def test_arm_configs_at_the_papers_sizes_and_explicit_prompts(tmp_path):
 ])
 def test_arm_configs_bad_input_names_the_argument(tmp_path, kwargs, name):
     with pytest.raises(ValueError, match=name):
-        E.arm_configs(tiny_base(tmp_path), **kwargs)
+        AR.arm_configs(tiny_base(tmp_path), **kwargs)
 
 
 def test_arm_configs_without_the_sqrt_rule_keeps_one_lr(tmp_path):
-    arms = E.arm_configs(tiny_base(tmp_path, lr=2e-4), lr_scaling="none")
+    arms = AR.arm_configs(tiny_base(tmp_path, lr=2e-4), lr_scaling="none")
     assert arms["brorl"].effective_lr == arms["prorl"].effective_lr == pytest.approx(2e-4)
     with pytest.raises(ValueError, match="lr_scaling"):
-        E.arm_configs(tiny_base(tmp_path), lr_scaling="linear")
+        AR.arm_configs(tiny_base(tmp_path), lr_scaling="linear")
 
 
 def test_arm_configs_rejects_mini_batches_that_do_not_split_both_arms(tmp_path):
     with pytest.raises(ConfigError, match="optimizer_steps_per_step"):
-        E.arm_configs(tiny_base(tmp_path, optimizer_steps_per_step=8), n_small=16, n_large=512, prompts_small=16)
+        AR.arm_configs(tiny_base(tmp_path, optimizer_steps_per_step=8), n_small=16, n_large=512, prompts_small=16)
 
 
 # ---- plateau rule, reach gate and training -------------------------------------------------------------------------
@@ -101,29 +105,29 @@ def noisy_curve(slope_per_100: float, noise: float, seed: int, steps: int = 220,
 
 def test_slope_rule_does_not_call_a_slow_steady_climb_a_plateau():
     # the old shipped curve's blind spot: +1.8 points per 100 steps under 1.1-point eval noise, evaluated every 10
-    fired = [E.plateau_reached(*noisy_curve(0.018, 0.011, seed)) for seed in range(20)]
+    fired = [P.plateau_reached(*noisy_curve(0.018, 0.011, seed)) for seed in range(20)]
     assert not any(fired)
     # the old shipped curve itself (steps 120..220, eval/mean/pass@1), which the "new best by 1 point" rule accepted
     old = [0.757, 0.744, 0.757, 0.759, 0.734, 0.750, 0.759, 0.762, 0.764, 0.763, 0.770]
-    r = E.plateau_rule(range(120, 221, 10), old, window=100)
+    r = P.plateau_rule(range(120, 221, 10), old, window=100)
     assert not r["fired"] and r["hi"] > 0.005 and r["slope"] > 0
 
 
 def test_slope_rule_fires_on_flat_and_falling_curves_with_a_precise_evaluation():
     for seed in range(10):  # 0.2-point noise (many prompts x samples), 21 evaluations in the window
-        assert E.plateau_reached(*noisy_curve(0.0, 0.002, seed, steps=200, every=5))
-        assert E.plateau_reached(*noisy_curve(-0.01, 0.002, seed, steps=200, every=5))
+        assert P.plateau_reached(*noisy_curve(0.0, 0.002, seed, steps=200, every=5))
+        assert P.plateau_reached(*noisy_curve(-0.01, 0.002, seed, steps=200, every=5))
     x, y = noisy_curve(0.0, 0.0, 0, steps=100)
-    assert E.plateau_rule(x, y)["fired"] and E.plateau_rule(x, y)["hi"] == pytest.approx(0, abs=1e-12)
-    assert not E.plateau_reached(x[:-1], y[:-1])  # 90 steps: the window is not covered yet
-    assert not E.plateau_reached(*noisy_curve(0.0, 0.011, 0))  # flat but too noisy to exclude +0.5 points / 100
+    assert P.plateau_rule(x, y)["fired"] and P.plateau_rule(x, y)["hi"] == pytest.approx(0, abs=1e-12)
+    assert not P.plateau_reached(x[:-1], y[:-1])  # 90 steps: the window is not covered yet
+    assert not P.plateau_reached(*noisy_curve(0.0, 0.011, 0))  # flat but too noisy to exclude +0.5 points / 100
 
 
 def test_slope_rule_uses_the_t_interval_of_the_ols_slope():
     from scipy import stats
 
     x, y = noisy_curve(0.004, 0.003, 3, steps=300, every=10)
-    r = E.plateau_rule(x, y, window=100)
+    r = P.plateau_rule(x, y, window=100)
     keep = x >= 200
     fit = stats.linregress(x[keep], y[keep])
     t = stats.t.ppf(0.975, keep.sum() - 2)  # n - 2 degrees of freedom, not 1.96
@@ -136,29 +140,29 @@ def test_slope_rule_uses_the_t_interval_of_the_ols_slope():
 def test_slope_rule_gain_first():
     x = np.arange(0, 201, 5)
     rose = np.where(x < 100, 0.60 + 0.0006 * x, 0.66)  # +6 points in 100 steps, then flat
-    assert E.plateau_reached(x, rose, gain=0.05)
-    assert not E.plateau_reached(x, np.full(x.size, 0.6), gain=0.05)  # flat from the start: no gain
-    assert E.plateau_reached(x, np.full(x.size, 0.6))  # the shipped rule asks no gain (gain=None)
-    assert E.plateau_rule(x, rose, gain=0.05)["gained"] == pytest.approx(0.06)
+    assert P.plateau_reached(x, rose, gain=0.05)
+    assert not P.plateau_reached(x, np.full(x.size, 0.6), gain=0.05)  # flat from the start: no gain
+    assert P.plateau_reached(x, np.full(x.size, 0.6))  # the shipped rule asks no gain (gain=None)
+    assert P.plateau_rule(x, rose, gain=0.05)["gained"] == pytest.approx(0.06)
 
 
 @pytest.mark.parametrize("kwargs, name", [(dict(window=0), "window"), (dict(max_slope=float("nan")), "max_slope"),
                                           (dict(gain=True), "gain"), (dict(level=1.5), "level")])
 def test_plateau_rule_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        E.plateau_reached([0, 10], [0.1, 0.2], **kwargs)
+        P.plateau_reached([0, 10], [0.1, 0.2], **kwargs)
 
 
 def test_reach_gate_counts_rare_successes():
     rates = pd.DataFrame({"p": [0.0, 1 / 512, 1 / 16, 1 / 16 + 1e-9, 0.5, 1.0, 0.01, 0.9, 0.0, 0.03]})
-    g = E.reach_gate(rates)  # rare: 1/512, 1/16 (inclusive), 0.01, 0.03 -> 4 of 10; p = 0 is not a success
+    g = P.reach_gate(rates)  # rare: 1/512, 1/16 (inclusive), 0.01, 0.03 -> 4 of 10; p = 0 is not a success
     assert g["share"] == pytest.approx(0.4) and g["passed"] and g["prompts"] == 10
-    assert not E.reach_gate(rates, min_share=0.41)["passed"]
-    assert E.reach_gate(rates, max_p=0.5)["share"] == pytest.approx(0.6)
+    assert not P.reach_gate(rates, min_share=0.41)["passed"]
+    assert P.reach_gate(rates, max_p=0.5)["share"] == pytest.approx(0.6)
     with pytest.raises(ValueError, match="rates"):
-        E.reach_gate(pd.DataFrame({"p": []}))
+        P.reach_gate(pd.DataFrame({"p": []}))
     with pytest.raises(ValueError, match="min_share"):
-        E.reach_gate(rates, min_share=2)
+        P.reach_gate(rates, min_share=2)
 
 
 def test_p_histogram_bins_every_prompt_once_with_p0_and_p1_apart():
@@ -177,16 +181,16 @@ def test_p_histogram_bins_every_prompt_once_with_p0_and_p1_apart():
 
 
 def test_reach_table_measures_each_family_alone():
-    t = E.reach_table("default", ["gcd", "chain_sum"], prompts=3, n_draws=32)
+    t = P.reach_table("default", ["gcd", "chain_sum"], prompts=3, n_draws=32)
     assert list(t["family"]) == ["gcd", "chain_sum"] and (t["prompts"] == 3).all()
     assert t["share 0<p<=0.0625"].between(0, 1).all() and ((t["share 0<p<=0.0625"] * 3) % 1 == 0).all()
     assert (t["share 0<p<=0.0625"] <= t["share rare successes"]).all()  # 1/16 <= 0.1
     with pytest.raises(UserError, match=r"families: unknown task 'gcdd'"):
-        E.reach_table("default", ["gcd", "gcdd"])
+        P.reach_table("default", ["gcd", "gcdd"])
 
 
 def tiny_plateau_config(tmp_path, name="runs", **kw):
-    return E.plateau_config(**{**dict(tasks=["gcd"], steps=6, eval_every=1, checkpoint_every=1, eval_prompts=4,
+    return P.plateau_config(**{**dict(tasks=["gcd"], steps=6, eval_every=1, checkpoint_every=1, eval_prompts=4,
                                       eval_samples=2, prompts_per_step=4, rollouts_per_prompt=4,
                                       optimizer_steps_per_step=1, max_new_tokens=6, max_resample_rounds=1,
                                       run_dir=str(tmp_path / name)), **kw})
@@ -199,7 +203,7 @@ def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
     for k in range(2):
         cfg = tiny_plateau_config(tmp_path, f"runs{k}")
         # a 2-step window and a bound no slope can miss: the rule fires at step 2 (three evaluations)
-        res = E.train_plateau(cfg, out=tmp_path / f"model{k}", rule=dict(window=2, max_slope=1e9), gate_prompts=3,
+        res = P.train_plateau(cfg, out=tmp_path / f"model{k}", rule=dict(window=2, max_slope=1e9), gate_prompts=3,
                               gate_draws=32, progress=False)
         assert res.plateaued and res.steps == 2 and list(res.curve["step"]) == [0, 1, 2]
         assert res.gate["prompts"] == 3 and res.passed is res.gate["passed"]
@@ -223,12 +227,12 @@ def test_train_plateau_saves_a_loadable_deterministic_hf_model(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(p0.state_dict().values(), p1.state_dict().values()))
     base, _ = load_policy("default")
     assert any(not torch.equal(a, b) for a, b in zip(p0.state_dict().values(), base.state_dict().values()))
-    assert E.recipe_config(model=str(outs[0])).tasks == ["gcd"]  # the plateau's families come with it
+    assert RC.recipe_config(model=str(outs[0])).tasks == ["gcd"]  # the plateau's families come with it
 
 
 def test_train_plateau_reports_a_missing_plateau_honestly(tmp_path):
     cfg = tiny_plateau_config(tmp_path, steps=2)
-    res = E.train_plateau(cfg, out=tmp_path / "model", rule=dict(window=50), gate_prompts=0, progress=False)
+    res = P.train_plateau(cfg, out=tmp_path / "model", rule=dict(window=50), gate_prompts=0, progress=False)
     assert not res.plateaued and not res.passed and res.steps == 2 and res.gate == {}
     assert "did NOT fire" in (tmp_path / "model" / "PLATEAU.md").read_text()
 
@@ -237,19 +241,19 @@ def test_train_plateau_refuses_to_overwrite_a_non_model_directory(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.txt").write_text("keep me")
     with pytest.raises(ValueError, match="out"):
-        E.train_plateau(E.plateau_config(tasks=["gcd"], run_dir=str(tmp_path)), out=tmp_path / "notes")
+        P.train_plateau(P.plateau_config(tasks=["gcd"], run_dir=str(tmp_path)), out=tmp_path / "notes")
     assert (tmp_path / "notes" / "a.txt").read_text() == "keep me"
 
 
 def test_hard_families_reads_the_report(tmp_path):
     report = tmp_path / "training_report.json"
     report.write_text(json.dumps({"pass_at_1": {"t1.0": {"a": 0.0, "b": 0.05, "c": 0.3, "d": 0.9}}}))
-    assert E.hard_families(report) == ["b", "c"]
-    assert E.hard_families(report, max_pass=0.1) == ["b"]
+    assert RC.hard_families(report) == ["b", "c"]
+    assert RC.hard_families(report, max_pass=0.1) == ["b"]
     with pytest.raises(ValueError, match="temperature"):
-        E.hard_families(report, temperature="t9")
+        RC.hard_families(report, temperature="t9")
     with pytest.raises(ValueError, match="report"):
-        E.hard_families(tmp_path / "missing.json")
+        RC.hard_families(tmp_path / "missing.json")
 
 
 # ---- run_rollout_scaling -------------------------------------------------------------------------------------------
@@ -261,7 +265,7 @@ def test_run_rollout_scaling_runs_both_arms_and_never_reruns_a_finished_one(tmp_
     base = tiny_base(tmp_path)
     opts = dict(n_small=2, n_large=8, prompts_small=2, prompts_large=2)  # 4 vs 16 samples per step: ratio 4
     root = tmp_path / "rs"
-    df = E.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **opts)
+    df = AR.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **opts)
     assert set(df["arm"]) == {"prorl", "brorl"} and set(df["seed"]) == {0}
     last = df.groupby("arm")["step"].max()
     assert (last["brorl"], last["prorl"]) == (2, 8)
@@ -280,31 +284,31 @@ def test_run_rollout_scaling_runs_both_arms_and_never_reruns_a_finished_one(tmp_
         raise AssertionError("a finished arm was trained again")
 
     monkeypatch.setattr(T.Trainer, "__init__", no_training)
-    again = E.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **opts)
+    again = AR.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **opts)
     pd.testing.assert_frame_equal(_comparable(df), _comparable(again))
     monkeypatch.undo()
 
     # a partial arm resumes from its checkpoint and ends where an uninterrupted one does
     partial_root = tmp_path / "partial"
-    cfg = E.arm_configs(base, **opts)["prorl"].replace(run_dir=str(partial_root), run_name="prorl_s0")
+    cfg = AR.arm_configs(base, **opts)["prorl"].replace(run_dir=str(partial_root), run_name="prorl_s0")
     with T.Trainer(cfg, progress=False) as t:
         t.run(steps=3)
-    resumed = E.run_rollout_scaling(base, seeds=[0], root=partial_root, progress=False, **opts)
+    resumed = AR.run_rollout_scaling(base, seeds=[0], root=partial_root, progress=False, **opts)
     events = [json.loads(line) for line in (partial_root / "prorl_s0" / "events.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e["event"] == "resumed"] == [3]
     pd.testing.assert_frame_equal(_comparable(df), _comparable(resumed))
 
     with pytest.raises(ValueError, match="root"):  # other settings in the same root: an error, not a mix
-        E.run_rollout_scaling(base.replace(lr=1e-3), seeds=[0], root=root, progress=False, **opts)
+        AR.run_rollout_scaling(base.replace(lr=1e-3), seeds=[0], root=root, progress=False, **opts)
 
 
 @pytest.mark.parametrize("seeds", [[], [0, 0], [-1], "0"])
 def test_run_rollout_scaling_bad_seeds(tmp_path, seeds):
     with pytest.raises(ValueError, match="seeds"):
-        E.run_rollout_scaling(tiny_base(tmp_path), seeds=seeds, root=tmp_path / "rs", progress=False)
+        AR.run_rollout_scaling(tiny_base(tmp_path), seeds=seeds, root=tmp_path / "rs", progress=False)
 
 
-# ---- summarize / verdict on synthetic results ------------------------------------------------------------------------
+# ---- summarize / compare_arms on synthetic results ------------------------------------------------------------------------
 FAMS = ("gcd", "products")
 
 
@@ -341,11 +345,11 @@ def results(bro_slope, pro_slope, *, seeds=(0,), bro_sps=1e-3, pro_sps=1e-3, bro
 
 def test_compare_and_summarize_on_known_curves():
     df = results({"gcd": 2e-4, "products": 0.0}, {"gcd": 1e-4, "products": 5e-5})
-    cmp_ = E.compare_arms(df, "cum_samples").set_index("family")
+    cmp_ = C.compare_arms(df, "cum_samples").set_index("family")
     assert cmp_["budget"].iloc[0] == 1000
     assert cmp_.loc["gcd", "gap"] == pytest.approx(0.1)  # (2e-4 - 1e-4) * 1000
     assert cmp_.loc["products", "gap"] == pytest.approx(-0.05)
-    s = E.summarize(df)
+    s = C.summarize(df)
     assert list(s.index) == ["ProRL (N=16)", "BroRL (N=512)"]
     assert s.loc["BroRL (N=512)", "final pass@1 gcd"] == pytest.approx(0.4)
     assert s.loc["ProRL (N=16)", "final pass@1 products"] == pytest.approx(0.25)
@@ -355,54 +359,38 @@ def test_compare_and_summarize_on_known_curves():
     assert s.loc["BroRL (N=512)", "steps"] == 2 and s.loc["ProRL (N=16)", "steps"] == 10
 
 
-def test_verdict_says_when_brorl_wins():
-    text = E.verdict(results({"gcd": 2e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 5e-5}))
-    head = text.splitlines()[0]
-    assert "BroRL is ahead by 7.5 points at equal generated samples" in head
-    assert "ahead by 7.5 points at equal training wall time" in head
-    assert "ahead on gcd (+10.0" in text and "cannot be told apart from seed noise" in text
-
-
-def test_verdict_says_when_brorl_loses():
-    text = E.verdict(results({"gcd": 0.0, "products": 0.0}, {"gcd": 1e-4, "products": 2e-4}))
-    head = text.splitlines()[0]
-    assert "BroRL is behind by 15.0 points at equal generated samples" in head
-    assert "behind on gcd (-10.0" in text and "products (-20.0" in text
-    assert "ahead" not in head
-
-
-def test_verdict_separates_equal_samples_from_equal_time():
+def test_compare_arms_separates_equal_samples_from_equal_time():
     # BroRL learns more per sample but each of its samples costs 4x the time
-    text = E.verdict(results({"gcd": 2e-4, "products": 2e-4}, {"gcd": 1e-4, "products": 1e-4}, bro_sps=4e-3))
-    head = text.splitlines()[0]
-    assert "ahead by 10.0 points at equal generated samples" in head
-    assert "behind" in head.split("and")[-1]  # at equal time (250 samples for BroRL vs 1000 for ProRL)
-    assert "(1,000 samples per arm)" in text and "(1.0 s of training per arm)" in text
+    df = results({"gcd": 2e-4, "products": 2e-4}, {"gcd": 1e-4, "products": 1e-4}, bro_sps=4e-3)
+    at_samples = C.compare_arms(df, "cum_samples").set_index("family")
+    at_time = C.compare_arms(df, "cum_wall_s").set_index("family")
+    assert at_samples.loc["mean", "budget"] == 1000 and at_samples.loc["mean", "gap"] == pytest.approx(0.1)
+    assert at_time.loc["mean", "budget"] == pytest.approx(1.0)  # 250 BroRL samples against 1000 ProRL ones
+    assert at_time.loc["mean", "gap"] == pytest.approx(2e-4 * 250 - 1e-4 * 1000)  # behind at equal time
+    with pytest.raises(ValueError, match="x: got 'step'"):
+        C.compare_arms(df, "step")
 
 
-def test_verdict_with_three_seeds_tests_the_gap_against_seed_noise():
+def test_compare_arms_with_three_seeds_tests_the_gap_against_seed_noise():
     # per-seed gaps on gcd: 0.1 + (0.002, -0.002, 0): mean 0.1, s.e. 0.0012; on products: (0.002, -0.002, 0)
-    clear = E.verdict(results({"gcd": 2e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
-                              bro_offsets=[0.002, -0.002, 0.0]))
-    assert "95% t interval over 3 paired seeds excludes 0: gcd (gap +10.0, 95% interval [+9.5, +10.5]), mean" in clear
-    assert "products (gap" not in clear
+    clear = C.compare_arms(results({"gcd": 2e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
+                                   bro_offsets=[0.002, -0.002, 0.0]), "cum_samples").set_index("family")
+    assert clear.loc["gcd", "seeds"] == 3 and bool(clear.loc["gcd", "exceeds_noise"])
+    assert (clear.loc["gcd", "gap_lo"], clear.loc["gcd", "gap_hi"]) == (pytest.approx(0.095, abs=1e-3),
+                                                                        pytest.approx(0.105, abs=1e-3))
+    assert not bool(clear.loc["products", "exceeds_noise"])
     # per-seed gaps on gcd: 0.01 + (0.08, -0.08, 0.01): mean 0.0133 against an s.e. of 0.047
-    noisy = E.verdict(results({"gcd": 1.1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
-                              bro_offsets=[0.08, -0.08, 0.01]))
-    assert "every gap is within seed noise" in noisy
-    assert "cannot be told apart" not in noisy
-    assert "3 seeds" in noisy.splitlines()[0]
-
-
-def test_level_arms_are_called_level():
-    text = E.verdict(results({"gcd": 1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}))
-    assert "level with ProRL (+0.0 points" in text.splitlines()[0]
+    noisy = C.compare_arms(results({"gcd": 1.1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4},
+                                   seeds=(0, 1, 2), bro_offsets=[0.08, -0.08, 0.01]), "cum_samples")
+    assert not noisy["exceeds_noise"].any()
+    one_seed = C.compare_arms(results({"gcd": 1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}))
+    assert one_seed["exceeds_noise"].isna().all() and one_seed["gap"].abs().max() < 1e-12  # level, no interval
 
 
 @pytest.mark.parametrize("bad", [pd.DataFrame({"arm": ["prorl"]}), "not a frame",
                                  results({"gcd": 0, "products": 0}, {"gcd": 0, "products": 0}).query("arm == 'brorl'")])
-def test_summarize_and_verdict_reject_bad_frames(bad):
-    for fn in (E.summarize, E.verdict):
+def test_summarize_and_compare_arms_reject_bad_frames(bad):
+    for fn in (C.summarize, C.compare_arms):
         with pytest.raises(ValueError, match="df"):
             fn(bad)
 
@@ -412,9 +400,9 @@ def test_save_outputs_survives_a_missing_browser(tmp_path, monkeypatch):
 
     monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium"))
     df = results({"gcd": 1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4})
-    written = E.save_outputs(tmp_path / "out", df, {"fig": go.Figure(go.Scatter(x=[0, 1], y=[0, 1]))},
-                             summary=E.summarize(df), verdict_text=E.verdict(df))
+    written = AR.save_outputs(tmp_path / "out", df, {"fig": go.Figure(go.Scatter(x=[0, 1], y=[0, 1]))},
+                              summary=C.summarize(df), verdict_text="Does BroRL revive the plateau? NO")
     assert written["png"] == [] and written["png_note"].startswith("PNG export skipped")
     assert pd.read_parquet(tmp_path / "out" / "metrics.parquet").shape == df.shape
-    assert (tmp_path / "out" / "verdict.txt").read_text().startswith("Verdict (")
+    assert (tmp_path / "out" / "verdict.txt").read_text() == "Does BroRL revive the plateau? NO\n"
     assert "final pass@1 gcd" in (tmp_path / "out" / "summary.csv").read_text()
