@@ -401,7 +401,7 @@ def cmd_theorem(args) -> int:
     t0 = time.perf_counter()
     res = theorem_study(args.models, n_values=args.n_values, seeds=range(args.seeds), prompts=args.prompts,
                         held_out=args.held_out, lr=args.lr, optimizer=args.optimizer, trials=args.trials,
-                        root=args.root, figure_dir=args.figure_dir)
+                        root=args.root, figure_dir=args.figure_dir, command=_command_line(args))
     print(res["table"])
     print(f"figure: {res['png']}; tables: {args.root}; wall {time.perf_counter() - t0:.0f} s, "
           f"load average {os.getloadavg()[0]:.1f}")

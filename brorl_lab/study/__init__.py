@@ -2,6 +2,7 @@
 that has stalled at N = 16? The modules, from the base up (each imports only those above it in this list, and any
 layer below: core, theory, rollout, rl, lab):
 
+    results    where a study's numbers come from: the provenance record beside every shipped results file
     recipe     the recipes (RECIPES, FLAGSHIP_RECIPE), model aliases ("plateau"), the default families,
                recipe_config -> Config, open_trainer / check_same_config (resume a run only with its settings)
     rare       the study's definitions: rare success (0 < p <= RARE_SUCCESS_MAX_P = 1/16) and s_N(p)

@@ -382,15 +382,23 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
                   seeds: Iterable[int] = range(8), prompts: int = 16, held_out: int = 16,
                   lr: Optional[float] = None, optimizer: str = "adamw", trials: int = 400,
                   root: str | Path = DEFAULT_ROOT, figure_dir: Optional[str | Path] = None,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, command: Optional[str] = None) -> dict:
     """The whole study: :func:`run_theorem` and :func:`theory_predictions` for each model, the summaries, the
     markdown table and the figure. Writes ``root/{per_prompt,summary,theory,theory_per_prompt}.csv`` and
-    ``root/table.md``, and into ``figure_dir`` (when given) the figure as PNG with its summary and theory tables
-    as CSV. Resumable like run_theorem."""
+    ``root/table.md``, and into ``figure_dir`` (when given) the figure as PNG with its results files beside it:
+    the summary, the per-seed table (:func:`per_seed`, what the intervals are computed from) and the theory as CSV,
+    each with its provenance record (:mod:`brorl_lab.study.results`; ``command`` is the command as typed, default
+    the Python call). Resumable like run_theorem."""
+    import time
+
+    from brorl_lab.study.results import provenance, write_provenance
+
+    t0 = time.perf_counter()
     seeds = check_seeds(seeds)
-    frames, theories, preds = [], [], []
+    frames, theories, preds, setups = [], [], [], []
     for model in models:
         st = setup(model, prompts=prompts, held_out=held_out, lr=lr)
+        setups.append(st)
         frames.append(run_theorem(model, n_values=n_values, seeds=seeds, prompts=prompts, held_out=held_out,
                                   lr=lr, optimizer=optimizer, root=root, progress=progress, st=st))
         name = frames[-1]["model"].iloc[0]
@@ -402,6 +410,7 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
         theories.append(th)
     df, pred, theory = (pd.concat(x, ignore_index=True) for x in (frames, preds, theories))
     summary = summarise_theorem(df)
+    models_used = {m: s.cfg.model for m, s in zip(dict.fromkeys(df["model"]), setups)}
     root = Path(root)
     for fname, table in (("per_prompt", df), ("summary", summary), ("theory", theory), ("theory_per_prompt", pred)):
         atomic_write_text(root / f"{fname}.csv", table.to_csv(index=False))
@@ -412,8 +421,14 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
     if figure_dir is not None:
         png = Path(figure_dir) / f"{FIGURE_NAME}.png"
         png.parent.mkdir(parents=True, exist_ok=True)
-        for fname, t in (("summary", summary), ("theory", theory)):  # the figure's numbers, kept beside it
-            atomic_write_text(png.parent / f"{FIGURE_NAME}_{fname}.csv", t.to_csv(index=False, float_format="%.6g"))
+        record = provenance(command or f"brorl_lab.study.theorem.theorem_study({list(models)!r}, seeds={len(seeds)})",
+                            models_used, time.perf_counter() - t0, settings=dict(
+                                n_values=list(n_values), seeds=len(seeds), prompts=prompts, held_out=held_out,
+                                lr=lr, optimizer=optimizer, trials=trials))
+        for fname, t in (("summary", summary), ("per_seed", per_seed(df)), ("theory", theory)):  # its numbers
+            path = png.parent / f"{FIGURE_NAME}_{fname}.csv"
+            atomic_write_text(path, t.to_csv(index=False, float_format="%.6g"))
+            write_provenance(path, record)
         try:
             fig.write_image(str(png), width=1300)
         except Exception as e:  # noqa: BLE001 - no Chromium/kaleido: the tables are still written
