@@ -42,6 +42,12 @@ check_draws = 2000                    # samples per prompt in the exact-vs-sampl
 check_prompts = 8                     # prompts in that check
 explorer_trials = 300                 # Monte-Carlo streams behind the explorer
 root = ""                             # where the update runs are kept (empty: runs/theorem, the CLI root)
+quick = False                         # True: the quick preset below (the default model, small sizes, minutes)
+
+# %%
+if quick:  # a few minutes on two CPU cores: enough to see every section work, too small for the conclusions
+    models, n_values, seeds, prompts, held_out = ["default"], [4, 16], 3, 4, 2
+    trials, check_draws, check_prompts, explorer_trials = 50, 400, 3, 20
 
 # %%
 from pathlib import Path
@@ -52,6 +58,7 @@ import torch
 from IPython.display import Markdown, display
 
 from brorl_lab.core.paths import RUNS_DIR
+from brorl_lab.lab.stats import share_interval
 from brorl_lab.lab.widgets import ProblemPicker
 from brorl_lab.rl import answer_mass as AM
 from brorl_lab.rl import steps as S
@@ -191,32 +198,71 @@ with pd.option_context("display.float_format", "{:.3g}".format):
     display(T.compare(summary, theory))
 
 # %% [markdown]
+# **Measured: the share of prompts losing mass, over updates that happened.** A seed whose every group was uniform
+# (all right or all wrong) makes no update at all, and its prompts do not move: counting them as "not losing" would
+# make a small N look safe because nothing happened. So the shares below count only seeds that made an update, and
+# keep apart the three kinds of prompt that update touches: **kept** (its group carried a gradient), **dropped**
+# (sampled, but its group was uniform and filtered out) and **held out** (never sampled). `prompts per step` is how
+# many kept prompts share the one Adam step. Intervals: a share pooled over seeds with a 95% cluster bootstrap over
+# seeds (`lab.stats.share_interval`; the prompts of one seed share one update, so they are not independent).
+
+# %%
+def losing_shares(d: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (m, n), g in d.groupby(["model", "n"], sort=True):
+        updated = g[g["groups_kept"] > 0]
+        seeds_made = sorted(updated["seed"].unique())
+        row = {"model": m, "n": n, "seeds": g["seed"].nunique(), "seeds with an update": len(seeds_made),
+               "prompts per step": updated.groupby("seed")["groups_kept"].first().mean()}
+        kinds = {"kept": updated["kept"].astype(bool), "dropped": (updated["split"] == "in_batch")
+                 & ~updated["kept"].astype(bool), "held out": updated["split"] == "held_out"}
+        for kind, mask in kinds.items():
+            sub = updated[mask]
+            by_seed = sub.groupby("seed")["dq"].agg(k=lambda x: int((x < 0).sum()), n="size")
+            r = share_interval(by_seed["k"], by_seed["n"])
+            row.update({kind: r["share"], f"{kind} lo": r["lo"], f"{kind} hi": r["hi"], f"{kind} prompts": r["n"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+losing = losing_shares(df)
+with pd.option_context("display.float_format", "{:.3g}".format):
+    display(losing)
+
+# %% [markdown]
 # **Measured: where they agree and where the model departs.** Each line below is computed from the tables above.
 
 # %%
-def _share(m, n, split):
+def _iv(row, kind):
+    if not row[f"{kind} prompts"]:
+        return "- (none)"
+    return f"{row[kind]:.2f} [{row[f'{kind} lo']:.2f}, {row[f'{kind} hi']:.2f}] of {row[f'{kind} prompts']}"
+
+
+def _summary_row(m, n, split):
     r = summary[(summary["model"] == m) & (summary["n"] == n) & (summary["split"] == split)]
     return r.iloc[0] if len(r) else None
 
 
 lo_n, hi_n = min(n_values), max(n_values)
-for m in summary["model"].unique():
-    a, b = _share(m, lo_n, "in_batch"), _share(m, hi_n, "in_batch")
+for m in losing["model"].unique():
     th = theory[theory["model"] == m].set_index("n")
-    print(f"[{m}] share of in-batch prompts with dQ<0: N={lo_n} {a['share_neg']:.2f} "
-          f"[{a['share_neg_lo']:.2f}, {a['share_neg_hi']:.2f}], N={hi_n} {b['share_neg']:.2f} "
-          f"[{b['share_neg_lo']:.2f}, {b['share_neg_hi']:.2f}]; theory expects {th.loc[lo_n, 'share_neg']:.2g} and "
-          f"{th.loc[hi_n, 'share_neg']:.2g}")
-    print(f"[{m}] Adam's scale dQ/lr: N={lo_n} {a['dq_per_lr']:+.1f}, N={hi_n} {b['dq_per_lr']:+.1f}; the theorem's "
-          f"scale N dQ/lr: {a['n_dq_per_lr']:+.3g} -> {b['n_dq_per_lr']:+.3g} (the theory's N E[dQ]/lr: "
-          f"{th.loc[lo_n, 'n_dq_per_lr']:.3g} -> {th.loc[hi_n, 'n_dq_per_lr']:.3g}, unsampled term "
-          f"{th.loc[lo_n, 'unsampled']:.2g} -> {th.loc[hi_n, 'unsampled']:.2g})")
-    d = df[df["model"] == m]
+    for _, row in losing[losing["model"] == m].iterrows():
+        print(f"[{m}] N={row['n']}: {row['seeds with an update']} of {row['seeds']} seeds made an update, "
+              f"{row['prompts per step']:.1f} kept prompts per step; share losing mass: kept {_iv(row, 'kept')}, "
+              f"dropped {_iv(row, 'dropped')}, held out {_iv(row, 'held out')}; theory expects "
+              f"{th.loc[row['n'], 'share_neg']:.2g}")
+    a, b = _summary_row(m, lo_n, "in_batch"), _summary_row(m, hi_n, "in_batch")
+    if a is not None and b is not None:
+        print(f"[{m}] Adam's scale dQ/lr: N={lo_n} {a['dq_per_lr']:+.1f}, N={hi_n} {b['dq_per_lr']:+.1f}; the "
+              f"theorem's scale N dQ/lr: {a['n_dq_per_lr']:+.3g} -> {b['n_dq_per_lr']:+.3g} (the theory's N E[dQ]/lr: "
+              f"{th.loc[lo_n, 'n_dq_per_lr']:.3g} -> {th.loc[hi_n, 'n_dq_per_lr']:.3g}, unsampled term "
+              f"{th.loc[lo_n, 'unsampled']:.2g} -> {th.loc[hi_n, 'unsampled']:.2g})")
+    d = df[(df["model"] == m) & (df["groups_kept"] > 0)]
     inb = d[d["split"] == "in_batch"]["dq"].abs().mean()
     held = d[d["split"] == "held_out"]["dq"].abs().mean()
-    neg_held = (d[d["split"] == "held_out"]["dq"] < 0).mean()
     print(f"[{m}] shared parameters: held-out prompts (never sampled; the theory says they do not move) move by "
-          f"mean |dQ| {held:.4f} vs {inb:.4f} in-batch ({held / inb:.0%}); {neg_held:.0%} of them lose mass")
+          f"mean |dQ| {held:.4f} vs {inb:.4f} in-batch ({held / inb:.0%}) in the updates that happened")
     pp = pred[pred["model"] == m].drop_duplicates("uid")
     print(f"[{m}] sequence-level reward: first-token Q_pos exceeds the whole answer's by "
           f"{(pp['q_pos_first'] - pp['q_pos']).mean():.3f} on average (later tokens decide too)")
@@ -228,31 +274,49 @@ for m in summary["model"].unique():
 # mini-batch on (the recipe's `optimizer_steps_per_step=2` uses two), not in Theorem 1's one step.
 #
 # **Measured: how linear is one Adam step?** The first-order prediction $\nabla_\theta Q_{pos}\cdot\Delta\theta$
-# against the measured $\Delta Q_{pos}$, at the recipe's lr and at 1/300 of it.
+# against the measured $\Delta Q_{pos}$, at the recipe's lr and at 1/300 of it, on the first seed whose update kept a
+# group at this N (a seed that kept none moves nothing, and there is nothing to compare).
 
 # %%
 st = first
-rows = []
-for lr in (st.cfg.effective_lr, st.cfg.effective_lr / 300):
-    st.cfg = st.cfg.replace(lr=lr)
-    pol, _ = T.one_update(st, n_values[1], seed=0)
-    measured, predicted = st.q_pos(pol) - st.q_before, T.first_order_dq(st, pol)
-    rows.append({"lr": lr, "mean |dQ|": np.abs(measured).mean(), "mean |dQ - first order|":
-                 np.abs(measured - predicted).mean(), "relative error": np.abs(measured - predicted).sum()
-                 / np.abs(measured).sum()})
-st.cfg = st.cfg.replace(lr=rows[0]["lr"])
-display(pd.DataFrame(rows))
+recipe_lr, n_lin = st.cfg.effective_lr, n_values[min(1, len(n_values) - 1)]
+lin_seed = next((s for s in range(seeds) if T.one_update(st, n_lin, seed=s)[1]["kept"].any()), None)
+linearity = pd.DataFrame()
+if lin_seed is None:
+    print(f"no seed kept a group at N={n_lin}: no update to compare with its first-order prediction")
+else:
+    rows = []
+    for lr in (recipe_lr, recipe_lr / 300):
+        st.cfg = st.cfg.replace(lr=lr)
+        pol, _ = T.one_update(st, n_lin, seed=lin_seed)
+        measured, predicted = st.q_pos(pol) - st.q_before, T.first_order_dq(st, pol)
+        rows.append({"lr": lr, "seed": lin_seed, "mean |dQ|": np.abs(measured).mean(),
+                     "mean |dQ - first order|": np.abs(measured - predicted).mean(),
+                     "relative error": np.abs(measured - predicted).sum() / np.abs(measured).sum()})
+    st.cfg = st.cfg.replace(lr=recipe_lr)
+    linearity = pd.DataFrame(rows)
+    display(linearity)
 
 # %% [markdown]
 # ## Summary
 #
-# * **Measured.** Exact $Q_{pos}$ by teacher forcing matches the sampler's pass rate prompt by prompt (section 1).
-# * **Derived.** On these checkpoints the first-token problems have one to three correct tokens holding most of the
-#   mass; the one-token theory then almost never predicts a loss: the correct tokens are drawn even at N = 4, so
-#   the unsampled term, the theorem's only negative one, has little to act on.
-# * **Measured.** The real update does lose correct mass on a share of prompts at every N (section 4 prints how
-#   much), through what the theory leaves out: shared parameters (held-out prompts, which the theory says stay put,
-#   move too, and about half of them lose mass), Adam's sign-like first step (its size does not shrink with N, and
-#   at the recipe's lr it is far from the linear regime the theorem lives in) and sequence-level answers.
-# * Full-size numbers, with the command that produced them, are in the README's theory section
-#   (`python -m brorl_lab theorem`).
+# Computed from this run (the numbers above), not typed in. The full-size numbers, with the command that produced
+# them, are in the README's theory section (`python -m brorl_lab theorem`).
+
+# %%
+lines = [f"**Measured.** Exact $Q_{{pos}}$ by teacher forcing matches the sampler's pass rate: largest |z| "
+         f"{check['z'].abs().max():.2f} over {len(check)} prompts (section 1)."]
+top = pred.drop_duplicates(["model", "uid"])
+lines.append(f"**Derived.** The first-token problems hold a mean first-token $Q_{{pos}}$ of "
+             f"{top['q_pos_first'].mean():.2f} (whole answers: {top['q_pos'].mean():.2f}); the one-token theory "
+             f"expects a share of prompts losing mass of at most {theory['share_neg'].max():.2g} over these N.")
+for _, row in losing.iterrows():
+    lines.append(f"**Measured** [{row['model']}, N={row['n']}]: in the {row['seeds with an update']} of "
+                 f"{row['seeds']} seeds that made an update ({row['prompts per step']:.1f} kept prompts per Adam "
+                 f"step), kept prompts lost mass in {_iv(row, 'kept')}, dropped ones in {_iv(row, 'dropped')}, "
+                 f"held-out ones in {_iv(row, 'held out')}.")
+if len(linearity):
+    lines.append(f"**Measured.** One Adam step at the recipe's lr is {'far from' if linearity['relative error'].iloc[0] > 0.5 else 'close to'} "
+                 f"linear: the first-order prediction misses by {linearity['relative error'].iloc[0]:.0%} of "
+                 f"|dQ| there and by {linearity['relative error'].iloc[1]:.0%} at 1/300 of the lr.")
+display(Markdown("\n".join(f"* {x}" for x in lines)))

@@ -19,22 +19,20 @@
 # ProRL (arXiv 2505.24864) trains one model with RL for more than 2,000 steps. Long runs fail in two typical ways:
 # the policy's **entropy collapses** (it stops exploring: every rollout of a prompt says the same thing, groups become
 # uniform, and GRPO's advantage, hence the gradient, vanishes), or the policy **drifts** far from where it started and
-# training becomes unstable. ProRL keeps such runs alive with three stabilisers, each a field of `brorl_lab.Config`:
-#
-# | stabiliser | knob | ProRL's value | what it is for |
-# | --- | --- | --- | --- |
-# | KL penalty to a reference policy | `kl_beta`, `kl_estimator` | v1: not reported (verl 1e-3, k3); v2: 1e-4, k2 | limits drift from the reference |
-# | reference reset | `reset_every`, `reset_on_kl`, `reset_optimizer` | v1: on stalls, optimizer reset; v2: every 200-500 steps or on KL spikes | lets KL-regularised training continue |
-# | clip-higher (decoupled PPO clip) | `eps_low`, `eps_high` | 0.2 / 0.4 (v1), 0.2 / 0.28 (v2, DAPO) | keeps entropy up |
+# training becomes unstable. ProRL keeps such runs alive with three stabilisers, each a field of `brorl_lab.Config`.
+# The table below is built in the first code cell: the papers' values as docs/RECIPES.md records them (v1: arXiv
+# 2505.24864; v2: the ProRL v2 post and configs), beside this workbench's two recipes as the code defines them
+# (`brorl_lab.study.plateau.RECIPES`; their lr and batch sizes are ours, for the tiny model).
 #
 # This notebook trains one small **baseline** (all three on) and one **ablation** per stabiliser, and compares their
 # entropy, KL, reward and held-out pass@1. Run interactively it shows a live dashboard while training (with a
 # *Stop* button); under papermill it only draws the figures at the end.
 #
-# **Read the numbers as a demonstration of the mechanics, not as evidence.** The defaults train a 2M-parameter model
-# for a dozen steps on a few prompts so the notebook finishes in about three minutes on two CPU cores. ProRL's effects
-# show over hundreds to thousands of steps; at this size one seed's noise is as large as any difference between arms.
-# Raise `steps`, `prompts` and `seeds` (and read the curves, not single numbers) to see them clearly.
+# **Read the numbers as a demonstration of the mechanics, not as evidence.** The defaults train the tiny shipped
+# model (its parameter count is printed below) for a dozen steps on a few prompts, so the notebook finishes in about
+# a minute on two CPU cores, with one seed. ProRL's effects show over hundreds to thousands of steps; at this size
+# one seed's noise is as large as most differences between arms. Each section ends with what *this* run shows,
+# computed from it, including where a stabiliser had no effect at all.
 
 # %% tags=["parameters"]
 # Sizes and knobs (papermill overrides this cell).
@@ -43,10 +41,11 @@ N = 8                            # rollouts per prompt
 prompts = 4                      # informative prompts per step (two PPO mini-batches of 2)
 seeds = [0]                      # one run per arm and seed
 tasks = ["gcd"]                  # the default model solves ~30% of gcd: groups are often informative
-lr = 3e-3                        # large for RL, so that a dozen steps visibly move the tiny model
+lr = 3e-4                        # large for RL on a 1.5B model (ProRL: 1e-6 to 2e-6), moves the tiny one in 12 steps
 kl_beta = 1e-2                   # "small" KL coefficient of the baseline (ProRL v2: 1e-4 on a 1.5B model)
 reset_every = 4                  # the "reset every K steps" arm
-reset_kl_threshold = 0.5         # the "reset on KL spike" arm: reset when the step's KL exceeds this
+reset_kl_threshold = 0.0         # the "reset on KL spike" arm: reset above this KL; 0: scaled to the baseline's KL
+reset_kl_scale = 2.0             # with reset_kl_threshold 0: the threshold is this times the baseline's median step KL
 eval_every = 4
 eval_prompts = 8
 run_dir = "../runs/03_prorl_stabilisers"
@@ -57,21 +56,39 @@ live = True                      # live dashboard while training; headless runs 
 import threading
 import time
 
+import numpy as np
 import pandas as pd
 import transformers
 from IPython.display import Markdown, display
 
 from brorl_lab.core.config import Config
+from brorl_lab.core.models import load_policy
 from brorl_lab.lab import plots, tracking
+from brorl_lab.lab.stats import format_share, wilson_interval
 from brorl_lab.lab.widgets import TrainingDashboard, TrainingJob
 from brorl_lab.rl.trainer import Trainer
+from brorl_lab.study.plateau import RECIPES
 
 transformers.logging.disable_progress_bar()  # no "Loading weights" bar per arm
+V1, V2 = RECIPES["prorl_v1"], RECIPES["prorl_v2"]
 base = Config(tasks=list(tasks), rollouts_per_prompt=N, prompts_per_step=prompts, optimizer_steps_per_step=2,
-              max_new_tokens=8, temperature=1.2, lr=lr, kl_beta=kl_beta, kl_estimator="k3", eps_low=0.2,
-              eps_high=0.28, reset_every=0, reset_on_kl=0.0, reset_optimizer=True, steps=steps,
+              max_new_tokens=8, temperature=1.2, lr=lr, kl_beta=kl_beta, kl_estimator="k3", eps_low=V2["eps_low"],
+              eps_high=V2["eps_high"], reset_every=0, reset_on_kl=0.0, reset_optimizer=True, steps=steps,
               eval_every=eval_every, eval_prompts=eval_prompts, eval_samples=4, eval_k=[1, 4],
               checkpoint_every=0, max_resample_rounds=2, run_dir=run_dir, torch_threads=torch_threads)
+start_policy, _ = load_policy(base.model)
+print(f"the model: {base.model}, {sum(t.numel() for t in start_policy.parameters()):,} parameters")
+display(Markdown("\n".join([
+    "| stabiliser | knob | ProRL v1 (paper) | ProRL v2 (post) | workbench `prorl_v1` | workbench `prorl_v2` | for |",
+    "| --- | --- | --- | --- | --- | --- | --- |",
+    f"| KL penalty | `kl_beta`, `kl_estimator` | not reported (verl: 1e-3, k3) | 1e-4, k2 | {V1['kl_beta']:g}, "
+    f"{V1['kl_estimator']} | {V2['kl_beta']:g}, {V2['kl_estimator']} | limits drift from the reference |",
+    f"| reference reset | `reset_every`, `reset_on_kl`, `reset_optimizer` | on stalls, optimizer reset | every "
+    f"200-500 steps or on KL spikes, optimizer kept | every {V1['reset_every']}, reset_optimizer="
+    f"{V1['reset_optimizer']} | every {V2['reset_every']}, reset_optimizer={V2['reset_optimizer']} | lets "
+    "KL-regularised training continue |",
+    f"| clip-higher | `eps_low`, `eps_high` | 0.2 / 0.4 | 0.2 / 0.27-0.28 | {V1['eps_low']:g} / {V1['eps_high']:g} "
+    f"| {V2['eps_low']:g} / {V2['eps_high']:g} | keeps entropy up |"])))
 STABILISER_FIELDS = ["kl_beta", "kl_estimator", "reset_every", "reset_on_kl", "reset_optimizer", "eps_low",
                      "eps_high", "optimizer_steps_per_step", "temperature"]
 pd.DataFrame([{"field": f, "baseline": getattr(base, f), "help": Config.__dataclass_fields__[f].metadata["help"]}
@@ -86,15 +103,19 @@ pd.DataFrame([{"field": f, "baseline": getattr(base, f), "help": Config.__datacl
 #
 # ## The arms
 #
-# Each arm changes one thing in the baseline:
+# Each arm changes one thing in the baseline. The baseline's clip is the workbench's ProRL v2 recipe
+# (`eps_high` read from `RECIPES["prorl_v2"]`). The reset-on-KL arm's threshold is scaled to the KL this setting
+# actually produces: a fixed number means nothing across learning rates (at `lr=3e-3` the first step alone gives a
+# KL in the units, at `3e-4` a hundredth of that), so by default it is `reset_kl_scale` times the median per-step KL
+# of the baseline run (same seed), which trains first.
 
 # %%
 ARMS = {
-    "baseline":        {},                                     # KL beta, clip 0.2/0.28, no resets
+    "baseline":        {},                                     # KL beta, clip-higher, no resets
     "no KL":           {"kl_beta": 0.0},                       # beta = 0: no reference at all
     "reset every K":   {"reset_every": reset_every},
-    "reset on KL":     {"reset_on_kl": reset_kl_threshold},
-    "symmetric clip":  {"eps_high": 0.2},                      # PPO's 0.2 / 0.2 instead of 0.2 / 0.28
+    "reset on KL":     {"reset_on_kl": reset_kl_threshold},    # 0: set from the baseline run in train_arm
+    "symmetric clip":  {"eps_high": base.eps_low},             # PPO's symmetric clip, eps_high = eps_low
 }
 RUNS = {f"{arm.replace(' ', '_')}-seed{s}": (arm, s) for arm in ARMS for s in seeds}
 NAMES = {run: arm if len(seeds) == 1 else f"{arm} (seed {s})" for run, (arm, s) in RUNS.items()}
@@ -113,8 +134,22 @@ pd.DataFrame([{"run": run, "arm": arm, "seed": s,
 # interrupt (■) stops the current arm and skips the rest.
 
 # %%
-def train_arm(run: str, arm: str, seed: int, callbacks=()) -> pd.DataFrame:
-    cfg = base.replace(run_name=run, seed=seed, **ARMS[arm])
+KL_THRESHOLDS = {}  # seed -> the reset-on-KL threshold used
+
+
+def kl_threshold(seed: int, done: dict) -> float:
+    """reset_kl_threshold, or (when 0) reset_kl_scale x the median per-step KL of this seed's baseline run."""
+    if reset_kl_threshold > 0:
+        return float(reset_kl_threshold)
+    kl = done[f"baseline-seed{seed}"]["kl"].dropna()
+    return float(f"{reset_kl_scale * kl.median():.3g}")
+
+
+def train_arm(run: str, arm: str, seed: int, callbacks=(), done=None) -> pd.DataFrame:
+    changes = dict(ARMS[arm])
+    if arm == "reset on KL":
+        changes["reset_on_kl"] = KL_THRESHOLDS[seed] = kl_threshold(seed, done or {})
+    cfg = base.replace(run_name=run, seed=seed, **changes)
     # overwrite=True: a re-run trains the arm afresh, replacing its earlier run (without it the Trainer refuses)
     with Trainer(cfg, callbacks=list(callbacks), progress=False, overwrite=True) as trainer:
         return trainer.run()
@@ -129,7 +164,7 @@ def train_all(callbacks=()) -> dict:
         if halt.is_set():
             break
         t0 = time.perf_counter()
-        done[run] = train_arm(run, arm, seed, callbacks)
+        done[run] = train_arm(run, arm, seed, callbacks, done)
         done[run].attrs["wall_s"] = time.perf_counter() - t0
     return done
 
@@ -153,6 +188,7 @@ if live:
     results = job.result()  # waits for the background runs
 summary = pd.DataFrame([{"run": run, "steps": len(df) - 1, "train s": round(df.attrs["wall_s"], 1)}
                         for run, df in results.items()])
+print("reset-on-KL threshold per seed:", {s: round(t, 4) for s, t in KL_THRESHOLDS.items()})
 summary
 
 # %% [markdown]
@@ -163,6 +199,50 @@ df = tracking.load_runs(run_dir)
 df = df[df["run"].isin(list(results))]
 runs = [r for r in RUNS if r in set(df["run"])]
 print(f"{len(runs)} runs, {len(df)} rows, columns like {', '.join(c for c in df.columns[:8])} ...")
+
+# %% [markdown]
+# The sections below compare each ablation with the baseline *of the same seed*. With one seed and the same prompts,
+# two arms run the very same computation until the stabiliser first acts, so their curves overlap exactly up to that
+# step: `first_difference` finds it (None: the arm never differed from the baseline). An update is a step that was
+# not skipped (a step is skipped when dynamic sampling finds no group with both right and wrong answers; such a step
+# logs no entropy, KL or loss).
+
+# %%
+TRACKED = ["reward_mean", "loss", "entropy", "clipfrac_low", "clipfrac_high", "grad_norm"]
+
+
+def rows(run: str) -> pd.DataFrame:
+    return df[(df["run"] == run) & (df["step"] > 0)].set_index("step").sort_index()
+
+
+def baseline_of(run: str) -> str:
+    return f"baseline-seed{RUNS[run][1]}"
+
+
+def first_difference(run: str):
+    """The first step whose logged metrics differ from the same seed's baseline; None if identical throughout."""
+    a, b = rows(run), rows(baseline_of(run))
+    cols = [c for c in TRACKED if c in a and c in b]
+    for step in a.index.intersection(b.index):
+        if not np.array_equal(a.loc[step, cols].to_numpy(float), b.loc[step, cols].to_numpy(float), equal_nan=True):
+            return int(step)
+    return None
+
+
+def updates(run: str) -> pd.DataFrame:
+    g = rows(run)
+    return g[~g["skipped"].fillna(False).astype(bool)] if "skipped" in g else g
+
+
+def late_entropy(run: str) -> float:
+    """Mean entropy over the updates of the last third of training (NaN: no update there)."""
+    u = updates(run)
+    return float(u.loc[u.index > steps * 2 / 3, "entropy"].mean())
+
+
+def mean_of(run: str, col: str) -> float:
+    g = rows(run)
+    return float(g[col].mean()) if col in g else float("nan")
 
 # %% [markdown]
 # ## 1 · KL to a reference (β = 0 vs small)
@@ -181,6 +261,21 @@ print(f"{len(runs)} runs, {len(df)} rows, columns like {', '.join(c for c in df.
 kl_runs = [r for r in runs if RUNS[r][0] in ("baseline", "no KL")]
 plots.metrics_grid_figure(df, ["entropy", "kl", "reward_mean", "eval/mean/pass@1"], runs=kl_runs, names=NAMES,
                           title="KL penalty: baseline (β > 0) against β = 0")
+
+# %% [markdown]
+# **What you should see, and what this run shows** (computed): the two arms overlap until the first step where the
+# penalty changed a gradient; after that, does β = 0 lower the entropy? The penalty matters only if $\beta \cdot$ KL
+# is not negligible next to the policy loss, so the line compares the two.
+
+# %%
+for r in (r for r in runs if RUNS[r][0] == "no KL"):
+    b = baseline_of(r)
+    penalty, loss_size = kl_beta * rows(b)["kl"], rows(b)["policy_loss"].abs().mean()
+    weak = penalty.mean() < 0.25 * loss_size
+    print(f"{NAMES[r]}: first differs from the baseline at step {first_difference(r)}; late entropy "
+          f"{late_entropy(r):.3f} (β = 0) vs {late_entropy(b):.3f} (β = {kl_beta:g}); the baseline's penalty β·KL "
+          f"averaged {penalty.mean():.2g} (at most {penalty.max():.2g}) against a policy loss of mean size "
+          f"{loss_size:.2g}" + ("; at this scale the penalty barely acts" if weak else ""))
 
 # %% [markdown]
 # ### What each KL estimator does as a loss
@@ -242,13 +337,30 @@ resets if len(resets) else Markdown(f"No resets in {steps} steps (reset_every={r
                                     f"reset_kl_threshold={reset_kl_threshold}).")
 
 # %% [markdown]
-# **A jolt after each reset, in this tiny setting.** With `reset_optimizer=True` (ProRL v1) a reset also starts a
-# fresh AdamW. Its moment estimates start at zero, so its first updates move *every* parameter by about `lr`, much
-# more than the damped steps of a warmed-up optimizer: the KL right after a reset (and at step 1) jumps. Here, with
-# `lr=3e-3` and a reset every 4 steps (seed 0, 12 steps), the KL one step after the first reset was 3.1 with a fresh
-# optimizer and 0.11 with the optimizer kept. ProRL v2 keeps it (`reset_optimizer=False`), and at ProRL's learning
-# rates (1e-6 to 2e-6) the jolt is small. The k3 estimator also grows exponentially in the log-ratio, so single large
-# values are expected when the policy moves far in one update.
+# **What you should see:** the baseline's KL to its fixed reference creeps up over the steps; each × drops the reset
+# arm's KL to zero and it grows again from there. **A jolt after each reset:** with `reset_optimizer=True` (ProRL
+# v1) a reset also starts a fresh AdamW. Its moment estimates start at zero, so its first updates move *every*
+# parameter by about `lr`, much more than the damped steps of a warmed-up optimizer, and the KL one step after a
+# reset can jump (ProRL v2 keeps the optimizer, `reset_optimizer=False`). The k3 estimator also grows exponentially
+# in the log-ratio, so single large values are expected when the policy moves far in one update. This run:
+
+# %%
+for r in (r for r in runs if RUNS[r][0] in ("reset every K", "reset on KL")):
+    g, b = rows(r), rows(baseline_of(r))
+    at = g.index[g["reset"].fillna(False).astype(bool)].tolist()
+    after = [s for s in at if s + 1 in g.index]
+    line = f"{NAMES[r]}: {len(at)} reset(s) at steps {at}"
+    if RUNS[r][0] == "reset on KL":
+        line += f" (threshold {KL_THRESHOLDS.get(RUNS[r][1], reset_kl_threshold):.3g})"
+    if at:
+        line += (f"; mean KL after the first reset {g.loc[g.index > at[0], 'kl'].mean():.3g} vs the baseline's "
+                 f"{b.loc[b.index > at[0], 'kl'].mean():.3g} over the same steps")
+    if after:
+        line += f"; KL one step after the first reset {g.loc[after[0] + 1, 'kl']:.3g} (baseline {b.loc[after[0] + 1, 'kl']:.3g})"
+    skipped = len(g) - len(updates(r))
+    if skipped:
+        line += f"; {skipped} step(s) skipped (no informative group: no update, no entropy)"
+    print(line)
 
 # %% [markdown]
 # ## 3 · Clip-higher (symmetric 0.2 / 0.2 against decoupled 0.2 / 0.28)
@@ -262,34 +374,115 @@ resets if len(resets) else Markdown(f"No resets in {steps} steps (reset_every={r
 # %%
 clip_runs = [r for r in runs if RUNS[r][0] in ("baseline", "symmetric clip")]
 plots.metrics_grid_figure(df, ["entropy", "clipfrac_high", "reward_mean", "eval/mean/pass@1"], runs=clip_runs,
-                          names=NAMES, title="Clip-higher: 0.2 / 0.28 (baseline) against symmetric 0.2 / 0.2")
+                          names=NAMES, title=f"Clip-higher: {base.eps_low:g} / {base.eps_high:g} (baseline) against "
+                          f"symmetric {base.eps_low:g} / {base.eps_low:g}")
+
+# %% [markdown]
+# **What you should see, and what this run shows.** The two arms can only differ once some token with a positive
+# advantage reaches a ratio between $1 + \varepsilon_{low}$ and $1 + \varepsilon_{high}$: below that band neither clip
+# binds, above it both do (and such a token gets no gradient in either arm). The ratio leaves 1 only in the second
+# mini-batch of a step, after one update, so the band is reached only when an update moves single tokens' probabilities
+# by 20-27% but not more. At a small learning rate that is rare; at a large one the ratios jump past the whole band.
+
+# %%
+for r in (r for r in runs if RUNS[r][0] == "symmetric clip"):
+    b, d = baseline_of(r), first_difference(r)
+    share = rows(b)["clipfrac_high"].mean()
+    if d is None:
+        print(f"{NAMES[r]}: identical to the baseline at every step (every logged metric equal): no token with a "
+              f"positive advantage had its ratio in ({1 + base.eps_low:g}, {1 + base.eps_high:g}], so both arms "
+              f"clipped the same tokens; at this scale clip-higher did nothing (baseline's clipfrac_high averaged "
+              f"{share:.3f}, the tokens above {1 + base.eps_high:g})")
+    else:
+        print(f"{NAMES[r]}: first differs from the baseline at step {d}; late entropy {late_entropy(r):.3f} "
+              f"(symmetric) vs {late_entropy(b):.3f} (clip-higher); mean clipfrac_high {mean_of(r, 'clipfrac_high'):.3f}"
+              f" (tokens above {1 + base.eps_low:g}) vs {share:.3f} (above {1 + base.eps_high:g})")
 
 
 # %% [markdown]
 # ## Summary
 #
-# Per arm: mean entropy over the last third of training, the largest KL, the number of resets and the last held-out
-# pass@1. Remember the caveat at the top: a dozen steps on one seed do not separate these arms reliably.
+# Per arm, computed from the runs: the updates it made (skipped steps made none), the first step at which it differed
+# from the same seed's baseline, the mean entropy over the updates of the last third of training, the largest KL, the
+# resets, and held-out pass@1 before and after training with a 95% Wilson interval over the eval samples (samples of
+# one prompt are not independent, so the true interval is wider). Remember the caveat at the top: a dozen steps on
+# one seed do not separate these arms reliably.
 
 # %%
-def arm_row(run: str, g: pd.DataFrame) -> dict:
-    train = g[g["step"] > 0]
-    tail = train[train["step"] > train["step"].max() * 2 / 3]
-    evals = g.dropna(subset=["eval/mean/pass@1"]) if "eval/mean/pass@1" in g else g.iloc[:0]
-    return {"arm": NAMES[run], "late entropy": tail["entropy"].mean() if "entropy" in tail else float("nan"),
-            "max KL": train["kl"].max() if "kl" in train else float("nan"),
-            "resets": int(train["reset"].fillna(False).astype(bool).sum()) if "reset" in train else 0,
-            "first eval pass@1": evals["eval/mean/pass@1"].iloc[0] if len(evals) else float("nan"),
-            "last eval pass@1": evals["eval/mean/pass@1"].iloc[-1] if len(evals) else float("nan")}
+EVAL_SAMPLES = base.eval_prompts * base.eval_samples * len(base.tasks)   # pass@1 = correct eval samples / this
 
 
-pd.DataFrame([arm_row(r, df[df["run"] == r]) for r in runs]).round(4)
+def pass_at_1(value: float) -> str:
+    return format_share(wilson_interval(int(round(value * EVAL_SAMPLES)), EVAL_SAMPLES))
+
+
+def arm_row(run: str) -> dict:
+    g = df[df["run"] == run]
+    evals = g.dropna(subset=["eval/mean/pass@1"]).sort_values("step")
+    ent = late_entropy(run)
+    return {"arm": NAMES[run], "updates": len(updates(run)), "skipped steps": len(rows(run)) - len(updates(run)),
+            "first step differing from baseline": "-" if RUNS[run][0] == "baseline" else first_difference(run),
+            "late entropy": "no update" if np.isnan(ent) else round(ent, 4),
+            "max KL": round(float(rows(run)["kl"].max()), 4) if rows(run)["kl"].notna().any() else "not computed",
+            "resets": int(rows(run)["reset"].fillna(False).astype(bool).sum()),
+            "held-out pass@1 first": pass_at_1(evals["eval/mean/pass@1"].iloc[0]) if len(evals) else "-",
+            "held-out pass@1 last": pass_at_1(evals["eval/mean/pass@1"].iloc[-1]) if len(evals) else "-"}
+
+
+table = pd.DataFrame([arm_row(r) for r in runs])
+table
+
+# %% [markdown]
+# **Why held-out pass@1 moves the same way in every arm.** The reset arms run exactly the baseline's steps until their
+# first reset, and the others differ from it only slightly at first (the table's "first step differing" column), so
+# a fall that happens early is largely one event, seen once per arm. What
+# the policies learned shows in their answers: below, each arm's final policy (and the starting model) answers
+# fresh prompts of the same families at the eval temperature; a policy that has collapsed onto a few frequent answers
+# (for `gcd`, small numbers such as 1 and 2 are right on many training prompts) gains training reward while it loses
+# the prompts whose answer is anything else.
+
+# %%
+from brorl_lab.rl import steps as S  # noqa: E402
+from brorl_lab.rl.spec import resolve  # noqa: E402
+from brorl_lab.rollout.engines import RolloutSampling, make_engine  # noqa: E402
+
+probe = S.sample_prompts(list(tasks), eval_prompts, seed=10_000)
+probe_sampling = RolloutSampling(temperature=base.eval_temperature, top_p=base.eval_top_p,
+                                 max_new_tokens=base.max_new_tokens, seed=0)
+
+
+def answer_profile(label: str, policy_dir) -> dict:
+    policy, tok = load_policy(policy_dir)
+    template = resolve(base, tokenizer=tok).template
+    with make_engine("torch", policy, tok) as engine:
+        batch = S.score(S.rollout(engine, probe, n=8, sampling=probe_sampling, template=template), template=template)
+    answers = batch.to_pandas()["response"].str.strip()
+    top = answers.value_counts()
+    return {"policy": label, "correct": round(float(batch.correct.float().mean()), 3),
+            "distinct answers": int(top.size), "two most common": ", ".join(repr(a) for a in top.index[:2]),
+            "their share": round(float(top.iloc[:2].sum() / len(answers)), 3),
+            "empty answers": round(float((answers == "").mean()), 3)}
+
+
+profiles = pd.DataFrame([answer_profile("start", base.model)]
+                        + [answer_profile(NAMES[r], f"{run_dir}/{r}/policy") for r in runs])
+profiles
+
+# %%
+start = profiles.iloc[0]
+for _, row in profiles.iloc[1:].iterrows():
+    print(f"{row['policy']}: {row['their share']:.0%} of answers are {row['two most common']} (start: "
+          f"{start['their share']:.0%}), {row['distinct answers']} distinct answers (start: {start['distinct answers']})"
+          f", {row['empty answers']:.0%} empty, {row['correct']:.0%} correct (start: {start['correct']:.0%})")
 
 # %% [markdown]
 # ## Where to go from here
 #
-# * Longer runs: `steps=200` with `eval_every=20` shows the entropy of the symmetric-clip and no-KL arms falling
-#   below the baseline's on most seeds, and KL to a fixed reference growing until the reset arms pull it back.
+# * Longer runs: `steps=200` with `eval_every=20` is where ProRL's effects (entropy kept up by clip-higher and the
+#   KL anchor; KL pulled back by the resets) have room to show; this notebook has not run them, so read the curves.
 # * More seeds (`seeds=[0, 1, 2]`) and `python -m brorl_lab sweep` over this notebook; compare the arms with
 #   notebook 04 (`runs_root` = this `run_dir`).
+# * A larger `lr` (e.g. `3e-3`) moves the tiny model so far per step that the ratios jump past the whole clip band
+#   and a fresh optimizer after a reset can knock the policy into answers that are never right, after which every
+#   step is skipped (no informative group): try it and read the summary's "updates" column.
 # * ProRL v2 semantics: `reset_optimizer=False`, `kl_estimator="k2"`, `kl_beta=1e-4`.

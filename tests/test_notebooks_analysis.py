@@ -22,8 +22,8 @@ NB03 = NOTEBOOKS / "03_prorl_stabilisers.ipynb"
 NB04 = NOTEBOOKS / "04_sweep_analysis.ipynb"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
-TINY03 = dict(steps=2, N=4, prompts=2, seeds=[0], reset_every=1, reset_kl_threshold=0.05, eval_every=1,
-              eval_prompts=4, torch_threads=1, live=False)
+TINY03 = dict(steps=2, N=4, prompts=2, seeds=[0], reset_every=1, eval_every=1, eval_prompts=4, torch_threads=1,
+              live=False)  # reset_kl_threshold left at 0: scaled to the baseline's measured KL
 ARMS = ("baseline", "no KL", "reset every K", "reset on KL", "symmetric clip")
 
 
@@ -82,6 +82,15 @@ def test_03_trains_every_arm_and_draws_the_ablations(tmp_path, monkeypatch):
     assert all((run_dir / d / "metrics.parquet").exists() for d in dirs)
     summary = next(o for o in outputs if o.output_type == "execute_result" and "late entropy" in o.data["text/plain"])
     assert all(a in summary.data["text/plain"] for a in ARMS)
+    assert "updates" in summary.data["text/plain"] and "first step differing" in summary.data["text/plain"]
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    # the reset-on-KL threshold is 2 x the baseline's median step KL, read back from the baseline's metrics
+    baseline_kl = tracking.load_runs(run_dir).query("run == 'baseline-seed0'")["kl"].dropna()
+    assert f"reset-on-KL threshold per seed: {{0: {float(f'{2 * baseline_kl.median():.3g}')}}}" in text
+    assert "the model: default, 917,120 parameters" in text  # read from the model, not typed
+    assert "symmetric clip: " in text and "reset every K: " in text and "no KL: first differs" in text
+    assert text.count("distinct answers (start:") == len(ARMS)  # every arm's final policy probed
+    assert "0.27" in "".join(str(o.get("data", {}).get("text/markdown", "")) for o in outputs)  # v2's clip, from code
 
 
 def test_04_compares_tiny_runs_and_handles_a_partial_root(tmp_path, monkeypatch):

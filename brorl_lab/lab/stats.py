@@ -112,3 +112,65 @@ def format_interval(r: dict, scale: float = 100.0, unit: str = "points") -> str:
         return f"{scale * r['mean']:+.2f} {unit} (n={r['n']}: no interval)"
     return (f"{scale * r['mean']:+.2f} [{scale * r['lo']:+.2f}, {scale * r['hi']:+.2f}] {unit} (n={r['n']}, "
             f"t={r['t']:.2f}; MDE {scale * r['mde']:.2f}, {100 * r.get('power', 0.8):.0f}% power {scale * r['mde_power']:.2f})")
+
+
+def wilson_interval(successes, trials, *, level: float = 0.95) -> dict:
+    """A share k/n with its Wilson score interval, always inside [0, 1] (the Wald k/n ± z·se leaves it near 0 and 1:
+    "0.06 [-0.05, 0.18]"). With z the normal quantile of ``level`` and p̂ = k/n:
+
+        centre = (p̂ + z²/2n) / (1 + z²/n),    half = z / (1 + z²/n) · sqrt(p̂(1-p̂)/n + z²/4n²)
+
+    Keys: k, n, share (p̂), lo, hi, level. With n = 0 the share and interval are NaN (nothing was counted). The
+    draws must be independent: shares of correlated units (samples of one prompt) get too narrow an interval."""
+    if not (is_number(level) and 0 < level < 1):
+        raise ValueError(f"level: got {level!r}; allowed: a probability in (0, 1)")
+    if not (is_number(trials) and float(trials).is_integer() and trials >= 0):
+        raise ValueError(f"trials: got {trials!r}; allowed: a whole number >= 0")
+    if not (is_number(successes) and 0 <= successes <= trials and float(successes).is_integer()):
+        raise ValueError(f"successes: got {successes!r}; allowed: a whole number in [0, trials={trials}]")
+    k, n = int(successes), int(trials)
+    nan = float("nan")
+    if n == 0:
+        return {"k": 0, "n": 0, "share": nan, "lo": nan, "hi": nan, "level": level}
+    from scipy import stats
+
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return {"k": k, "n": n, "share": p, "lo": max(0.0, centre - half), "hi": min(1.0, centre + half), "level": level}
+
+
+def format_share(r: dict, digits: int = 2) -> str:
+    """``0.06 [0.02, 0.17] (3 of 50)`` from a :func:`wilson_interval` dict; ``- (0 counted)`` when n = 0."""
+    if r["n"] == 0:
+        return "- (0 counted)"
+    return f"{r['share']:.{digits}f} [{r['lo']:.{digits}f}, {r['hi']:.{digits}f}] ({r['k']} of {r['n']})"
+
+
+def share_interval(successes: Sequence[float], trials: Sequence[float], *, level: float = 0.95, draws: int = 4000,
+                   seed: int = 0) -> dict:
+    """A share pooled over clusters, sum(k) / sum(n), with an interval inside [0, 1] that respects the clusters.
+
+    ``successes`` [C] and ``trials`` [C] count per cluster (e.g. per seed: the prompts of one seed share one Adam
+    step, so they are not independent draws). With two or more clusters the interval is the percentile cluster
+    bootstrap (resample clusters with replacement, ``draws`` times; method "cluster bootstrap"); with one it is the
+    :func:`wilson_interval` of its counts (method "wilson": units assumed independent). Clusters with n = 0 count
+    nothing and are dropped. Keys: k, n, clusters, share, lo, hi, level, method."""
+    k, n = _values("successes", successes), _values("trials", trials)
+    if k.shape != n.shape or (k < 0).any() or (k > n).any():
+        raise ValueError(f"successes, trials: got {k.tolist()[:5]}, {n.tolist()[:5]}; allowed: equal-length counts "
+                         "with 0 <= successes <= trials")
+    if not (is_number(level) and 0 < level < 1):
+        raise ValueError(f"level: got {level!r}; allowed: a probability in (0, 1)")
+    keep = n > 0
+    k, n = k[keep], n[keep]
+    if k.size < 2:
+        r = wilson_interval(int(k.sum()), int(n.sum()), level=level)
+        return {**r, "clusters": int(k.size), "method": "wilson"}
+    pick = np.random.default_rng(seed).integers(0, k.size, size=(int(draws), k.size))  # [draws, C]
+    boot = k[pick].sum(axis=1) / n[pick].sum(axis=1)  # [draws]
+    lo, hi = np.quantile(boot, [0.5 - level / 2, 0.5 + level / 2])
+    return {"k": int(k.sum()), "n": int(n.sum()), "clusters": int(k.size), "share": float(k.sum() / n.sum()),
+            "lo": float(lo), "hi": float(hi), "level": level, "method": "cluster bootstrap"}
