@@ -22,7 +22,7 @@
 # training becomes unstable. ProRL keeps such runs alive with three stabilisers, each a field of `brorl_lab.Config`.
 # The table below is built in the first code cell: the papers' values as docs/RECIPES.md records them (v1: arXiv
 # 2505.24864; v2: the ProRL v2 post and configs), beside this workbench's two recipes as the code defines them
-# (`brorl_lab.study.plateau.RECIPES`; their lr and batch sizes are ours, for the tiny model).
+# (`brorl_lab.study.recipe.RECIPES`; their lr and batch sizes are ours, for the tiny model).
 #
 # This notebook trains one small **baseline** (all three on) and one **ablation** per stabiliser, and compares their
 # entropy, KL, reward and held-out pass@1. Run interactively it shows a live dashboard while training (with a
@@ -67,7 +67,7 @@ from brorl_lab.lab import plots, tracking
 from brorl_lab.lab.stats import format_share, wilson_interval
 from brorl_lab.lab.widgets import TrainingDashboard, TrainingJob
 from brorl_lab.rl.trainer import Trainer
-from brorl_lab.study.plateau import RECIPES
+from brorl_lab.study.recipe import RECIPES
 
 transformers.logging.disable_progress_bar()  # no "Loading weights" bar per arm
 V1, V2 = RECIPES["prorl_v1"], RECIPES["prorl_v2"]
