@@ -361,11 +361,14 @@ def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str =
 def cmd_reach(args) -> int:
     import torch
 
-    from brorl_lab.study.plateau import reach_table
+    from brorl_lab.study.plateau import reach_rates, reach_table_of, save_reach
 
     torch.set_num_threads(args.threads)
-    table = reach_table(args.model, args.families, prompts=args.prompts)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    rates = reach_rates(args.model, args.families, prompts=args.prompts)
+    print(reach_table_of(rates).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.out:
+        save_reach(args.out, args.model, rates, command=_command_line(args))
+        print(f"written: {args.out}/branch_rates.csv (every prompt) and {args.out}/reach.json (table, p histogram)")
     return 0
 
 
@@ -605,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--model", default="default", help="'default', 'plateau' or a model directory")
     rc.add_argument("--families", nargs="+", required=True)
     rc.add_argument("--prompts", type=int, default=128, help="training prompts per family")
+    rc.add_argument("--out", default=None, help="also write branch_rates.csv (every prompt's p) and reach.json "
+                    "(the table and the per-prompt p histogram) into this directory")
     rc.add_argument("--threads", type=int, default=1, help="torch threads")
     rc.set_defaults(func=cmd_reach)
 

@@ -180,6 +180,28 @@ def test_p_histogram_bins_every_prompt_once_with_p0_and_p1_apart():
         p_histogram(rates, edges=(0.1, 1.0))
 
 
+def test_save_reach_writes_every_prompt_and_the_histogram(tmp_path):
+    from brorl_lab.study.plateau import reach_rates, save_reach
+
+    rates = reach_rates("default", ["gcd", "chain_sum"], prompts=2, n_draws=16)
+    meta = save_reach(tmp_path / "rec", "default", rates, command="python -m brorl_lab reach ...", n_draws=16)
+    back = pd.read_csv(tmp_path / "rec" / "branch_rates.csv")
+    assert back["family"].tolist() == ["gcd", "gcd", "chain_sum", "chain_sum"] and (back["p"] == back["correct"] / 16).all()
+    assert json.loads((tmp_path / "rec" / "reach.json").read_text()) == json.loads(json.dumps(meta, default=float))
+    assert [r["family"] for r in meta["reach"]] == ["gcd", "chain_sum"] and len(meta["model_sha256"]) == 64
+    hist = pd.DataFrame(meta["p_histogram"])
+    assert hist.groupby("family")["prompts"].sum().to_dict() == {"all": 4, "chain_sum": 2, "gcd": 2}
+
+
+def test_model_aliases_name_the_shipped_branch_points():
+    from brorl_lab.core.paths import PLATEAU_MODEL_DIR, TAKEOFF_BASE_DIR
+
+    assert RC.resolve_experiment_model("floor") == RC.resolve_experiment_model("plateau") == str(PLATEAU_MODEL_DIR)
+    assert RC.resolve_experiment_model("takeoff") == str(TAKEOFF_BASE_DIR)
+    with pytest.raises(UserError, match="'floor'"):
+        RC.resolve_experiment_model(" ")
+
+
 def test_reach_table_measures_each_family_alone():
     t = P.reach_table("default", ["gcd", "chain_sum"], prompts=3, n_draws=32)
     assert list(t["family"]) == ["gcd", "chain_sum"] and (t["prompts"] == 3).all()
