@@ -59,7 +59,7 @@ from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import atomic_write_text
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.core.validation import check_int, check_seeds
-from brorl_lab.lab.stats import t_interval
+from brorl_lab.lab.stats import share_interval, t_interval
 from brorl_lab.rl import answer_mass as AM
 from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
@@ -236,13 +236,16 @@ def per_seed(df: pd.DataFrame) -> pd.DataFrame:
     d = d.assign(neg=d["dq"] < 0, dq_per_lr=d["dq"] / d["lr"], n_dq_per_lr=d["n"] * d["dq"] / d["lr"])
     keys = [c for c in ("model", "n", "split", "seed") if c in d]
     return d.groupby(keys, sort=True).agg(share_neg=("neg", "mean"), dq=("dq", "mean"), dq_per_lr=("dq_per_lr", "mean"),
-                                          n_dq_per_lr=("n_dq_per_lr", "mean"),
+                                          n_dq_per_lr=("n_dq_per_lr", "mean"), neg=("neg", "sum"),
+                                          prompts=("neg", "size"),
                                           groups_kept=("groups_kept", "first")).reset_index()
 
 
 def summarise_theorem(df: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
     """Per (model, N, split): for each of :data:`METRICS` the mean over seeds with its t interval (``_lo``,
-    ``_hi``), and the number of seeds."""
+    ``_hi``), and the number of seeds. ``share_neg`` is a share: pooled over seeds (prompts losing mass / prompts)
+    with a cluster-bootstrap interval over seeds that stays inside [0, 1] (:func:`brorl_lab.lab.stats.share_interval`;
+    a t interval left it: "0.06 [-0.05, 0.18]")."""
     ps = per_seed(df)
     rows = []
     keys = [c for c in ("model", "n", "split") if c in ps]
@@ -251,6 +254,10 @@ def summarise_theorem(df: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
         row["seeds"] = len(g)
         row["groups_kept"] = g["groups_kept"].mean()
         for m in METRICS:
+            if m == "share_neg":
+                r = share_interval(g["neg"].to_numpy(), g["prompts"].to_numpy(), level=level)
+                row.update({m: r["share"], f"{m}_lo": r["lo"], f"{m}_hi": r["hi"]})
+                continue
             r = t_interval(g[m].to_numpy(), level=level)
             row.update({m: r["mean"], f"{m}_lo": r["lo"], f"{m}_hi": r["hi"]})
         rows.append(row)
