@@ -428,3 +428,16 @@ def test_save_outputs_survives_a_missing_browser(tmp_path, monkeypatch):
     assert pd.read_parquet(tmp_path / "out" / "metrics.parquet").shape == df.shape
     assert (tmp_path / "out" / "verdict.txt").read_text() == "Does BroRL revive the plateau? NO\n"
     assert "final pass@1 gcd" in (tmp_path / "out" / "summary.csv").read_text()
+
+
+def test_collapse_rule_flags_a_seed_whose_kl_or_pass_at_1_leaves_the_band():
+    """COLLAPSE (study.compare), fixed before every run: KL above 0.5 nats/token at any step, or held-out mean
+    pass@1 more than 10 points below its step-0 start at any evaluation; each seed flagged with its reason."""
+    df = results({"gcd": 1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
+                 bro_offsets=[0.0, -0.25, 0.0]).assign(kl=0.01)
+    df.loc[(df["arm"] == "prorl") & (df["seed"] == 2) & (df["step"] == 3), "kl"] = 0.9
+    flags = C.collapse_flags(df).set_index(["arm", "seed"])
+    assert flags["collapsed"].sum() == 2
+    assert "pass@1 fell" in flags.loc[("brorl", 1), "reason"] and flags.loc[("brorl", 1), "min_change"] < -0.1
+    assert flags.loc[("prorl", 2), "reason"] == "KL 0.9 > 0.5" and not flags.loc[("brorl", 0), "collapsed"]
+    assert C.COLLAPSE == {"kl_max": 0.5, "pass_drop": 0.10}
