@@ -376,7 +376,7 @@ def cmd_scaling(args) -> int:
     """The flagship study headless: notebook 02 into ``--out`` (resumable: finished arm runs are read back, a
     partial one resumes), then its verdict.txt (verdict.json beside it)."""
     params = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k) is not None}
-    params.update(_params(args.param), full_size=args.full_size, torch_threads=args.threads)
+    params.update(_params(args.param), full_size=args.full_size, **_jobs_params(args))
     return _run_study(FLAGSHIP, Path(args.out), params, "verdict.txt",
                       " (full size: 8 paired seeds)" if args.full_size else "")
 
@@ -390,7 +390,16 @@ def cmd_regime_map(args) -> int:
         res = regime.write_outputs(Path(args.out), regime.read_table(Path(args.out)))
         print(res["text"] + (f"\n{res['png_note']}" if res["png_note"] else ""))
         return 0
-    return _run_study(REGIME_MAP, Path(args.out), {**_params(args.param), "torch_threads": args.threads}, "regime.txt")
+    return _run_study(REGIME_MAP, Path(args.out), {**_params(args.param), **_jobs_params(args)}, "regime.txt")
+
+
+def _jobs_params(args) -> dict:
+    """``--jobs / --ray / --threads`` as the study notebooks' parameters, checked here (one line, exit 2) before a
+    notebook starts."""
+    from brorl_lab.lab.jobs import plan_workers
+
+    jobs, threads = plan_workers(args.jobs, args.threads, args.ray)
+    return {"jobs": jobs, "ray": args.ray, "torch_threads": threads}
 
 
 def cmd_theorem(args) -> int:
@@ -400,11 +409,13 @@ def cmd_theorem(args) -> int:
 
     from brorl_lab.study.theorem import theorem_study
 
-    torch.set_num_threads(args.threads)
+    p = _jobs_params(args)
+    torch.set_num_threads(p["torch_threads"])
     t0 = time.perf_counter()
     res = theorem_study(args.models, n_values=args.n_values, seeds=range(args.seeds), prompts=args.prompts,
                         held_out=args.held_out, lr=args.lr, optimizer=args.optimizer, trials=args.trials,
-                        root=args.root, figure_dir=args.figure_dir, command=_command_line(args))
+                        root=args.root, figure_dir=args.figure_dir, command=_command_line(args), jobs=p["jobs"],
+                        ray=p["ray"], threads=p["torch_threads"])
     print(res["table"])
     print(f"figure: {res['png']}; tables: {args.root}; wall {time.perf_counter() - t0:.0f} s, "
           f"load average {os.getloadavg()[0]:.1f}")
@@ -472,6 +483,19 @@ def _literal(s: str) -> Any:
 
 
 # ---- parser ---------------------------------------------------------------------------------------------------------
+def add_jobs_options(parser: argparse.ArgumentParser) -> None:
+    """A study's runs as independent jobs (brorl_lab.lab.jobs, docs/scaling-out.md)."""
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs side by side on this machine, each in its own process and run directory (default: "
+                             "one per physical core; 1: one after another). Same numbers at any --jobs for the same "
+                             "--threads")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None,
+                        help="run every run as a Ray task on the cluster at ADDRESS (host:port from `ray start "
+                             "--head`, or auto); the output directory must be on a filesystem every node mounts")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per run (default: physical cores // --jobs; 1 per Ray task)")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as one line (the usage is one --help away), like every other user error."""
 
@@ -633,7 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--measure-mechanism", action=argparse.BooleanOptionalAction, default=None)
     s.add_argument("--run-ablations", action=argparse.BooleanOptionalAction, default=None)
     s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other notebook parameter")
-    s.add_argument("--threads", type=int, default=1)
+    add_jobs_options(s)
     s.set_defaults(func=cmd_scaling)
 
     g = sub.add_parser("regime-map", help="the same branch on several task settings: BroRL - ProRL against the "
@@ -641,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="runs/regime_map", help="run directory (each setting's arm runs below it)")
     g.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
                    help="a notebook parameter (settings, seeds, steps, model, ...)")
-    g.add_argument("--threads", type=int, default=1)
+    add_jobs_options(g)
     g.add_argument("--summarize", action="store_true",
                    help="run nothing: redo the reading, figure and crossover from OUT/regime_map.csv")
     g.set_defaults(func=cmd_regime_map)
@@ -657,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--trials", type=int, default=400, help="Monte-Carlo draws per prompt and N for P(dQ<0)")
     th.add_argument("--root", default=str(RUNS_DIR / "theorem"))
     th.add_argument("--figure-dir", default=str(NOTEBOOK_DIR / "figures"))
-    th.add_argument("--threads", type=int, default=1)
+    add_jobs_options(th)
     th.set_defaults(func=cmd_theorem)
 
     m = sub.add_parser("make-data", help="regenerate the frozen eval sets data/eval/<family>.jsonl")

@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
@@ -161,21 +161,32 @@ def run_arm(cfg: Config, *, progress: bool = True) -> tuple[pd.DataFrame, bool]:
 
 def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str | Path = DEFAULT_ROOT,
                         progress: bool = True, middle_seeds: Optional[Iterable[int]] = None,
+                        jobs: int = 1, ray: Optional[str] = None, threads: Optional[int] = None,
                         **arm_options) -> pd.DataFrame:
     """Run both arms of :func:`arm_configs` (``arm_options``: n_small, n_large, prompts_small, ...) for each seed from
     ``base.model``, in run directories ``root/<arm>_s<seed>``; returns one long DataFrame of every metrics row with
     columns ``arm``, ``seed``, ``rollouts_per_prompt``, ``prompts_per_step``, ``cum_trained_samples`` and
     ``cum_updates`` (optimizer updates) added.
 
-    The headline arms (ProRL, BroRL) run first for every seed, then the middle arm (``n_mid``) for
+    The headline arms (ProRL, BroRL) come first for every seed, then the middle arm (``n_mid``) for
     ``middle_seeds`` (default: ``seeds``), so a run cut short has the headline comparison complete first.
 
-    Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
-    run with different settings is an error rather than a silent mix. Ctrl-C stops after the current step (the
-    partial results are returned with a warning; call again to continue).
-    """
-    from tqdm.auto import tqdm
+    The runs are independent jobs (:func:`run_plans`): ``jobs`` at a time on this machine (default 1: one after
+    another in this process; None: one per physical core), ``threads`` torch threads each (default physical
+    cores // jobs; ``base.torch_threads`` is replaced), or tasks on the Ray cluster at ``ray``. Each run's numbers
+    depend on its seed and thread count only, so any ``jobs`` at the same ``threads`` gives the same frame.
 
+    Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
+    run with different settings is an error rather than a silent mix. Ctrl-C stops every running arm after its
+    current step, at a checkpoint (the partial results are returned with a warning; call again to continue).
+    """
+    plan = plan_rollout_scaling(base, seeds=seeds, root=root, middle_seeds=middle_seeds, **arm_options)
+    return run_plans({None: plan}, jobs=jobs, ray=ray, threads=threads, progress=progress)[None]
+
+
+def plan_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str | Path = DEFAULT_ROOT,
+                         middle_seeds: Optional[Iterable[int]] = None, **arm_options) -> list[tuple[str, int, Config]]:
+    """The runs of :func:`run_rollout_scaling` in order, as ``(arm, seed, config)``, every name checked."""
     from brorl_lab.rl.spec import check  # imports torch: only when arms run
 
     seeds = check_seeds(seeds)
@@ -185,20 +196,40 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     arms = arm_configs(base, **arm_options)
     order = [(arm, seed) for seed in seeds for arm in arms if arm != "middle"]
     order += [("middle", seed) for seed in middle_seeds if "middle" in arms]
-    plan = [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")))
+    root = Path(root).resolve()  # absolute: worker processes and Ray nodes do not share this working directory
+    return [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")))
             for arm, seed in order]  # every name checked before any arm runs
-    frames = []
-    bar = tqdm(plan, desc="arms", disable=not progress)
-    for arm, seed, cfg in bar:
-        bar.set_postfix_str(f"{arm} seed {seed}")
-        df, finished = run_arm(cfg, progress=progress)
-        frames.append(label_arm(df, arm, seed, cfg))
-        if not finished:
-            warnings.warn(f"run_rollout_scaling interrupted in {arm} seed {seed} at step {int(df['step'].max())} of "
-                          f"{cfg.steps}; call again with the same arguments to resume", stacklevel=2)
-            break
-    bar.close()
-    return pd.concat(frames, ignore_index=True)
+
+
+def run_plans(plans: Mapping, *, jobs: Optional[int] = 1, ray: Optional[str] = None,
+              threads: Optional[int] = None, progress: bool = True) -> dict:
+    """Every run of several :func:`plan_rollout_scaling` plans (``{key: plan}``, e.g. one per regime-map setting)
+    as one set of independent jobs (:func:`brorl_lab.lab.jobs.run_jobs`), so the runs of all plans share the
+    cores (or the cluster). Each run is :func:`run_arm` at ``threads`` torch threads. Returns ``{key: frame}``: the
+    plan's labelled metrics in plan order (what running its arms one after another gives). A stop (Ctrl-C, a run
+    that returned unfinished) leaves every run at a checkpoint and warns; the frames hold what ran."""
+    from brorl_lab.lab.jobs import Job, plan_workers, run_jobs
+
+    workers, threads = plan_workers(jobs, threads, ray)
+    here = workers == 1 and ray is None  # one after another in this process: each run keeps its own bar
+    flat = [(key, arm, seed, cfg.replace(torch_threads=threads)) for key, plan in plans.items()
+            for arm, seed, cfg in plan]
+    todo = [Job(run_arm, (cfg,), {"progress": progress and here}, name=cfg.run_name,
+                run_dir=Path(cfg.run_dir) / cfg.run_name) for _, _, _, cfg in flat]
+    res = run_jobs(todo, workers=workers, threads=threads, ray=ray, progress=progress, desc="arms",
+                   stop_if=lambda out: not out[1])
+    frames: dict = {key: [] for key in plans}
+    unfinished = []
+    for (key, arm, seed, cfg), out in zip(flat, res):
+        if isinstance(out, tuple):
+            frames[key].append(label_arm(out[0], arm, seed, cfg))
+        if not isinstance(out, tuple) or not out[1]:
+            unfinished.append(cfg.run_name if key is None else f"{key}/{cfg.run_name}")
+    if unfinished:
+        warnings.warn(f"the arms stopped ({res.stopped or 'interrupted'}) with {len(unfinished)} of {len(flat)} runs "
+                      f"unfinished ({', '.join(unfinished[:6])}{', ...' if len(unfinished) > 6 else ''}); call again "
+                      "with the same arguments to resume", stacklevel=3)
+    return {key: pd.concat(f, ignore_index=True) if f else pd.DataFrame() for key, f in frames.items()}
 
 
 def label_arm(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFrame:
