@@ -309,3 +309,32 @@ def test_theorem_updates_as_jobs_equal_the_updates_one_after_another(tmp_path):
     assert sorted(p.name for p in (tmp_path / "two" / "default_adamw").glob("n*_s*.csv")) == \
         ["n16_s0.csv", "n16_s1.csv", "n4_s0.csv", "n4_s1.csv"]
     pd.testing.assert_frame_equal(one, two)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_ctrl_c_with_ray_cancels_the_tasks_which_stop_at_a_checkpoint_and_resume(tmp_path, two_node_cluster):
+    import threading
+
+    root = tmp_path / "ray_stop"
+    jobs = _train_jobs(root, names=("a", "b"))
+
+    def interrupt_when_running():  # SIGINT to this process once both tasks are training: the runner's handler takes it
+        deadline = time.monotonic() + 300
+        while not all(_step(root / n) >= 2 for n in ("a", "b")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=interrupt_when_running, daemon=True)
+    watcher.start()
+    res = run_jobs(jobs, ray=two_node_cluster, threads=1, progress=False, stop_if=lambda r: not r[1])
+    watcher.join()
+    assert res.stopped == "SIGINT"
+    for n in ("a", "b"):
+        assert (root / n / "checkpoint").is_dir() and 2 <= _step(root / n) < 12
+    again = run_jobs(jobs, ray=two_node_cluster, threads=1, progress=False)
+    assert again.complete and all(finished for _, finished in again)
+    fresh = run_jobs(_train_jobs(tmp_path / "fresh", names=("a", "b")), workers=1, threads=1, progress=False)
+    for (a, _), (b, _) in zip(again, fresh):
+        keep = [c for c in a.columns if not c.startswith(TIMING)]
+        pd.testing.assert_frame_equal(a[keep].reset_index(drop=True), b[keep].reset_index(drop=True))

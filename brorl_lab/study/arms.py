@@ -172,8 +172,8 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     ``middle_seeds`` (default: ``seeds``), so a run cut short has the headline comparison complete first.
 
     The runs are independent jobs (:func:`run_plans`): ``jobs`` at a time on this machine (default 1: one after
-    another in this process; None: one per physical core), ``threads`` torch threads each (default physical
-    cores // jobs; ``base.torch_threads`` is replaced), or tasks on the Ray cluster at ``ray``. Each run's numbers
+    another in this process; None: one per physical core), ``threads`` torch threads each (default
+    ``base.torch_threads``, or physical cores // jobs when that is 0), or tasks on the Ray cluster at ``ray``. Each run's numbers
     depend on its seed and thread count only, so any ``jobs`` at the same ``threads`` gives the same frame.
 
     Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
@@ -205,11 +205,15 @@ def run_plans(plans: Mapping, *, jobs: Optional[int] = 1, ray: Optional[str] = N
               threads: Optional[int] = None, progress: bool = True) -> dict:
     """Every run of several :func:`plan_rollout_scaling` plans (``{key: plan}``, e.g. one per regime-map setting)
     as one set of independent jobs (:func:`brorl_lab.lab.jobs.run_jobs`), so the runs of all plans share the
-    cores (or the cluster). Each run is :func:`run_arm` at ``threads`` torch threads. Returns ``{key: frame}``: the
+    cores (or the cluster). Each run is :func:`run_arm` at ``threads`` torch threads (default: the configs'
+    ``torch_threads`` when they all name the same one, else physical cores // jobs). Returns ``{key: frame}``: the
     plan's labelled metrics in plan order (what running its arms one after another gives). A stop (Ctrl-C, a run
     that returned unfinished) leaves every run at a checkpoint and warns; the frames hold what ran."""
     from brorl_lab.lab.jobs import Job, plan_workers, run_jobs
 
+    given = {cfg.torch_threads for plan in plans.values() for _, _, cfg in plan}
+    if not threads and len(given) == 1 and min(given) > 0:
+        threads = min(given)  # the configs' own thread count, when they name one
     workers, threads = plan_workers(jobs, threads, ray)
     here = workers == 1 and ray is None  # one after another in this process: each run keeps its own bar
     flat = [(key, arm, seed, cfg.replace(torch_threads=threads)) for key, plan in plans.items()
