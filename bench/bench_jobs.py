@@ -47,7 +47,7 @@ SMOKE_ARMS = dict(n_small=2, n_large=8, prompts_small=2, prompts_large=2)
 
 def flagship_slice(smoke: bool = False):
     """``(base config, arm options)``: notebook 02's full-size flagship (or tiny sizes for ``smoke``)."""
-    from brorl_lab.study.plateau import recipe_config
+    from brorl_lab.study.recipe import recipe_config
 
     settings = dict(SMOKE if smoke else FULL_SIZE)
     recipe = settings.pop("recipe")

@@ -61,7 +61,9 @@ eval_samples = 16               # samples per eval prompt
 reach_prompts = 64              # training prompts measured at the branch point, per setting
 reach_draws = 512               # samples per measured prompt
 run_dir = None                  # tables, figure and each setting's arm runs go here; None: runs/regime_map/
-torch_threads = 1
+jobs = None                     # arm runs side by side, over all settings (None: one per physical core; 1: one at a time)
+ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/scaling-out.md)
+torch_threads = None            # torch threads per arm run (None: physical cores // jobs; 1 per Ray task)
 export_png = True               # write the figure as PNG into run_dir (needs Chromium)
 
 # %%
@@ -74,6 +76,7 @@ import transformers
 
 from brorl_lab.core.models import load_policy
 from brorl_lab.core.paths import RUNS_DIR
+from brorl_lab.lab.jobs import plan_workers
 from brorl_lab.rl.steps import sample_prompts
 from brorl_lab.study import arms as arms_
 from brorl_lab.study import mechanism, regime
@@ -84,6 +87,7 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()
 
 out = Path(run_dir) if run_dir else RUNS_DIR / "regime_map"
+jobs, torch_threads = plan_workers(jobs, torch_threads, ray)
 arm_options = dict(n_small=n_small, n_large=n_large, prompts_small=prompts_small, prompts_large=prompts_large)
 bases = {name: recipe_config(recipe, model=model, tasks=s["tasks"], task_configs=s.get("task_configs", {}),
                              steps=steps, eval_every=eval_every, checkpoint_every=eval_every,
@@ -115,10 +119,11 @@ predicted.round(3)
 # each arm sit beside the E[s_N] predicted from the branch point's p.
 
 # %%
+plans = {name: arms_.plan_rollout_scaling(base, seeds=seeds, root=arms_.experiment_root(base, out / name, **arm_options),
+                                         **arm_options) for name, base in bases.items()}
+frames = arms_.run_plans(plans, jobs=jobs, ray=ray, threads=torch_threads)  # every setting's runs share the cores
 rows = {}
-for name, base in bases.items():
-    root = arms_.experiment_root(base, out / name, **arm_options)
-    df = arms_.run_rollout_scaling(base, seeds=seeds, root=root, **arm_options)
+for name, df in frames.items():
     g = R.grid_comparison(df, "cum_nominal_samples").iloc[-1]
     ds = df[df["step"] > 0].groupby("arm")["ds_pass_rate"].mean()
     rows[name] = {"gap": g["gap"], "lo": g["lo"], "hi": g["hi"], "se": g["sd"] / math.sqrt(g["n"]), "n": g["n"],

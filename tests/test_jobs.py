@@ -217,7 +217,7 @@ ARM_OPTIONS = dict(n_small=2, n_large=8, prompts_small=2, prompts_large=2)  # 4 
 
 
 def tiny_base(root: Path, **kw):
-    from brorl_lab.study.plateau import recipe_config
+    from brorl_lab.study.recipe import recipe_config
 
     d = dict(model="default", tasks=["gcd"], steps=2, eval_every=1, checkpoint_every=1, eval_prompts=4,
              eval_samples=2, optimizer_steps_per_step=1, max_new_tokens=6, max_resample_rounds=1, torch_threads=1,
