@@ -145,17 +145,20 @@ def experiment_root(base: Config, run_dir: str | Path | None = None, **arm_optio
 
 
 def run_arm(cfg: Config, *, progress: bool = True) -> tuple[pd.DataFrame, bool]:
-    """Run one arm to ``cfg.steps``: a finished run in ``cfg.run_dir/cfg.run_name`` is read back, not re-run; a
-    partial one resumes from its checkpoint. Returns ``(metrics, finished)``."""
+    """Run one arm to ``cfg.steps`` or its budget of generated samples (``cfg.max_samples``): a finished run in
+    ``cfg.run_dir/cfg.run_name`` is read back, not re-run; a partial one resumes from its checkpoint. Returns
+    ``(metrics, finished)``."""
     path = Path(cfg.run_dir) / cfg.run_name
     if (path / "config.yaml").is_file():
         check_same_config(path, cfg)
         status = RunDir(path).read_status()
-        if status.get("status") == "finished" and status.get("step") == cfg.steps:
-            return RunDir(path).read_metrics(), True
+        if status.get("status") == "finished":
+            df = RunDir(path).read_metrics()
+            if status.get("step") == cfg.steps or cfg.budget_spent(int(df["cum_samples"].max())):
+                return df, True
     with open_trainer(cfg, progress=progress) as trainer:
         trainer.run()
-        done = trainer.step_idx >= cfg.steps
+        done = trainer.step_idx >= cfg.steps or cfg.budget_spent(trainer.cum["samples"])
     return RunDir(path).read_metrics(), done  # read back, so a fresh and a finished arm give identical frames
 
 
