@@ -381,6 +381,44 @@ def cmd_scaling(args) -> int:
                       " (full size: 8 paired seeds)" if args.full_size else "")
 
 
+def cmd_paid(args) -> int:
+    """The flagship paid in generated samples (study.paid), headless: every arm and seed into ``--out/arms``
+    (resumable), then points.csv (every arm, seed, axis and mark), metrics.parquet, verdict.json (with the commit
+    and the checkpoint's hash) and verdict.txt."""
+    import json
+    import time
+
+    import torch
+
+    from brorl_lab.core.validation import check_seeds
+    from brorl_lab.study import paid
+    from brorl_lab.study.recipe import recipe_config, resolve_experiment_model
+    from brorl_lab.study.results import provenance
+
+    torch.set_num_threads(args.threads)
+    seeds = check_seeds(args.seeds)
+    lr = args.lr if args.lr is not None else paid.plateau_lr(args.model)
+    over = {k: v for k, v in (("eval_prompts", args.eval_prompts), ("eval_samples", args.eval_samples),
+                              ("tasks", args.families)) if v is not None}
+    base = recipe_config(model=args.model, lr=lr, torch_threads=args.threads, **over)
+    arms = paid.paid_arm_configs(base, budget=args.budget, points=args.points, middle=not args.no_middle)
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    df = paid.run_paid(arms, seeds=seeds, root=out / "arms", progress=True)
+    report = paid.paid_report(df, budget=args.budget, points=args.points)
+    df.to_parquet(out / "metrics.parquet")
+    paid.write_per_seed(out, {"points": report.pop("points")})
+    record = provenance(_command_line(args), {"branch": resolve_experiment_model(args.model)},
+                        time.perf_counter() - t0, seeds=seeds, budget=args.budget, lr=lr,
+                        collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
+                                                          for a, c in arms.items()})
+    (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
+    text = paid.paid_text(report)
+    (out / "verdict.txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def cmd_regime_map(args) -> int:
     """The regime map headless: notebook 06 into ``--out`` (resumable per setting), then its regime.txt; with
     ``--summarize`` only the reading, figure and crossover again from the table a run wrote."""
@@ -509,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the traceback of every error, also of bad input")
     sub = p.add_subparsers(dest="command", required=True,
                          metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
-                                 "scaling,regime-map,theorem,make-data,train-default,launch,import-run}")
+                                 "scaling,paid,regime-map,theorem,make-data,train-default,launch,import-run}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -636,6 +674,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "(the table and the per-prompt p histogram) into this directory")
     rc.add_argument("--threads", type=int, default=1, help="torch threads")
     rc.set_defaults(func=cmd_reach)
+
+    pa = sub.add_parser("paid", help="the flagship paid in generated samples (study.paid): ProRL 16x64, BroRL "
+                        "512x16 and the middle arm from a branch point at its lr, compared at equal generated samples, "
+                        "trained samples, updates and wall time")
+    pa.add_argument("--model", default="learned", help="branch point: 'learned', 'floor', 'takeoff' or a directory")
+    pa.add_argument("--budget", type=int, default=131_072, help="generated samples per arm (default: 16 BroRL steps "
+                    "of 512 x 16; BroRL's table counts generated samples)")
+    pa.add_argument("--points", type=int, default=8, help="grid thresholds: budget x k / points")
+    pa.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    pa.add_argument("--lr", type=float, default=None, help="default: the branch point's own lr (its plateau.json)")
+    pa.add_argument("--families", nargs="+", default=None, help="default: the branch point's plateau families")
+    pa.add_argument("--eval-prompts", type=int, default=None)
+    pa.add_argument("--eval-samples", type=int, default=None)
+    pa.add_argument("--no-middle", action="store_true", help="headline arms only")
+    pa.add_argument("--out", default="runs/paid")
+    pa.add_argument("--threads", type=int, default=1)
+    pa.set_defaults(func=cmd_paid)
 
     s = sub.add_parser("scaling", help="the flagship study headless (notebook 02): arms on the shared grid, paired "
                        "intervals and the pre-declared revives test")

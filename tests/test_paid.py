@@ -142,5 +142,12 @@ def test_paid_arms_run_to_their_budget_and_are_measured_at_every_threshold(tmp_p
     pts = PD.grid_points(df, PD.thresholds(64, 2))
     assert pts["value"].notna().all() and (pts["x"] >= pts["mark"]).all()
     assert (df["cum_trained_samples"] <= df["cum_samples"]).all()
-    again = PD.run_paid(arms, seeds=[0], root=tmp_path / "paid")  # finished arms are read back, not re-run
-    assert len(again) == len(df) and again["cum_samples"].tolist() == df["cum_samples"].tolist()
+    again = PD.run_paid(arms, seeds=[0, 1], root=tmp_path / "paid")  # seed 0 is read back, not re-run
+    assert again[again["seed"] == 0]["cum_samples"].tolist() == df["cum_samples"].tolist()
+    rep = PD.paid_report(again, budget=64, points=2)
+    assert set(rep["grids"]) == set(PD.AXES) and rep["headline"]["n"] == 2 and rep["headline"]["mark"] == 64
+    pts = rep["points"]
+    assert set(pts["axis"]) == set(PD.AXES) and len(pts[pts["axis"] == "cum_samples"]) == 2 * 2 * 2  # arms x seeds x marks
+    assert {c["arm"] for c in rep["collapse"]} == {"prorl", "brorl"} and len(rep["bounds"]) == 2
+    text = PD.paid_text(rep)
+    assert "At equal generated samples (64;" in text and "Collapsed (COLLAPSE rule" in text

@@ -38,7 +38,7 @@ import pandas as pd
 from brorl_lab.core.config import Config
 from brorl_lab.core.validation import check_int, is_number
 from brorl_lab.lab.analysis import MEAN, PASS1
-from brorl_lab.lab.stats import change_bound, paired_t_interval, t_interval
+from brorl_lab.lab.stats import change_bound, paired_t_interval, seeds_for_power, t_interval
 from brorl_lab.study.arms import arm_configs, label_arm, run_arm
 from brorl_lab.study.recipe import resolve_experiment_model
 
@@ -255,3 +255,64 @@ def write_per_seed(out: str | Path, tables: Mapping[str, pd.DataFrame]) -> list[
         t.to_csv(p, index=False)
         paths.append(p)
     return paths
+
+
+# ---- the report ------------------------------------------------------------------------------------------------------
+# The comparisons, primary first: equal generated samples (BroRL's basis), then equal trained samples, equal optimizer
+# updates and equal training wall time (each a measured point of both arms; the x each arm was measured at is kept).
+AXES = ("cum_samples", "cum_trained_samples", "cum_updates", "cum_wall_s")
+SIZING_EFFECT = 0.01  # seed sizing: the paired design detecting a 1-point gap with 80% power at 95%
+
+
+def axis_marks(df: pd.DataFrame, x: str, points: int = GRID_POINTS, arms: Sequence[str] = ("prorl", "brorl")
+               ) -> list[float]:
+    """Marks on a budget axis both arms reached in every seed: k / points of the smallest final ``x`` of any run."""
+    runs = df[df["arm"].isin(arms)].groupby(["arm", "seed"])[x].max()
+    top = float(runs.min())
+    return [top * k / points for k in range(1, points + 1)]
+
+
+def paid_report(df: pd.DataFrame, *, budget: int, points: int = GRID_POINTS, metric: str = METRIC) -> dict:
+    """Every pre-declared reading of a :func:`run_paid` table: per axis of :data:`AXES`, the paired BroRL - ProRL
+    gap at each mark (generated samples: :func:`thresholds`; other axes: :func:`axis_marks`), the collapse flags,
+    each arm's change bound at the budget, and the seeds the headline gap (generated samples, last mark) needs for
+    80% power at :data:`SIZING_EFFECT` (from this run's sd of the per-seed gap). Keys: grids ({axis: records}),
+    headline, collapse, bounds, sizing, points (the long per-seed table, for write_per_seed)."""
+    grids, long = {}, []
+    for x in AXES:
+        if x not in df.columns:
+            continue
+        marks = thresholds(budget, points) if x == "cum_samples" else axis_marks(df, x, points)
+        pts = grid_points(df, marks, x=x, metric=metric).assign(axis=x)
+        long.append(pts)
+        grids[x] = paired_at_grid(pts)
+    head = grids["cum_samples"].iloc[-1].to_dict() if len(grids.get("cum_samples", [])) else {}
+    sd = head.get("sd", np.nan)
+    sizing = {"effect": SIZING_EFFECT, "sd": sd, "seeds": seeds_for_power(sd, SIZING_EFFECT)
+              if sd == sd and sd > 0 else None, "from_seeds": head.get("n")}
+    pts_samples = long[0] if long else pd.DataFrame()
+    return {"grids": {x: g.to_dict(orient="records") for x, g in grids.items()}, "headline": head,
+            "collapse": collapse_flags(df, metric=metric).to_dict(orient="records"),
+            "bounds": change_bounds(pts_samples).to_dict(orient="records") if len(pts_samples) else [],
+            "sizing": sizing, "points": pd.concat(long, ignore_index=True) if long else pd.DataFrame()}
+
+
+def paid_text(report: dict) -> str:
+    """The report in words: only what each interval supports."""
+    h, lines = report["headline"], []
+    if h:
+        lines.append(f"At equal generated samples ({h['mark']:,.0f}; measured at {h.get('x_brorl', np.nan):,.0f} "
+                     f"BroRL, {h.get('x_prorl', np.nan):,.0f} ProRL): BroRL - ProRL held-out pass@1 "
+                     f"{100 * h['gap']:+.2f} [{100 * h['lo']:+.2f}, {100 * h['hi']:+.2f}] points over {h['n']} seeds "
+                     f"(per seed: {', '.join(f'{100 * v:+.2f}' for v in h['per_seed'].values())}).")
+    for b in report["bounds"]:
+        lines.append(f"{b['arm']}: held-out pass@1 changed {100 * b['change']:+.2f} [{100 * b['lo']:+.2f}, "
+                     f"{100 * b['hi']:+.2f}] points: by at most {100 * b['bound']:.2f} points either way.")
+    bad = [f"{c['arm']} seed {c['seed']} ({c['reason']})" for c in report["collapse"] if c["collapsed"]]
+    lines.append("Collapsed (COLLAPSE rule, kept in every table): " + ("; ".join(bad) if bad else "none") + ".")
+    z = report["sizing"]
+    if z["seeds"]:
+        lines.append(f"Seed sizing: sd of the per-seed gap {100 * z['sd']:.2f} points from {z['from_seeds']} seeds -> "
+                     f"{z['seeds']} paired seeds detect a {100 * z['effect']:g}-point gap with 80% power "
+                     "(lab.stats.seeds_for_power, t at every n).")
+    return "\n".join(lines)
