@@ -401,11 +401,14 @@ def cmd_paid(args) -> int:
     over = {k: v for k, v in (("eval_prompts", args.eval_prompts), ("eval_samples", args.eval_samples),
                               ("tasks", args.families)) if v is not None}
     base = recipe_config(model=args.model, lr=lr, torch_threads=args.threads, **over)
-    arms = paid.paid_arm_configs(base, budget=args.budget, points=args.points, middle=not args.no_middle)
+    arms = paid.paid_arm_configs(base, budget=args.budget, points=args.points, middle=not args.no_middle,
+                                 lr_factor=args.brorl_lr_factor)
     out = Path(args.out)
     t0 = time.perf_counter()
     df = paid.run_paid(arms, seeds=seeds, root=out / "arms", progress=True)
-    report = paid.paid_report(df, budget=args.budget, points=args.points)
+    metric = f"eval/{args.takeoff_family}/pass@1" if args.takeoff_family else paid.METRIC
+    report = paid.paid_report(df, budget=args.budget, points=args.points, metric=metric,
+                              takeoff_level=args.takeoff_level)
     df.to_parquet(out / "metrics.parquet")
     paid.write_per_seed(out, {"points": report.pop("points")})
     record = provenance(_command_line(args), {"branch": resolve_experiment_model(args.model)},
@@ -688,6 +691,11 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--eval-prompts", type=int, default=None)
     pa.add_argument("--eval-samples", type=int, default=None)
     pa.add_argument("--no-middle", action="store_true", help="headline arms only")
+    pa.add_argument("--brorl-lr-factor", type=float, default=1.0, help="the lr ablation: BroRL's lr x this "
+                    "(study.paid.LR_ABLATION: sqrt(8), BroRL's sqrt rule in samples; 0.5, in prompts)")
+    pa.add_argument("--takeoff-level", type=float, default=None, help="the takeoff race: pass@1 gain each arm must "
+                    "reach (study.paid.TAKEOFF_LEVEL = 0.10), as generated samples to the level, censored at the budget")
+    pa.add_argument("--takeoff-family", default=None, help="the family the race and the grid read (default: mean)")
     pa.add_argument("--out", default="runs/paid")
     pa.add_argument("--threads", type=int, default=1)
     pa.set_defaults(func=cmd_paid)

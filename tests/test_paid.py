@@ -144,7 +144,9 @@ def test_paid_arms_run_to_their_budget_and_are_measured_at_every_threshold(tmp_p
     assert (df["cum_trained_samples"] <= df["cum_samples"]).all()
     again = PD.run_paid(arms, seeds=[0, 1], root=tmp_path / "paid")  # seed 0 is read back, not re-run
     assert again[again["seed"] == 0]["cum_samples"].tolist() == df["cum_samples"].tolist()
-    rep = PD.paid_report(again, budget=64, points=2)
+    rep = PD.paid_report(again, budget=64, points=2, takeoff_level=0.5)
+    assert rep["race"]["n"] == 2 and rep["race"]["reached_prorl"] + rep["race"]["reached_brorl"] <= 4
+    assert "Takeoff race (+50 points" in PD.paid_text(rep)
     assert set(rep["grids"]) == set(PD.AXES) and rep["headline"]["n"] == 2 and rep["headline"]["mark"] == 64
     pts = rep["points"]
     assert set(pts["axis"]) == set(PD.AXES) and len(pts[pts["axis"] == "cum_samples"]) == 2 * 2 * 2  # arms x seeds x marks

@@ -272,12 +272,14 @@ def axis_marks(df: pd.DataFrame, x: str, points: int = GRID_POINTS, arms: Sequen
     return [top * k / points for k in range(1, points + 1)]
 
 
-def paid_report(df: pd.DataFrame, *, budget: int, points: int = GRID_POINTS, metric: str = METRIC) -> dict:
+def paid_report(df: pd.DataFrame, *, budget: int, points: int = GRID_POINTS, metric: str = METRIC,
+                takeoff_level: Optional[float] = None) -> dict:
     """Every pre-declared reading of a :func:`run_paid` table: per axis of :data:`AXES`, the paired BroRL - ProRL
     gap at each mark (generated samples: :func:`thresholds`; other axes: :func:`axis_marks`), the collapse flags,
     each arm's change bound at the budget, and the seeds the headline gap (generated samples, last mark) needs for
     80% power at :data:`SIZING_EFFECT` (from this run's sd of the per-seed gap). Keys: grids ({axis: records}),
-    headline, collapse, bounds, sizing, points (the long per-seed table, for write_per_seed)."""
+    headline, collapse, bounds, sizing, race (the takeoff race on ``metric`` when ``takeoff_level`` is given:
+    :func:`race` of :func:`time_to_level`, its per-seed times under ``times``), points (the long per-seed table)."""
     grids, long = {}, []
     for x in AXES:
         if x not in df.columns:
@@ -291,7 +293,12 @@ def paid_report(df: pd.DataFrame, *, budget: int, points: int = GRID_POINTS, met
     sizing = {"effect": SIZING_EFFECT, "sd": sd, "seeds": seeds_for_power(sd, SIZING_EFFECT)
               if sd == sd and sd > 0 else None, "from_seeds": head.get("n")}
     pts_samples = long[0] if long else pd.DataFrame()
-    return {"grids": {x: g.to_dict(orient="records") for x, g in grids.items()}, "headline": head,
+    race_out = None
+    if takeoff_level is not None:
+        times = time_to_level(df[df["arm"].isin(["prorl", "brorl"])], takeoff_level, budget=budget, metric=metric)
+        race_out = {**race(times, budget=budget), "level": takeoff_level, "metric": metric,
+                    "times": times.to_dict(orient="records")}
+    return {"race": race_out, "grids": {x: g.to_dict(orient="records") for x, g in grids.items()}, "headline": head,
             "collapse": collapse_flags(df, metric=metric).to_dict(orient="records"),
             "bounds": change_bounds(pts_samples).to_dict(orient="records") if len(pts_samples) else [],
             "sizing": sizing, "points": pd.concat(long, ignore_index=True) if long else pd.DataFrame()}
@@ -310,6 +317,13 @@ def paid_text(report: dict) -> str:
                      f"{100 * b['hi']:+.2f}] points: by at most {100 * b['bound']:.2f} points either way.")
     bad = [f"{c['arm']} seed {c['seed']} ({c['reason']})" for c in report["collapse"] if c["collapsed"]]
     lines.append("Collapsed (COLLAPSE rule, kept in every table): " + ("; ".join(bad) if bad else "none") + ".")
+    r = report.get("race")
+    if r:
+        lines.append(f"Takeoff race (+{100 * r['level']:g} points of {r['metric']}, budget {r['budget']:,.0f} generated "
+                     f"samples): reached by BroRL in {r['reached_brorl']} and ProRL in {r['reached_prorl']} of {r['n']} "
+                     f"seeds (the rest censored at the budget); first: BroRL {r['first_brorl']}, ProRL {r['first_prorl']}, "
+                     f"ties {r['ties']}; restricted-mean samples to the level, BroRL - ProRL {r['restricted_mean_gap']:+,.0f} "
+                     f"[{r['lo']:+,.0f}, {r['hi']:+,.0f}].")
     z = report["sizing"]
     if z["seeds"]:
         lines.append(f"Seed sizing: sd of the per-seed gap {100 * z['sd']:.2f} points from {z['from_seeds']} seeds -> "
