@@ -428,10 +428,11 @@ def cmd_regime_map(args) -> int:
     if args.summarize:
         from brorl_lab.study import regime
 
-        res = regime.write_outputs(Path(args.out), regime.read_table(Path(args.out)))
+        res = regime.write_outputs(Path(args.out), *regime.read_outputs(Path(args.out)))
         print(res["text"] + (f"\n{res['png_note']}" if res["png_note"] else ""))
         return 0
-    return _run_study(REGIME_MAP, Path(args.out), {**_params(args.param), **_jobs_params(args)}, "regime.txt")
+    params = {**_params(args.param), **_jobs_params(args), **({"quick": True} if args.quick else {})}
+    return _run_study(REGIME_MAP, Path(args.out), params, "regime.txt")
 
 
 def _jobs_params(args) -> dict:
@@ -730,7 +731,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a notebook parameter (settings, seeds, steps, model, ...)")
     add_jobs_options(g)
     g.add_argument("--summarize", action="store_true",
-                   help="run nothing: redo the reading, figure and crossover from OUT/regime_map.csv")
+                   help="run nothing: redo the table, reading and figure from OUT/regime_seeds.csv and "
+                   "OUT/regime_branch.csv")
+    g.add_argument("--quick", action="store_true", help="the tiny preset (3 settings, tiny sizes): minutes")
     g.set_defaults(func=cmd_regime_map)
 
     th = sub.add_parser("theorem", help="Theorem 1 on the model: one update at each N, dQ_pos per prompt, vs theory")
