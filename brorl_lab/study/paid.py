@@ -40,14 +40,12 @@ from brorl_lab.core.validation import check_int, is_number
 from brorl_lab.lab.analysis import MEAN, PASS1
 from brorl_lab.lab.stats import change_bound, paired_t_interval, seeds_for_power, t_interval
 from brorl_lab.study.arms import arm_configs, label_arm, run_arm
+from brorl_lab.study.compare import COLLAPSE, collapse_flags  # noqa: F401 (COLLAPSE: part of this module's readings)
 from brorl_lab.study.recipe import resolve_experiment_model
 
 METRIC = f"eval/{MEAN}/{PASS1}"
 GRID_POINTS = 8  # thresholds per budget: budget * k / GRID_POINTS, k = 1..8
-# The collapse rule, fixed before the run: an arm's seed has collapsed when its KL to the reference exceeds
-# kl_max nats/token at any step, or its held-out pass@1 falls more than pass_drop below its start at any grid point.
-# (2026-12-03: the sqrt-lr BroRL arm went to 1-2.5 nats/token within 4 steps; healthy arms stay under 0.1.)
-COLLAPSE = dict(kl_max=0.5, pass_drop=0.10)
+# The collapse rule (COLLAPSE, collapse_flags) is study.compare's: one definition for the flagship and the regime map.
 # The lr ablation (BroRL's sqrt rule read two ways): the BroRL arm at sqrt(8)x (8x the samples per step) and at
 # 0.5x the plateau's lr (sqrt(16/64): a quarter of the prompts per step).
 LR_ABLATION = {"brorl_lr_sqrt8": math.sqrt(8), "brorl_lr_half": 0.5}
@@ -152,23 +150,6 @@ def paired_at_grid(points: pd.DataFrame, a: str = "brorl", b: str = "prorl") -> 
 
 
 # ---- the rules declared before the run ------------------------------------------------------------------------------
-def collapse_flags(df: pd.DataFrame, *, kl_max: float = COLLAPSE["kl_max"], pass_drop: float = COLLAPSE["pass_drop"],
-                   metric: str = METRIC) -> pd.DataFrame:
-    """:data:`COLLAPSE` applied to every arm and seed: columns arm, seed, max_kl, min_change (lowest pass@1 minus
-    the start), collapsed and reason. A collapsed seed stays in every table; the report names it."""
-    rows = []
-    for (arm, seed), g in df.groupby(["arm", "seed"], sort=False):
-        kl = float(g["kl"].max()) if "kl" in g and g["kl"].notna().any() else np.nan
-        ev = g[g[metric].notna()].sort_values("step")
-        low = float(ev[metric].min() - ev[metric].iloc[0]) if len(ev) else np.nan
-        reasons = ([f"KL {kl:.3g} > {kl_max}"] if kl == kl and kl > kl_max else []) + \
-                  ([f"pass@1 fell {-100 * low:.1f} points > {100 * pass_drop:g}"] if low == low and low < -pass_drop
-                   else [])
-        rows.append({"arm": arm, "seed": int(seed), "max_kl": kl, "min_change": low, "collapsed": bool(reasons),
-                     "reason": "; ".join(reasons)})
-    return pd.DataFrame(rows)
-
-
 def change_bounds(points: pd.DataFrame, *, mark: Optional[float] = None) -> pd.DataFrame:
     """Each arm's own change (value - start) at ``mark`` (default: the last mark), over seeds: the t interval and
     the equivalence bound ("held-out pass@1 changed by at most ``bound``", :func:`brorl_lab.lab.stats.change_bound`)."""
