@@ -66,3 +66,21 @@ def test_every_python_block_of_the_readme_runs(tmp_path):
 def test_the_package_docstring_example_runs(tmp_path):
     proc = run_blocks([docstring_example()], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_readme_is_short_and_every_relative_link_of_it_and_the_docs_resolves():
+    """The README is read in five minutes (<= 250 lines; the detail lives in docs/), and no link of the README or of
+    a docs page points at a file that is not there (pages moved out of the README keep working links)."""
+    readme = REPO / "README.md"
+    assert len(readme.read_text().splitlines()) <= 250
+    broken = []
+    for page in [readme, *sorted((REPO / "docs").rglob("*.md"))]:
+        for target in LINK.findall(page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert broken == []

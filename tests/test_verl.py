@@ -43,10 +43,10 @@ def arms():
 
 
 # ---- the name table -----------------------------------------------------------------------------------------------------
-def test_every_config_field_has_a_verl_row_and_the_readme_holds_the_table():
+def test_every_config_field_has_a_verl_row_and_the_docs_hold_the_table():
     assert set(VERL_FIELDS) == set(Config.field_names())
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert verl_table() in readme, "README's verl table is stale: paste lab.verl_names.verl_table()"
+    page = (REPO_ROOT / "docs" / "ECOSYSTEM.md").read_text()
+    assert verl_table() in page, "docs/ECOSYSTEM.md's verl table is stale: paste lab.verl_names.verl_table()"
 
 
 def test_hydra_values_are_written_in_hydra_grammar():

@@ -226,7 +226,7 @@ class Config:
     @classmethod
     def from_trl(cls, grpo_config: Any, **overrides) -> "Config":
         """A Config from a ``trl.GRPOConfig`` (TRL's names: ``num_generations`` -> ``rollouts_per_prompt``, ``beta``
-        -> ``kl_beta``, ...; table in :mod:`brorl_lab.core.trl_names` and the README), then ``overrides`` in our
+        -> ``kl_beta``, ...; table in :mod:`brorl_lab.core.trl_names` and docs/ECOSYSTEM.md), then ``overrides`` in our
         names (``tasks``, ``model``: TRL takes those elsewhere). A GRPOConfig field that changes the algorithm and
         has no equivalent here, set away from TRL's default, is one ConfigError naming every such field (not a
         warning: a run that silently trains something else is worse than a refusal)."""

@@ -4,7 +4,7 @@
     cfg = Config.from_trl(GRPOConfig(num_generations=16, beta=1e-3, epsilon_high=0.28), tasks=["gcd"])
 
 What maps, maps (``num_generations`` -> ``rollouts_per_prompt``, ``beta`` -> ``kl_beta``, ...; the table is
-:data:`TRL_FIELDS` and the README's "TRL names"). A GRPOConfig field that changes the algorithm but has no
+:data:`TRL_FIELDS` and docs/ECOSYSTEM.md's "TRL names"). A GRPOConfig field that changes the algorithm but has no
 equivalent here (``top_k``, ``mask_truncated_completions``, ``loss_type='cispo'``, ...) raises one
 :class:`ConfigError` naming every such field set away from TRL's default: silently training something else than the
 user asked for is worse than a refusal. Fields at their TRL default are not errors, and infrastructure fields
@@ -18,7 +18,7 @@ from typing import Any
 
 from brorl_lab.core.validation import ConfigError
 
-#: TRL GRPOConfig field -> (our Config field, note). One row per line of the README table.
+#: TRL GRPOConfig field -> (our Config field, note). One row per line of docs/ECOSYSTEM.md's table.
 TRL_FIELDS: dict[str, tuple[str, str]] = {
     "num_generations": ("rollouts_per_prompt", "N samples per prompt"),
     "generation_batch_size": ("prompts_per_step", "prompts_per_step = generation_batch_size / num_generations"),
@@ -81,7 +81,7 @@ def _value(x: Any) -> str:
     return str(getattr(x, "value", x))
 
 
-def config_kwargs_from_trl(trl_config: Any) -> dict:  # noqa: C901 - one branch per TRL field, in the order of the README's 'TRL names' table
+def config_kwargs_from_trl(trl_config: Any) -> dict:  # noqa: C901 - one branch per TRL field, in the order of docs/ECOSYSTEM.md's 'TRL names' table
     """Our Config fields for a ``trl.GRPOConfig`` (see module doc); raises one ConfigError for unsupported fields."""
     if not all(hasattr(trl_config, f) for f in ("num_generations", "beta", "epsilon", "learning_rate")):
         raise ConfigError(f"from_trl: got {type(trl_config).__name__}; allowed: a trl.GRPOConfig")
@@ -179,5 +179,5 @@ def config_kwargs_from_trl(trl_config: Any) -> dict:  # noqa: C901 - one branch 
         out["report_to"] = report  # Config validates the names against the tracker registry
     if bad:
         raise ConfigError("from_trl: GRPOConfig fields with no brorl_lab equivalent are set away from TRL's default: "
-                          f"{'; '.join(bad)}; allowed: TRL's defaults for these (see the README's 'TRL names')")
+                          f"{'; '.join(bad)}; allowed: TRL's defaults for these (see docs/ECOSYSTEM.md, 'TRL names')")
     return out

@@ -249,7 +249,7 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
     _write_parquet(train_rows, out / "train.parquet")
     _write_parquet(eval_rows, out / "eval.parquet")
     shutil.copyfile(REWARD_TEMPLATE, out / "reward.py")
-    header = [f"# {command}", f"# verl {VERL_VERSION} main_ppo overrides (brorl_lab names: README 'verl names'); "
+    header = [f"# {command}", f"# verl {VERL_VERSION} main_ppo overrides (brorl_lab names: docs/ECOSYSTEM.md 'verl names'); "
                               f"paths under ${DATA_DIR_ENV}, set by run_verl.sh"]
     atomic_write_text(out / "overrides.txt", "\n".join(header + override_lines(overrides)) + "\n")
     atomic_write_text(out / "run_verl.sh", RUN_SCRIPT.format(command=command, version=VERL_VERSION, env=DATA_DIR_ENV,

@@ -3,7 +3,7 @@
     overrides, warnings = verl_overrides(cfg, data_dir="${oc.env:BRORL_VERL_DIR}")
     # {"actor_rollout_ref.rollout.n": 16, "data.train_batch_size": 16, "algorithm.adv_estimator": "grpo", ...}
 
-Every Config field is in :data:`VERL_FIELDS` (the README's "verl names" table): mapped to verl keys, folded into
+Every Config field is in :data:`VERL_FIELDS` (docs/ECOSYSTEM.md's "verl names" table): mapped to verl keys, folded into
 another field (``lr_scaling`` into ``optim.lr``), written into the data files (tasks, template, reward), or marked as
 having no verl equivalent. A field of the last kind that changes what is trained (ProRL's reference and optimizer
 reset, the resample cap, pass@k with k > 1, ...) and is set away from its neutral value gives one warning line
@@ -40,7 +40,7 @@ ROLLOUT = "actor_rollout_ref.rollout"
 OPTIM = f"{ACTOR}.optim"
 RC = "algorithm.rollout_correction"
 
-#: Our Config field -> (verl key(s) or how it travels, note). One row per README table line; a test checks every
+#: Our Config field -> (verl key(s) or how it travels, note). One row per docs/ECOSYSTEM.md table line; a test checks every
 #: Config field is here.
 VERL_FIELDS: dict[str, tuple[str, str]] = {
     "rollouts_per_prompt": (f"{ROLLOUT}.n", "N"),
@@ -295,7 +295,7 @@ def override_lines(overrides: dict[str, Any]) -> list[str]:
 
 
 def verl_table() -> str:
-    """The README's "verl names" table (Markdown), from :data:`VERL_FIELDS`."""
+    """docs/ECOSYSTEM.md's "verl names" table (Markdown), from :data:`VERL_FIELDS`."""
     rows = ["| brorl_lab `Config` | verl 0.9.1 (`main_ppo` Hydra key) | note |", "| --- | --- | --- |"]
     rows += [f"| `{k}` | {'`' + key + '`' if key != '-' else '-'} | {note} |" for k, (key, note) in VERL_FIELDS.items()]
     return "\n".join(rows)

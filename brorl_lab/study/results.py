@@ -61,15 +61,17 @@ def machine_info() -> dict:
     return {**{k: env[k] for k in keep}, "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
 
-def provenance(command: str, checkpoints: Mapping[str, str | Path], wall_s: float, **extra) -> dict:
+def provenance(command: str, checkpoints: Mapping[str, str | Path], wall_s: float, *, commit: Optional[str] = None,
+               **extra) -> dict:
     """A provenance record (module docstring) for a run of ``command`` from ``checkpoints`` ({name: model dir})
-    that took ``wall_s`` seconds; ``extra`` keys are kept as given (settings worth reading beside the numbers)."""
+    that took ``wall_s`` seconds; ``commit`` is the code's commit taken when the run *started* (default: now);
+    ``extra`` keys are kept as given (settings worth reading beside the numbers)."""
     if not isinstance(command, str) or not command.strip():
         raise ValueError(f"command: got {command!r}; allowed: the command as typed, e.g. 'python -m brorl_lab ...'")
     dirs = {name: DEFAULT_MODEL_DIR if str(p) == "default" else Path(p) for name, p in checkpoints.items()}
     cks = {name: {"path": repo_relative(p) if p.exists() else str(p), "sha256": checkpoint_sha256(p)}
            for name, p in dirs.items()}
-    return {"command": command, "commit": git_commit(), "checkpoints": cks, "machine": machine_info(),
+    return {"command": command, "commit": commit or git_commit(), "checkpoints": cks, "machine": machine_info(),
             "wall_s": round(float(wall_s), 1), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra}
 
 

@@ -1,0 +1,252 @@
+"""Every number a results page quotes comes from a results file shipped in the repository.
+
+A results page (docs/results/*.md) names its files in a comment at its top, and declares the numbers in it that are
+not measurements (settings, a paper's claims) the same way::
+
+    <!-- results: notebooks/figures/flagship_verdict.json -->
+    <!-- not measured: 95% 80% (interval level and power); 41% 62% (BroRL's Table 2) -->
+
+The test then reads every *quoted number* of the page's prose and tables (code spans, code blocks, link targets and
+comments left out): each decimal number (``0.27``, ``-1.46``, ``+27.9``, ``-1.25e+03``) and each percentage
+(``46.1%``, ``53%``). Each must equal a value of the page's files, or a value recomputed from them by the page's
+derivation below, as the text rounds it: ``x`` written with d decimals matches a value v when |s*v - x| <= 0.5e-d
+for a scale s of 1 or 100 (pass@1 as points or percent), signs included; ``a.bcde+NN`` matches 3 significant
+digits. A percentage may also be a share written as a percentage of a value in [0, 1]. Every named file must be
+tracked by git and carry a provenance record (command, commit, checkpoints, machine, wall time, date;
+``brorl_lab.study.results``). A page must check at least ten numbers, so an empty or number-free page fails.
+
+The README's headline table is held to the same rule: each row links to a results page, and the row's numbers
+must come from that page's files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from brorl_lab.study.results import PROVENANCE_KEYS, read_provenance
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = sorted((REPO / "docs" / "results").glob("*.md"))
+RESULTS = re.compile(r"<!--\s*results:\s*(.*?)\s*-->", re.S)
+NOT_MEASURED = re.compile(r"<!--\s*not measured:\s*(.*?)\s*-->", re.S)
+# A number: an optional sign only where it cannot be a range's dash (not after a digit), digits with thousands
+# commas, a decimal part and/or an exponent; or any of those followed by %.
+NUMBER = re.compile(r"(?<![\w.])([+\-−]?)(?<![\d])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(e[+\-]?\d+)?(%?)(?![\w])")
+MIN_CHECKED = 10
+
+
+# ---- reading a page ------------------------------------------------------------------------------------------------
+def prose(text: str) -> str:
+    """The page without what is not a quoted result: HTML comments, fenced code, inline code, link targets."""
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # [label](target): the target is a path, not a number
+    return text
+
+
+def quoted_numbers(text: str) -> list[tuple[str, float, int, bool, bool]]:
+    """Every decimal number, number in e-notation and percentage of ``text`` as (as written, value, decimals,
+    e-notation, percent). Integers without % (counts, steps, seeds: the design) are not results and are skipped."""
+    out = []
+    for m in NUMBER.finditer(text):
+        sign, whole, frac, exp, pct = m.groups()
+        if not (frac or exp or pct):
+            continue
+        written = m.group(0)
+        value = float(whole.replace(",", "") + (frac or "") + (exp or ""))
+        out.append((written, -value if sign in "-−" and sign else value, len(frac) - 1 if frac else 0, bool(exp),
+                    bool(pct)))
+    return out
+
+
+def declared(text: str, pattern: re.Pattern) -> list[str]:
+    return [tok for m in pattern.finditer(text) for tok in re.split(r"[\s,;]+", re.sub(r"\([^)]*\)", " ", m.group(1)))
+            if tok]
+
+
+# ---- the values a page may quote -------------------------------------------------------------------------------------
+def leaves(obj) -> list[float]:
+    """Every number in a JSON value (bools left out)."""
+    if isinstance(obj, bool) or obj is None:
+        return []
+    if isinstance(obj, (int, float)):
+        return [float(obj)]
+    if isinstance(obj, dict):
+        return [v for x in obj.values() for v in leaves(x)]
+    if isinstance(obj, (list, tuple)):
+        return [v for x in obj for v in leaves(x)]
+    return []
+
+
+def load(path: Path):
+    return json.loads(path.read_text()) if path.suffix == ".json" else pd.read_csv(path)
+
+
+def file_values(data) -> list[float]:
+    if isinstance(data, pd.DataFrame):
+        num = data.select_dtypes("number").to_numpy(float).ravel()
+        return [float(v) for v in num if np.isfinite(v)]
+    return leaves(data)
+
+
+def derive_flagship(files: dict) -> list[float]:
+    """What docs/results/flagship.md computes from the verdict: each arm's mean change of p on the rare side, the
+    slopes' upper ends over the whole branch, and the seeds a 1-point gap needs at 80% power."""
+    from brorl_lab.lab.stats import t_quantile
+
+    v = files["notebooks/figures/flagship_verdict.json"]
+    per = v["mechanism"]["per_seed"].values()
+    out = [float(np.mean([r[a] for r in per])) for a in ("brorl", "prorl")]
+    budget = v["gap_at_equal_samples"]["budget"]
+    out += [s[k] * budget / s["per_samples"] for s in v["slopes"].values() for k in ("lo", "hi", "mean")]
+    sd = 100 * v["gap_at_equal_samples"]["sd"]
+    need = next(n for n in range(2, 200) if (t_quantile(0.975, n - 1) + t_quantile(0.8, n - 1)) * sd / math.sqrt(n)
+                <= 1.0)
+    return out + [float(need), sd]
+
+
+def derive_regime(files: dict) -> list[float]:
+    """The regime map's fit and crossover (study.regime.crossover), the rank correlation of gap and rho, the
+    BroRL/ProRL ratio per setting and the range of the rare-success shares."""
+    from scipy import stats
+
+    from brorl_lab.study.regime import crossover
+
+    t = files["notebooks/figures/regime_map.csv"].set_index(files["notebooks/figures/regime_map.csv"].columns[0])
+    c = crossover(t)
+    rs = stats.spearmanr(t["rho"], t["gap"])
+    return [v for v in c.values() if isinstance(v, float)] + [rs.statistic, rs.pvalue] + list(t["brorl"] / t["prorl"])
+
+
+def derive_theorem(files: dict) -> list[float]:
+    """The theorem page's ranges: per model and split, the smallest and largest mean of each metric over N."""
+    s = files["notebooks/figures/theorem_on_the_model_summary.csv"]
+    cols = [c for c in s.columns if c.startswith(("share_neg", "dq_per_lr", "n_dq_per_lr"))]
+    g = s.groupby(["model", "split"])[cols]
+    return list(g.min().to_numpy(float).ravel()) + list(g.max().to_numpy(float).ravel())
+
+
+DERIVE = {"flagship.md": derive_flagship, "regime_map.md": derive_regime, "theorem.md": derive_theorem}
+
+
+def page_values(page: Path) -> tuple[list[float], list[str]]:
+    """(values the page may quote, its result files) from its ``<!-- results: ... -->`` comment."""
+    text = page.read_text()
+    names = declared(text, RESULTS)
+    files = {n: load(REPO / n) for n in names}
+    values = [v for d in files.values() for v in file_values(d)]
+    if page.name in DERIVE:
+        values += DERIVE[page.name](files)
+    return values, names
+
+
+# ---- matching --------------------------------------------------------------------------------------------------------
+def matches(number: tuple, values: list[float]) -> bool:
+    """Whether ``number`` (from :func:`quoted_numbers`) is one of ``values`` as the text rounds it. A signed number
+    (+0.93, -1.46) must have the value's sign; an unsigned one is a size ("lowered p by 0.46 points") and matches
+    either sign."""
+    written, x, decimals, sci, pct = number
+    signed = written[0] in "+-−"
+    vals = np.asarray(values, dtype=float)
+    vals = vals if signed else np.abs(vals)
+    if sci:
+        return bool(np.any(np.isclose(vals, x, rtol=5.1e-3, atol=0)))
+    tol = 0.5 * 10.0 ** -decimals + 1e-9
+    return any(bool(np.any(np.abs(scale * vals - x) <= tol)) for scale in (1.0, 100.0))
+
+
+def check_page(text: str, values: list[float]) -> tuple[list[str], int]:
+    """(numbers of ``text`` that match no value, how many were checked), the page's declared non-measurements
+    left out."""
+    skip = set(declared(text, NOT_MEASURED))
+    bad, checked = [], 0
+    for num in quoted_numbers(prose(text)):
+        if num[0].lstrip("+") in skip or num[0] in skip:
+            continue
+        checked += 1
+        if not matches(num, values):
+            bad.append(num[0])
+    return bad, checked
+
+
+def tracked() -> set[str]:
+    return set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split())
+
+
+# ---- the tests -------------------------------------------------------------------------------------------------------
+def test_the_checker_reads_numbers_as_written_and_refuses_a_changed_one():
+    text = ("gap -0.27 [-1.46, +0.93] points, 46.1% of 128 prompts, 8 seeds, N=512, 0.97-1.00, -1.25e+03 "
+            "`--lr 3e-5` <!-- x 9.99 -->")
+    nums = [n[0] for n in quoted_numbers(prose(text))]
+    assert nums == ["-0.27", "-1.46", "+0.93", "46.1%", "0.97", "1.00", "-1.25e+03"]
+    values = [-0.0027, -0.0146, 0.0093, 0.461, 0.97, 1.0, -1250.4]
+    assert check_page(text, values) == ([], 7)
+    assert check_page(text.replace("-0.27", "-0.28"), values)[0] == ["-0.28"]  # one digit off: caught
+    assert check_page(text.replace("+0.93", "-0.93"), values)[0] == ["-0.93"]  # a flipped sign: caught
+    assert check_page(text.replace("46.1%", "47%"), values)[0] == ["47%"]
+    assert check_page(text + " <!-- not measured: 47% -->" + " 47%", values)[1] == 7  # declared: not checked
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_number_of_a_results_page_comes_from_its_files(page):
+    text = page.read_text()
+    values, names = page_values(page)
+    assert names, f"{page.name}: no <!-- results: ... --> comment naming its files"
+    missing = [n for n in names if n not in tracked()]
+    assert not missing, f"{page.name}: results files not tracked by git: {missing}"
+    for n in names:
+        prov = read_provenance(REPO / n)
+        absent = [k for k in PROVENANCE_KEYS if not prov.get(k)]
+        assert not absent, f"{n}: provenance record lacks {absent}"
+        assert n in text, f"{page.name}: its file {n} is not named in the page's text"
+    bad, checked = check_page(text, values)
+    assert checked >= MIN_CHECKED, f"{page.name}: only {checked} numbers checked"
+    assert bad == [], f"{page.name}: numbers found in none of {names} (nor derived from them): {bad}"
+
+
+def headline_rows(readme: str) -> list[tuple[str, str]]:
+    """(row text, the results page it links to) for each row of the README's headline table."""
+    start = readme.index("<!-- headline -->")
+    end = readme.index("<!-- /headline -->")
+    rows = [line for line in readme[start:end].splitlines() if line.startswith("|") and "docs/results/" in line]
+    return [(row, re.search(r"\((docs/results/[\w.]+\.md)[^)]*\)", row).group(1)) for row in rows]
+
+
+def test_the_readme_headline_table_quotes_its_pages_files():
+    readme = (REPO / "README.md").read_text()
+    rows = headline_rows(readme)
+    assert len(rows) >= 3
+    assert readme.index("<!-- headline -->") < 3000, "the headline results must be on the README's first screen"
+    for row, page in rows:
+        values, _ = page_values(REPO / page)
+        bad, checked = check_page(row, values)
+        assert checked >= 1 and bad == [], f"README row {row[:60]}...: {bad} not in the files of {page}"
+
+
+def test_a_provenance_record_names_the_commit_and_hashes_the_checkpoint(tmp_path):
+    from brorl_lab.core.paths import DEFAULT_MODEL_DIR
+    from brorl_lab.study.results import provenance, provenance_path, write_provenance
+
+    rec = provenance("python -m brorl_lab theorem", {"default": "default"}, 12.34)
+    assert rec["checkpoints"]["default"]["path"] == "data/default_model"
+    import hashlib
+
+    assert rec["checkpoints"]["default"]["sha256"] == hashlib.sha256(
+        (DEFAULT_MODEL_DIR / "model.safetensors").read_bytes()).hexdigest()
+    assert rec["commit"] != "unknown" and rec["wall_s"] == 12.3 and rec["machine"]["cpu_count"] >= 1
+    out = write_provenance(tmp_path / "x.csv", rec)
+    assert out == provenance_path(tmp_path / "x.csv") and read_provenance(tmp_path / "x.csv") == json.loads(
+        out.read_text())
+    with pytest.raises(ValueError, match="command"):
+        provenance(" ", {}, 1.0)
+    with pytest.raises(ValueError, match="missing"):
+        write_provenance(tmp_path / "y.csv", {"command": "x"})
