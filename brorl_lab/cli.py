@@ -361,11 +361,14 @@ def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str =
 def cmd_reach(args) -> int:
     import torch
 
-    from brorl_lab.study.plateau import reach_table
+    from brorl_lab.study.plateau import reach_rates, reach_table_of, save_reach
 
     torch.set_num_threads(args.threads)
-    table = reach_table(args.model, args.families, prompts=args.prompts)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    rates = reach_rates(args.model, args.families, prompts=args.prompts)
+    print(reach_table_of(rates).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.out:
+        save_reach(args.out, args.model, rates, command=_command_line(args))
+        print(f"written: {args.out}/branch_rates.csv (every prompt) and {args.out}/reach.json (table, p histogram)")
     return 0
 
 
@@ -373,9 +376,50 @@ def cmd_scaling(args) -> int:
     """The flagship study headless: notebook 02 into ``--out`` (resumable: finished arm runs are read back, a
     partial one resumes), then its verdict.txt (verdict.json beside it)."""
     params = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k) is not None}
-    params.update(_params(args.param), full_size=args.full_size, torch_threads=args.threads)
+    params.update(_params(args.param), full_size=args.full_size, **_jobs_params(args))
     return _run_study(FLAGSHIP, Path(args.out), params, "verdict.txt",
                       " (full size: 8 paired seeds)" if args.full_size else "")
+
+
+def cmd_paid(args) -> int:
+    """The flagship paid in generated samples (study.paid), headless: every arm and seed into ``--out/arms``
+    (resumable), then points.csv (every arm, seed, axis and mark), metrics.parquet, verdict.json (with the commit
+    and the checkpoint's hash) and verdict.txt."""
+    import json
+    import time
+
+    import torch
+
+    from brorl_lab.core.validation import check_seeds
+    from brorl_lab.study import paid
+    from brorl_lab.study.recipe import recipe_config, resolve_experiment_model
+    from brorl_lab.study.results import provenance
+
+    torch.set_num_threads(args.threads)
+    seeds = check_seeds(args.seeds)
+    lr = args.lr if args.lr is not None else paid.plateau_lr(args.model)
+    over = {k: v for k, v in (("eval_prompts", args.eval_prompts), ("eval_samples", args.eval_samples),
+                              ("tasks", args.families)) if v is not None}
+    base = recipe_config(model=args.model, lr=lr, torch_threads=args.threads, **over)
+    arms = paid.paid_arm_configs(base, budget=args.budget, points=args.points, middle=not args.no_middle,
+                                 lr_factor=args.brorl_lr_factor)
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    df = paid.run_paid(arms, seeds=seeds, root=out / "arms", progress=True)
+    metric = f"eval/{args.takeoff_family}/pass@1" if args.takeoff_family else paid.METRIC
+    report = paid.paid_report(df, budget=args.budget, points=args.points, metric=metric,
+                              takeoff_level=args.takeoff_level)
+    df.to_parquet(out / "metrics.parquet")
+    paid.write_per_seed(out, {"points": report.pop("points")})
+    record = provenance(_command_line(args), {"branch": resolve_experiment_model(args.model)},
+                        time.perf_counter() - t0, seeds=seeds, budget=args.budget, lr=lr,
+                        collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
+                                                          for a, c in arms.items()})
+    (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
+    text = paid.paid_text(report)
+    (out / "verdict.txt").write_text(text + "\n")
+    print(text)
+    return 0
 
 
 def cmd_regime_map(args) -> int:
@@ -384,10 +428,20 @@ def cmd_regime_map(args) -> int:
     if args.summarize:
         from brorl_lab.study import regime
 
-        res = regime.write_outputs(Path(args.out), regime.read_table(Path(args.out)))
+        res = regime.write_outputs(Path(args.out), *regime.read_outputs(Path(args.out)))
         print(res["text"] + (f"\n{res['png_note']}" if res["png_note"] else ""))
         return 0
-    return _run_study(REGIME_MAP, Path(args.out), {**_params(args.param), "torch_threads": args.threads}, "regime.txt")
+    params = {**_params(args.param), **_jobs_params(args), **({"quick": True} if args.quick else {})}
+    return _run_study(REGIME_MAP, Path(args.out), params, "regime.txt")
+
+
+def _jobs_params(args) -> dict:
+    """``--jobs / --ray / --threads`` as the study notebooks' parameters, checked here (one line, exit 2) before a
+    notebook starts."""
+    from brorl_lab.lab.jobs import plan_workers
+
+    jobs, threads = plan_workers(args.jobs, args.threads, args.ray)
+    return {"jobs": jobs, "ray": args.ray, "torch_threads": threads}
 
 
 def cmd_theorem(args) -> int:
@@ -397,11 +451,13 @@ def cmd_theorem(args) -> int:
 
     from brorl_lab.study.theorem import theorem_study
 
-    torch.set_num_threads(args.threads)
+    p = _jobs_params(args)
+    torch.set_num_threads(p["torch_threads"])
     t0 = time.perf_counter()
     res = theorem_study(args.models, n_values=args.n_values, seeds=range(args.seeds), prompts=args.prompts,
                         held_out=args.held_out, lr=args.lr, optimizer=args.optimizer, trials=args.trials,
-                        root=args.root, figure_dir=args.figure_dir, command=_command_line(args))
+                        root=args.root, figure_dir=args.figure_dir, command=_command_line(args), jobs=p["jobs"],
+                        ray=p["ray"], threads=p["torch_threads"])
     print(res["table"])
     print(f"figure: {res['png']}; tables: {args.root}; wall {time.perf_counter() - t0:.0f} s, "
           f"load average {os.getloadavg()[0]:.1f}")
@@ -469,6 +525,19 @@ def _literal(s: str) -> Any:
 
 
 # ---- parser ---------------------------------------------------------------------------------------------------------
+def add_jobs_options(parser: argparse.ArgumentParser) -> None:
+    """A study's runs as independent jobs (brorl_lab.lab.jobs, docs/scaling-out.md)."""
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs side by side on this machine, each in its own process and run directory (default: "
+                             "one per physical core; 1: one after another). Same numbers at any --jobs for the same "
+                             "--threads")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None,
+                        help="run every run as a Ray task on the cluster at ADDRESS (host:port from `ray start "
+                             "--head`, or auto); the output directory must be on a filesystem every node mounts")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per run (default: physical cores // --jobs; 1 per Ray task)")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as one line (the usage is one --help away), like every other user error."""
 
@@ -482,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the traceback of every error, also of bad input")
     sub = p.add_subparsers(dest="command", required=True,
                          metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
-                                 "scaling,regime-map,theorem,make-data,train-default,launch,import-run}")
+                                 "scaling,paid,regime-map,theorem,make-data,train-default,launch,import-run}")
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -605,8 +674,32 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--model", default="default", help="'default', 'plateau' or a model directory")
     rc.add_argument("--families", nargs="+", required=True)
     rc.add_argument("--prompts", type=int, default=128, help="training prompts per family")
+    rc.add_argument("--out", default=None, help="also write branch_rates.csv (every prompt's p) and reach.json "
+                    "(the table and the per-prompt p histogram) into this directory")
     rc.add_argument("--threads", type=int, default=1, help="torch threads")
     rc.set_defaults(func=cmd_reach)
+
+    pa = sub.add_parser("paid", help="the flagship paid in generated samples (study.paid): ProRL 16x64, BroRL "
+                        "512x16 and the middle arm from a branch point at its lr, compared at equal generated samples, "
+                        "trained samples, updates and wall time")
+    pa.add_argument("--model", default="learned", help="branch point: 'learned', 'floor', 'takeoff' or a directory")
+    pa.add_argument("--budget", type=int, default=131_072, help="generated samples per arm (default: 16 BroRL steps "
+                    "of 512 x 16; BroRL's table counts generated samples)")
+    pa.add_argument("--points", type=int, default=8, help="grid thresholds: budget x k / points")
+    pa.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    pa.add_argument("--lr", type=float, default=None, help="default: the branch point's own lr (its plateau.json)")
+    pa.add_argument("--families", nargs="+", default=None, help="default: the branch point's plateau families")
+    pa.add_argument("--eval-prompts", type=int, default=None)
+    pa.add_argument("--eval-samples", type=int, default=None)
+    pa.add_argument("--no-middle", action="store_true", help="headline arms only")
+    pa.add_argument("--brorl-lr-factor", type=float, default=1.0, help="the lr ablation: BroRL's lr x this "
+                    "(study.paid.LR_ABLATION: sqrt(8), BroRL's sqrt rule in samples; 0.5, in prompts)")
+    pa.add_argument("--takeoff-level", type=float, default=None, help="the takeoff race: pass@1 gain each arm must "
+                    "reach (study.paid.TAKEOFF_LEVEL = 0.10), as generated samples to the level, censored at the budget")
+    pa.add_argument("--takeoff-family", default=None, help="the family the race and the grid read (default: mean)")
+    pa.add_argument("--out", default="runs/paid")
+    pa.add_argument("--threads", type=int, default=1)
+    pa.set_defaults(func=cmd_paid)
 
     s = sub.add_parser("scaling", help="the flagship study headless (notebook 02): arms on the shared grid, paired "
                        "intervals and the pre-declared revives test")
@@ -628,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--measure-mechanism", action=argparse.BooleanOptionalAction, default=None)
     s.add_argument("--run-ablations", action=argparse.BooleanOptionalAction, default=None)
     s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other notebook parameter")
-    s.add_argument("--threads", type=int, default=1)
+    add_jobs_options(s)
     s.set_defaults(func=cmd_scaling)
 
     g = sub.add_parser("regime-map", help="the same branch on several task settings: BroRL - ProRL against the "
@@ -636,9 +729,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="runs/regime_map", help="run directory (each setting's arm runs below it)")
     g.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
                    help="a notebook parameter (settings, seeds, steps, model, ...)")
-    g.add_argument("--threads", type=int, default=1)
+    add_jobs_options(g)
     g.add_argument("--summarize", action="store_true",
-                   help="run nothing: redo the reading, figure and crossover from OUT/regime_map.csv")
+                   help="run nothing: redo the table, reading and figure from OUT/regime_seeds.csv and "
+                   "OUT/regime_branch.csv")
+    g.add_argument("--quick", action="store_true", help="the tiny preset (3 settings, tiny sizes): minutes")
     g.set_defaults(func=cmd_regime_map)
 
     th = sub.add_parser("theorem", help="Theorem 1 on the model: one update at each N, dQ_pos per prompt, vs theory")
@@ -652,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--trials", type=int, default=400, help="Monte-Carlo draws per prompt and N for P(dQ<0)")
     th.add_argument("--root", default=str(RUNS_DIR / "theorem"))
     th.add_argument("--figure-dir", default=str(NOTEBOOK_DIR / "figures"))
-    th.add_argument("--threads", type=int, default=1)
+    add_jobs_options(th)
     th.set_defaults(func=cmd_theorem)
 
     m = sub.add_parser("make-data", help="regenerate the frozen eval sets data/eval/<family>.jsonl")

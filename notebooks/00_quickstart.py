@@ -169,12 +169,13 @@ kept.grouped(adv).numpy().round(2)
 # ## 6 · Update
 #
 # `update` splits the groups into `optimizer_steps_per_step` mini-batches and takes one AdamW step per mini-batch
-# on PPO-clip (ε_low 0.2, ε_high 0.28) plus β·KL to the reference. The behaviour log-probs it clips against are
+# on PPO-clip (the config's `eps_low` / `eps_high`, printed below) plus β·KL to the reference. The behaviour log-probs it clips against are
 # recomputed first, except on-policy (one mini-batch, no importance correction: here), where they equal the
 # current ones and `update` uses `logp.detach()`. The `UpdateReport` carries the averaged loss, KL, entropy,
 # clipped shares and gradient norm.
 
 # %%
+print(f"PPO clip range [1 - {cfg.eps_low:g}, 1 + {cfg.eps_high:g}], KL beta {cfg.kl_beta:g} ({cfg.kl_estimator})")
 report = S.update(policy, optimizer, kept, adv, cfg=cfg, reference=reference)
 report
 

@@ -129,7 +129,10 @@ for prob, cnt in ((problem, counts), (small, rng.multinomial(8, small.p))):
             f"R_c={r_c}, R_w={r_w} (largest gap {np.abs(mine - ref).max():.2e})"
 dz_small = logit_update(small.p, small.correct, cnt, lr=1e-4)
 exact = theory.softmax_delta_q(small.p, small.correct, dz_small)      # Q_pos(softmax(z + dz)) - Q_pos(softmax(z))
-print(f"your update moves Q_pos by {exact:+.3e} (exact softmax change, lr 1e-4): correct")
+first_order = theory.mass_balance(small.p, small.correct, cnt, lr=1e-4).total
+assert abs(exact - first_order) < 1e-3 * abs(first_order), f"not yet: your dz moves Q_pos by {exact:+.3e}, " \
+    f"Theorem 1 says {first_order:+.3e}"
+print(f"your update moves Q_pos by {exact:+.3e} (exact softmax change, lr 1e-4; Theorem 1: {first_order:+.3e}): correct")
 
 # %% [markdown]
 # ## 3 · Theorem 1: the change of correct mass has three terms

@@ -128,8 +128,9 @@ assert check["z"].abs().max() < 4.5, "exact Q_pos and the sampled pass rate disa
 # the correct set. That is exactly the one-token problem of Theorem 1 (`theory.logit_problem`). Its correct mass
 # `Q_pos (first token)` is an upper bound on the prompt's $Q_{pos}$: later tokens can still go wrong.
 #
-# Pick a prompt and slide N: the three terms, the distribution of $\Delta Q_{pos}$ over draws and the N sweep are
-# those of notebook 01, for this prompt's own distribution.
+# Pick a prompt and slide N: the three panels are those of notebook 01 (① the terms, ② $\Delta Q_{pos}$ of each
+# draw, ③ the N sweep), for this prompt's own distribution. **What you should see:** a few correct tokens hold most
+# of the mass, so they are drawn even at small N, and ③'s $P(\Delta Q_{pos} < 0)$ stays near 0.
 
 # %%
 problems = {}
@@ -152,8 +153,8 @@ picker
 # unsampled term, the only one that can lower $Q_{pos}$, shrinks as N grows, so a larger N raises the correct mass
 # more reliably, prompt by prompt.
 #
-# **Measured.** From each checkpoint we take ONE trainer update of the flagship recipe (`prorl_v2`: REINFORCE++
-# baseline advantages, PPO clip 0.2/0.27, k2 KL 1e-3, binary reward, dynamic sampling) with one optimizer step of a
+# **Measured.** From each checkpoint we take ONE trainer update of the flagship recipe (`prorl_v2`: its knobs are
+# printed below, read from the run's config) with one optimizer step of a
 # fresh AdamW at the recipe's lr, at every N, on the same `prompts` prompts, for `seeds` rollout seeds. For every
 # in-batch prompt and `held_out` frozen eval prompts per family we compute $\Delta Q_{pos}$ exactly, before and
 # after. `kept` are the in-batch prompts whose group survived dynamic sampling (they carried a gradient).
@@ -167,6 +168,8 @@ picker
 # normalisations, and the share of prompts with $\Delta Q < 0$ (scale-free).
 
 # %%
+print("recipe:", ", ".join(f"{k}={getattr(first.cfg, k)}" for k in ("advantage", "eps_low", "eps_high", "kl_beta",
+                                                                   "kl_estimator", "reward", "dynamic_sampling")))
 frames, theories, preds = [], [], []
 for m, st in setups.items():
     frames.append(T.run_theorem(m, n_values=n_values, seeds=range(seeds), prompts=prompts, held_out=held_out,
@@ -180,6 +183,12 @@ for m, st in setups.items():
 df, pred, theory = (pd.concat(x, ignore_index=True) for x in (frames, preds, theories))
 summary = T.summarise_theorem(df)
 display(Markdown(T.theorem_table(summary, theory)))
+
+# %% [markdown]
+# **What you should see:** for each model, three panels against N: the share of prompts losing mass (measured, with
+# its interval, and the one-token theory's expectation as a line), $\Delta Q/\eta$ (Adam's scale) and
+# $N\,\Delta Q/\eta$ (the theorem's scale). Were Theorem 1 the whole story for this model, the measured share would
+# fall with N and sit on the theory's line; the distance between the two is what the model adds.
 
 # %%
 T.theorem_figure(summary, theory)

@@ -88,7 +88,9 @@ ablation_prompts = [8, 16]                      # BroRL-arm prompts per step (it
 ablation_advantages = ["grpo"]                  # estimators tried on both arms of the main setting
 full_size = False               # True: 8 paired seeds and the middle arm N 64 (python -m brorl_lab scaling --full-size)
 run_dir = None                  # metrics, figures, verdict and the arm runs go here; None: runs/rollout_scaling/
-torch_threads = 1               # 2 is faster on an idle 2-core machine, but two threads thrash when others compete
+jobs = None                     # arm runs side by side (None: one per physical core; 1: one after another here)
+ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/scaling-out.md)
+torch_threads = None            # torch threads per arm run (None: physical cores // jobs; 1 per Ray task)
 export_png = True               # write the figures as PNG into run_dir (needs Chromium; skipped with a note if absent)
 
 # %%
@@ -101,6 +103,7 @@ from IPython.display import display
 
 from brorl_lab.core.models import load_policy
 from brorl_lab.lab import plots
+from brorl_lab.lab.jobs import plan_workers
 from brorl_lab.rl.steps import sample_prompts
 from brorl_lab.study import ablations as A
 from brorl_lab.study import arms as arms_
@@ -114,6 +117,7 @@ from brorl_lab.study.recipe import recipe_config
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()
 
+jobs, torch_threads = plan_workers(jobs, torch_threads, ray)
 if full_size:
     seeds = sorted(set(seeds) | set(range(8)))
     n_mid = n_mid or 64
@@ -143,7 +147,8 @@ arms_.arms_table(arms)
 # run first for every seed, the middle arm after them.
 
 # %%
-df = arms_.run_rollout_scaling(base, seeds=seeds, root=root, middle_seeds=middle_seeds, **arm_options)
+df = arms_.run_rollout_scaling(base, seeds=seeds, root=root, middle_seeds=middle_seeds, jobs=jobs, ray=ray,
+                               threads=torch_threads, **arm_options)
 labels = C.arm_display_names(df)
 print(f"{len(df)} metrics rows from {df['run'].nunique()} runs")
 df.groupby("arm")[["step", "cum_nominal_samples", "cum_samples", "cum_trained_samples", "cum_updates",

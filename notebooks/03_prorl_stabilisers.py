@@ -363,12 +363,13 @@ for r in (r for r in runs if RUNS[r][0] in ("reset every K", "reset on KL")):
     print(line)
 
 # %% [markdown]
-# ## 3 · Clip-higher (symmetric 0.2 / 0.2 against decoupled 0.2 / 0.28)
+# ## 3 · Clip-higher (symmetric against decoupled)
 #
 # PPO clips the ratio $r = \pi_\theta / \pi_{old}$ to $[1-\varepsilon_{low}, 1+\varepsilon_{high}]$. With a symmetric
 # 0.2 a token sampled at probability 0.01 may only rise to 0.012 per update, while one at 0.9 can take all the room
 # it likes: the clip throttles exactly the *unlikely* tokens exploration depends on, and entropy collapses. DAPO's
-# clip-higher raises only the upper bound (0.28; ProRL v1 used 0.4), which ProRL credits with retaining entropy.
+# clip-higher raises only the upper bound (the table at the top gives the papers' and the recipes' values; the
+# baseline here uses `prorl_v2`'s), which ProRL credits with retaining entropy.
 # `clipfrac_high` is the share of tokens that hit the upper bound: the tokens clip-higher sets free.
 
 # %%

@@ -185,7 +185,7 @@ def test_no_tracked_file_names_a_path_of_the_build_machine():
 # ---- the study's own order (brorl_lab/study/__init__.py is its map) ----------------------------------------------------
 # Each study module may import only the study modules before it here: the recipe is the base, the plateau sits above
 # what it uses and below nothing but the CLI, the verdict lives in revival alone.
-STUDY_ORDER = ("results", "recipe", "rare", "compare", "mechanism", "plateau", "arms", "revival", "ablations", "regime",
+STUDY_ORDER = ("results", "recipe", "rare", "compare", "mechanism", "plateau", "arms", "paid", "revival", "ablations", "regime",
                "theorem")
 
 

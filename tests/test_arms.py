@@ -180,6 +180,28 @@ def test_p_histogram_bins_every_prompt_once_with_p0_and_p1_apart():
         p_histogram(rates, edges=(0.1, 1.0))
 
 
+def test_save_reach_writes_every_prompt_and_the_histogram(tmp_path):
+    from brorl_lab.study.plateau import reach_rates, save_reach
+
+    rates = reach_rates("default", ["gcd", "chain_sum"], prompts=2, n_draws=16)
+    meta = save_reach(tmp_path / "rec", "default", rates, command="python -m brorl_lab reach ...", n_draws=16)
+    back = pd.read_csv(tmp_path / "rec" / "branch_rates.csv")
+    assert back["family"].tolist() == ["gcd", "gcd", "chain_sum", "chain_sum"] and (back["p"] == back["correct"] / 16).all()
+    assert json.loads((tmp_path / "rec" / "reach.json").read_text()) == json.loads(json.dumps(meta, default=float))
+    assert [r["family"] for r in meta["reach"]] == ["gcd", "chain_sum"] and len(meta["model_sha256"]) == 64
+    hist = pd.DataFrame(meta["p_histogram"])
+    assert hist.groupby("family")["prompts"].sum().to_dict() == {"all": 4, "chain_sum": 2, "gcd": 2}
+
+
+def test_model_aliases_name_the_shipped_branch_points():
+    from brorl_lab.core.paths import PLATEAU_MODEL_DIR, TAKEOFF_BASE_DIR
+
+    assert RC.resolve_experiment_model("floor") == RC.resolve_experiment_model("plateau") == str(PLATEAU_MODEL_DIR)
+    assert RC.resolve_experiment_model("takeoff") == str(TAKEOFF_BASE_DIR)
+    with pytest.raises(UserError, match="'floor'"):
+        RC.resolve_experiment_model(" ")
+
+
 def test_reach_table_measures_each_family_alone():
     t = P.reach_table("default", ["gcd", "chain_sum"], prompts=3, n_draws=32)
     assert list(t["family"]) == ["gcd", "chain_sum"] and (t["prompts"] == 3).all()
@@ -406,3 +428,16 @@ def test_save_outputs_survives_a_missing_browser(tmp_path, monkeypatch):
     assert pd.read_parquet(tmp_path / "out" / "metrics.parquet").shape == df.shape
     assert (tmp_path / "out" / "verdict.txt").read_text() == "Does BroRL revive the plateau? NO\n"
     assert "final pass@1 gcd" in (tmp_path / "out" / "summary.csv").read_text()
+
+
+def test_collapse_rule_flags_a_seed_whose_kl_or_pass_at_1_leaves_the_band():
+    """COLLAPSE (study.compare), fixed before every run: KL above 0.5 nats/token at any step, or held-out mean
+    pass@1 more than 10 points below its step-0 start at any evaluation; each seed flagged with its reason."""
+    df = results({"gcd": 1e-4, "products": 1e-4}, {"gcd": 1e-4, "products": 1e-4}, seeds=(0, 1, 2),
+                 bro_offsets=[0.0, -0.25, 0.0]).assign(kl=0.01)
+    df.loc[(df["arm"] == "prorl") & (df["seed"] == 2) & (df["step"] == 3), "kl"] = 0.9
+    flags = C.collapse_flags(df).set_index(["arm", "seed"])
+    assert flags["collapsed"].sum() == 2
+    assert "pass@1 fell" in flags.loc[("brorl", 1), "reason"] and flags.loc[("brorl", 1), "min_change"] < -0.1
+    assert flags.loc[("prorl", 2), "reason"] == "KL 0.9 > 0.5" and not flags.loc[("brorl", 0), "collapsed"]
+    assert C.COLLAPSE == {"kl_max": 0.5, "pass_drop": 0.10}

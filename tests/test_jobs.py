@@ -210,3 +210,131 @@ def test_ray_runs_the_jobs_on_both_nodes_with_the_local_results(tmp_path, two_no
         keep = [c for c in a.columns if not c.startswith(TIMING)]
         pd.testing.assert_frame_equal(a[keep], b[keep])
     assert NOT_RUN not in res
+
+
+# ---- the studies' call sites -------------------------------------------------------------------------------------------
+ARM_OPTIONS = dict(n_small=2, n_large=8, prompts_small=2, prompts_large=2)  # 4 vs 16 samples per step: ratio 4
+
+
+def tiny_base(root: Path, **kw):
+    from brorl_lab.study.recipe import recipe_config
+
+    d = dict(model="default", tasks=["gcd"], steps=2, eval_every=1, checkpoint_every=1, eval_prompts=4,
+             eval_samples=2, optimizer_steps_per_step=1, max_new_tokens=6, max_resample_rounds=1, torch_threads=1,
+             run_dir=str(root))
+    d.update(kw)
+    return recipe_config(**d)
+
+
+def _comparable(df: pd.DataFrame) -> pd.DataFrame:
+    return df[[c for c in df.columns if not c.startswith(TIMING)]].reset_index(drop=True)
+
+
+@pytest.mark.timeout(600)
+def test_the_arms_at_two_jobs_equal_the_arms_one_after_another(tmp_path):
+    from brorl_lab.study.arms import run_rollout_scaling
+
+    base = tiny_base(tmp_path)
+    one = run_rollout_scaling(base, seeds=[0, 1], root=tmp_path / "one", progress=False, jobs=1, threads=1,
+                              **ARM_OPTIONS)
+    two = run_rollout_scaling(base, seeds=[0, 1], root=tmp_path / "two", progress=False, jobs=2, threads=1,
+                              **ARM_OPTIONS)
+    assert list(two["run"].unique()) == ["prorl_s0", "brorl_s0", "prorl_s1", "brorl_s1"]  # the sequential order
+    pd.testing.assert_frame_equal(_comparable(one), _comparable(two))  # bit-equal metrics, run by run
+
+
+KILLED_STUDY = """
+import sys
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from test_jobs import ARM_OPTIONS, tiny_base
+from brorl_lab.study.arms import run_rollout_scaling
+
+run_rollout_scaling(tiny_base(Path({root!r}), steps=6), seeds=[0], root=Path({root!r}) / "arms", progress=False,
+                    jobs=2, threads=1, **ARM_OPTIONS)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_study_resumes_finished_runs_skipped_partial_runs_from_their_checkpoints(tmp_path):
+    """SIGKILL to the study (no handler runs): the workers see their parent gone and stop at a checkpoint. The next
+    call reads the finished arm back (not re-run: its files are untouched) and resumes the partial one; the result
+    equals an uninterrupted study."""
+    from brorl_lab.study.arms import run_rollout_scaling
+
+    root = tmp_path / "killed"
+    script = KILLED_STUDY.format(paths=[str(REPO), str(REPO / "tests")], root=str(root))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    arms = root / "arms"
+    deadline = time.monotonic() + 300
+    while not (_status(arms / "brorl_s0") == "finished" and _step(arms / "prorl_s0") >= 3):  # BroRL: 6 steps, ProRL: 24
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the study never got there"
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    while _status(arms / "prorl_s0") == "running":  # the orphaned worker checkpoints and exits by itself
+        assert time.monotonic() < deadline + 120, "the orphaned worker kept running"
+        time.sleep(0.5)
+    assert _status(arms / "prorl_s0") == "interrupted" and _step(arms / "prorl_s0") < 24
+    finished = {p: p.stat().st_mtime_ns for p in (arms / "brorl_s0").rglob("*") if p.is_file()}
+
+    base = tiny_base(root, steps=6)
+    resumed = run_rollout_scaling(base, seeds=[0], root=arms, progress=False, jobs=2, threads=1, **ARM_OPTIONS)
+    assert {p: p.stat().st_mtime_ns for p in (arms / "brorl_s0").rglob("*") if p.is_file()} == finished
+    events = [json.loads(line) for line in (arms / "prorl_s0" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("resumed") == 1
+    fresh = run_rollout_scaling(tiny_base(tmp_path / "fresh", steps=6), seeds=[0], root=tmp_path / "fresh" / "arms",
+                                progress=False, jobs=1, threads=1, **ARM_OPTIONS)
+    pd.testing.assert_frame_equal(_comparable(fresh), _comparable(resumed))
+
+
+def _status(run: Path) -> str:
+    try:
+        return json.loads((run / "status.json").read_text()).get("status", "")
+    except (OSError, ValueError):
+        return ""
+
+
+@pytest.mark.timeout(600)
+def test_theorem_updates_as_jobs_equal_the_updates_one_after_another(tmp_path):
+    from brorl_lab.study import theorem as T
+
+    st = T.setup("default", prompts=4, held_out=1, tasks=["gcd", "spell_backward"])
+    kw = dict(n_values=[4, 16], seeds=[0, 1], prompts=4, held_out=1, progress=False, st=st)
+    one = T.run_theorem("default", root=tmp_path / "one", jobs=1, threads=1, **kw)
+    two = T.run_theorem("default", root=tmp_path / "two", jobs=2, threads=1, **kw)
+    assert sorted(p.name for p in (tmp_path / "two" / "default_adamw").glob("n*_s*.csv")) == \
+        ["n16_s0.csv", "n16_s1.csv", "n4_s0.csv", "n4_s1.csv"]
+    pd.testing.assert_frame_equal(one, two)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_ctrl_c_with_ray_cancels_the_tasks_which_stop_at_a_checkpoint_and_resume(tmp_path, two_node_cluster):
+    import threading
+
+    root = tmp_path / "ray_stop"
+    jobs = _train_jobs(root, names=("a", "b"))
+
+    def interrupt_when_running():  # SIGINT to this process once both tasks are training: the runner's handler takes it
+        deadline = time.monotonic() + 300
+        while not all(_step(root / n) >= 2 for n in ("a", "b")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=interrupt_when_running, daemon=True)
+    watcher.start()
+    res = run_jobs(jobs, ray=two_node_cluster, threads=1, progress=False, stop_if=lambda r: not r[1])
+    watcher.join()
+    assert res.stopped == "SIGINT"
+    for n in ("a", "b"):
+        assert (root / n / "checkpoint").is_dir() and 2 <= _step(root / n) < 12
+    again = run_jobs(jobs, ray=two_node_cluster, threads=1, progress=False)
+    assert again.complete and all(finished for _, finished in again)
+    fresh = run_jobs(_train_jobs(tmp_path / "fresh", names=("a", "b")), workers=1, threads=1, progress=False)
+    for (a, _), (b, _) in zip(again, fresh):
+        keep = [c for c in a.columns if not c.startswith(TIMING)]
+        pd.testing.assert_frame_equal(a[keep].reset_index(drop=True), b[keep].reset_index(drop=True))

@@ -44,52 +44,106 @@ def test_rare_success_has_one_definition_at_one_over_sixteen():
         rare.s_n(0.5, 0)
 
 
-def test_crossover_measured_by_weighted_fit_and_predicted_from_rho():
-    table = pd.DataFrame({"rare_success": [0.05, 0.2, 0.4, 0.6], "gap": [-0.025, -0.01, 0.01, 0.03],
-                          "se": [0.005] * 4, "rho": [2.0, 4.0, 12.0, 20.0]}, index=list("abcd"))
-    c = G.crossover(table)
-    assert c["measured"] == pytest.approx(0.3) and c["b"] == pytest.approx(0.1)  # gap = -0.03 + 0.1 x exactly
-    assert c["b_lo"] > 0 and c["measured_lo"] < 0.3 < c["measured_hi"]
-    assert c["predicted"] == pytest.approx(0.2 + (8 - 4) / (12 - 4) * 0.2)  # rho = 8 between b and c: 0.3
-    text = G.regime_text(table.assign(lo=table["gap"] - 0.01, hi=table["gap"] + 0.01, n=8), c)
-    assert "gap grows with the rare-success share" in text and "inside the measured one's interval" in text
-    assert "ahead (interval above 0) on 1 of 4 settings, behind (interval below 0) on 1" in text
-    assert "Spearman +1.00" in text
-    wide = G.crossover(table.assign(se=0.05))  # noisy gaps: the fit cannot place the crossover
-    text = G.regime_text(table.assign(lo=table["gap"] - 0.1, hi=table["gap"] + 0.1, n=3), wide)
-    assert "uninformative" in text
-    flat = G.crossover(table.assign(rho=2.0))
-    assert flat["predicted"] is None  # rho never reaches the update ratio in the measured range
-    assert G.crossover(table.iloc[:2])["b"] is None  # two settings: no line
+def _table(gaps, rhos, half=0.005, se=0.002, n=8):
+    gaps = np.asarray(gaps, float)
+    return pd.DataFrame({"rho": rhos, "rho_run": rhos, "gap": gaps, "lo": gaps - half, "hi": gaps + half, "se": se,
+                         "n": n}, index=[f"s{i}" for i in range(len(gaps))])
+
+
+def test_the_reading_can_say_supported_refuted_unresolved_and_not_tested():
+    """broadening_pays, fixed before the run: the same rule gives each verdict on the table that earns it."""
+    rhos = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    up = G.broadening_pays(_table([-0.04, -0.03, -0.01, 0.01, 0.02, 0.04], rhos))  # gap rises, ahead above 8
+    assert up["verdict"] == "supported" and set(up["above"]) == {"s3", "s4", "s5"}
+    fits = pd.DataFrame(up["fits"])
+    assert len(fits) == 2 * (1 + 6) and fits["resolved"].all()  # unweighted and weighted, all + each left out
+    assert up["crossover"]["rho0"] == pytest.approx(5.66, abs=0.5)  # between 4 and 8
+    # products_2d-like: a setting past the rule whose interval rules out a 1-point gain refutes it
+    flat = G.broadening_pays(_table([-0.04, -0.03, -0.01, -0.02, 0.03, 0.04], rhos))
+    assert flat["verdict"] == "refuted" and "s3" in flat["why"][0] and "rules out a gain of 1 point" in flat["why"][0]
+    noisy = G.broadening_pays(_table([-0.01, 0.0, 0.01, 0.005, 0.0, 0.01], rhos, half=0.05, se=0.02))
+    assert noisy["verdict"] == "unresolved" and noisy["crossover"] is None
+    low = G.broadening_pays(_table([-0.01, 0.0, 0.01, 0.02], [1.0, 1.5, 2.0, 4.0]))
+    assert low["verdict"] == "not tested" and "highest 4.00" in low["why"][0]
+    # one setting drives the trend: leaving it out breaks a fit, so no crossover is reported
+    lever = G.broadening_pays(_table([0.0, 0.0, 0.0, 0.0, 0.0, 0.2], rhos, half=0.01, se=0.005))
+    assert lever["crossover"] is None
+    with pytest.raises(ValueError, match="axis"):
+        G.broadening_pays(_table([0.0] * 4, rhos[:4]), "rare_success")
+
+
+def test_fit_line_recovers_a_known_line_weighted_and_unweighted():
+    x = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    y = -0.02 + 0.01 * x + np.array([0.001, -0.001, 0.0, 0.001, -0.001])
+    for se in (None, np.full(5, 0.001)):
+        f = G.fit_line(x, y, se)
+        assert f["b"] == pytest.approx(0.01, abs=1e-3) and f["x0"] == pytest.approx(2.0, abs=0.2)
+        assert f["b_lo"] > 0 and f["resolved"]
+    assert not G.fit_line(x[:2], y[:2])["resolved"]  # two points: no interval
+
+
+def test_bands_filter_the_measured_p_and_reject_a_bad_band():
+    p = [0.0, 1 / 512, 1 / 64, 0.02, 1 / 16, 0.3, 1.0]
+    assert G.in_band(p, "(0,1/64]").tolist() == [False, True, True, False, False, False, False]
+    assert G.in_band(p, "(1/64,1/16]").tolist() == [False, False, False, True, True, False, False]
+    assert G.in_band(p, "(1/4,1)").tolist() == [False, False, False, False, False, True, False]  # p = 1 never
+    assert G.in_band(p, [0.0, 1.0]).sum() == 5
+    for bad in ("p<1/64", [0.5, 0.1], [0, 2], "x"):
+        with pytest.raises(ValueError, match="band: got"):
+            G.check_band(bad)
+    # the bands' rho runs from ~1 to past the rule's 8 (what the constructed settings are for)
+    assert rare.informative_share([1 / 256], 512) / rare.informative_share([1 / 256], 16) > G.RHO_RULE
+    assert rare.informative_share([0.5], 512) / rare.informative_share([0.5], 16) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_power_table_sizes_seeds_from_the_per_setting_sd():
+    table = pd.DataFrame({"n": [8, 8], "sd": [0.008, 0.12]}, index=["gcd", "simple_equations"])
+    power = G.power_table(table)
+    assert power.loc["gcd", "enough"] and power.loc["gcd", "seeds_needed"] <= 8
+    assert not power.loc["simple_equations", "enough"] and power.loc["simple_equations", "seeds_needed"] > 100
 
 
 def test_regime_map_notebook_pair_is_in_sync():
-    assert_notebook_pair_in_sync("06_regime_map", ["model", "settings", "seeds", "steps", "run_dir"])
+    assert_notebook_pair_in_sync("06_regime_map", ["quick", "model", "settings", "seeds", "steps", "run_dir"])
 
 
 @pytest.mark.notebook
 @pytest.mark.slow
-def test_regime_map_notebook_runs_small_through_the_cli(tmp_path, monkeypatch):
+def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomputed_from_the_per_seed_file(
+        tmp_path, monkeypatch):
+    """The quick preset end to end (two named settings and one constructed pool, 2 paired seeds); then one
+    setting's interval recomputed by hand from the per-seed file the run wrote, and the map redone from its files."""
     from brorl_lab.cli import main
+    from brorl_lab.lab.stats import t_interval
+    from brorl_lab.rollout.tasks.user import pool_eval_path
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    settings = {"gcd": {"tasks": ["gcd"]}, "chain_sum": {"tasks": ["chain_sum"]},
-                "spell_backward": {"tasks": ["spell_backward"]}}
-    small = dict(settings=settings, steps=1, eval_every=1, seeds=[0, 1], n_small=2, n_large=8, prompts_small=4,
-                 prompts_large=2, optimizer_steps_per_step=1, eval_prompts=4, eval_samples=2, reach_prompts=4,
-                 reach_draws=16)
     out = tmp_path / "map"
-    assert main(["regime-map", "--out", str(out), *[x for k, v in small.items() for x in ("-p", f"{k}={v!r}")]]) == 0
+    assert main(["regime-map", "--quick", "--jobs", "1", "--threads", "1", "--out", str(out)]) == 0
+    seeds = pd.read_csv(out / "regime_seeds.csv")
     table = pd.read_csv(out / "regime_map.csv", index_col=0)
-    assert set(table.index) == set(settings) and (table["n"] == 2).all() and (table["prompts"] == 4).all()
-    assert table["rare_success"].is_monotonic_increasing  # sorted by the share the map is drawn against
-    assert ((table["lo"] <= table["gap"]) & (table["gap"] <= table["hi"])).all()
-    assert {"E_s2", "E_s8", "rho", "ds measured N=2", "ds measured N=8"} <= set(table.columns)
+    assert set(table.index) == {"gcd", "chain_sum", "gcd (1/4,1)"} and (table["n"] == 2).all()
+    for name, g in seeds.groupby("setting"):  # the shipped interval, recomputed from the per-seed values
+        ci = t_interval((g["brorl"] - g["prorl"]).to_numpy())
+        assert table.loc[name, ["gap", "lo", "hi"]].tolist() == pytest.approx([ci["mean"], ci["lo"], ci["hi"]])
+    assert seeds[["prorl_0", "brorl_0"]].notna().all().all()  # a step-0 evaluation in every arm
+    assert (seeds["prorl_0"] == seeds["brorl_0"]).all()  # the branch point, same eval draws in both arms
+    assert {"collapsed_prorl", "collapsed_brorl", "all_correct_prorl", "all_wrong_brorl"} <= set(seeds.columns)
+    shares = seeds["all_correct_prorl"] + seeds["all_wrong_prorl"]
+    assert np.allclose(shares, 1 - seeds["ds_prorl"], atol=0.35)  # dropped + kept groups cover what was generated
+    assert table["rho_run"].tolist() == pytest.approx((table["ds_brorl"] / table["ds_prorl"]).tolist())
+    pool = json.loads((out / "pools" / "gcd_1_4_1.pool.json").read_text())
+    assert pool["band_p"] == [0.25, 1.0] and pool["train_prompts"] >= 1 and pool["eval_prompts"] >= 1
+    branch = pd.read_csv(out / "branch" / "gcd_1_4_1.csv")  # the pool re-drawn: fresh samples of its own prompts
+    train = [json.loads(line)["uid"] for line in (out / "pools" / "gcd_1_4_1.jsonl").read_text().splitlines()]
+    held = [json.loads(line)["uid"] for line in pool_eval_path(out / "pools" / "gcd_1_4_1.jsonl").read_text()
+            .splitlines()]
+    assert branch["uid"].tolist() == train and not set(train) & set(held)
+    reading = json.loads((out / "regime.json").read_text())
+    assert set(reading) == {"rho", "rho_run"} and reading["rho"]["verdict"] in G.VERDICTS
     (out / "regime.txt").unlink()
-    assert main(["regime-map", "--out", str(out), "--summarize"]) == 0  # the reading again, from the table alone
-    cross = json.loads((out / "regime.json").read_text())
-    assert cross["settings"] <= 3 and cross["ratio"] == 8.0
-    assert (out / "regime.txt").read_text().startswith(table.index[0] + ": rare-success share")
-    for name in settings:  # each setting's arms ran on the shared grid in its own root
+    assert main(["regime-map", "--out", str(out), "--summarize"]) == 0  # the map again, from the files alone
+    assert (out / "regime.txt").read_text().startswith(table.index[0] + ": rho")
+    for name in ("gcd", "chain_sum"):  # each setting's arms ran on the shared grid in its own root
         assert sorted(p.name for p in (out / name / "arms").iterdir()) == ["brorl_s0", "brorl_s1", "prorl_s0",
                                                                              "prorl_s1"]

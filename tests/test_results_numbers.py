@@ -115,16 +115,18 @@ def derive_flagship(files: dict) -> list[float]:
 
 
 def derive_regime(files: dict) -> list[float]:
-    """The regime map's fit and crossover (study.regime.crossover), the rank correlation of gap and rho, the
-    BroRL/ProRL ratio per setting and the range of the rare-success shares."""
+    """The regime map's weighted line of the gap against the rare-success share and its zero crossing
+    (study.regime.fit_line, weights 1 / s.e.^2), the rank correlation of gap and rho, the BroRL/ProRL ratio per
+    setting."""
     from scipy import stats
 
-    from brorl_lab.study.regime import crossover
+    from brorl_lab.study.regime import fit_line
 
-    t = files["notebooks/figures/regime_map.csv"].set_index(files["notebooks/figures/regime_map.csv"].columns[0])
-    c = crossover(t)
+    raw = files["notebooks/figures/regime_map.csv"]
+    t = raw.set_index(raw.columns[0])
+    fit = fit_line(t["rare_success"], t["gap"], t["se"])
     rs = stats.spearmanr(t["rho"], t["gap"])
-    return [v for v in c.values() if isinstance(v, float)] + [rs.statistic, rs.pvalue] + list(t["brorl"] / t["prorl"])
+    return [v for v in fit.values() if isinstance(v, float)] + [rs.statistic, rs.pvalue] + list(t["brorl"] / t["prorl"])
 
 
 def derive_theorem(files: dict) -> list[float]:

@@ -74,9 +74,14 @@ def test_run_is_resumable_and_summarised_with_t_intervals(small, tmp_path):
     s = T.summarise_theorem(df)
     row = s[(s["n"] == 4) & (s["split"] == "in_batch")].iloc[0]
     per = T.per_seed(df)
-    vals = per[(per["n"] == 4) & (per["split"] == "in_batch")]["share_neg"].to_numpy()
+    vals = per[(per["n"] == 4) & (per["split"] == "in_batch")]["dq_per_lr"].to_numpy()
     half = 12.706 * vals.std(ddof=1) / np.sqrt(2)  # t_{0.975, 1}: two seeds
-    assert row["seeds"] == 2 and row["share_neg_hi"] - row["share_neg"] == pytest.approx(half, abs=1e-9)
+    assert row["seeds"] == 2 and row["dq_per_lr_hi"] - row["dq_per_lr"] == pytest.approx(half, rel=1e-4)
+    # a share is pooled over seeds, its interval (a cluster bootstrap over seeds) inside [0, 1]
+    inb = df[(df["n"] == 4) & (df["split"] == "in_batch")]
+    assert row["share_neg"] == pytest.approx((inb["dq"] < 0).mean())
+    assert (s["share_neg_lo"] >= 0).all() and (s["share_neg_hi"] <= 1).all()
+    assert (s["share_neg_lo"] <= s["share_neg"]).all() and (s["share_neg"] <= s["share_neg_hi"]).all()
     assert set(s["split"]) <= {"in_batch", "kept", "held_out"} and {"in_batch", "held_out"} <= set(s["split"])
     assert "| default | 4 | in-batch |" in T.theorem_table(s)
 

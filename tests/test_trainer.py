@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -101,7 +102,8 @@ def test_metrics_row_has_the_documented_columns(tmp_path):
                 "samples_per_s", "tokens_per_s", "time/rollout", "time/score", "time/logprobs", "time/update",
                 "time/sync", "cum_samples", "cum_trained_samples", "cum_updates", "cum_wall_s", "trained_samples",
                 "updates", "rollout_rounds", "refill_rounds", "ds_round_cap", "ds_sample_cap", "ds_cap_hit",
-                "kept_groups", "surplus_groups", "eval/chain_sum/pass@1", "eval/chain_sum/pass@4"):
+                "kept_groups", "surplus_groups", "ds_generated_groups", "ds_all_correct_groups",
+                "ds_all_wrong_groups", "eval/chain_sum/pass@1", "eval/chain_sum/pass@4"):
         assert col in df.columns, col
     assert 0 <= row["ds_pass_rate"] <= 1
     assert row["entropy"] > 0
@@ -125,6 +127,9 @@ def test_dynamic_sampling_refills_up_to_the_declared_cap_and_counts_every_genera
     assert (df["rollout_rounds"] <= cap).all() and (df["refill_rounds"] == df["rollout_rounds"] - 1).all()
     assert df["refill_rounds"].sum() > 0, "N=2 should leave some first rounds short of P informative groups"
     assert (df["ds_cap_hit"] == (df["kept_groups"] < P)).all()
+    dropped = df["ds_all_correct_groups"] + df["ds_all_wrong_groups"]  # every generated group: kept or dropped by kind
+    assert (df["ds_generated_groups"] == df["rollout_rounds"] * P).all()
+    assert np.allclose(df["ds_pass_rate"], 1 - dropped / df["ds_generated_groups"]) and dropped.sum() > 0
     assert (df.loc[~df["ds_cap_hit"], "rollout_rounds"] >= 1).all()
     trained = ~df["skipped"]
     assert (df.loc[trained, "trained_samples"] == df.loc[trained, "kept_groups"] * N).all()

@@ -250,3 +250,30 @@ def test_a_malformed_jsonl_names_the_tasks_field_the_file_and_the_line(tmp_path)
         resolve(Config(tasks=[f"local:{path}"]))
     msg = str(e.value)
     assert msg.startswith("config field 'tasks'") and f"{path} line 3" in msg and "got {}" not in msg, msg
+
+
+def test_a_pool_trains_on_its_items_and_holds_out_its_eval_file_scoring_each_by_its_family(tmp_path):
+    """pool:<file> restricts a family to fixed items (the regime map's constructed settings): training draws only
+    pool items, the eval set is the held-out file, and formatting and scoring are the items' own family's."""
+    from brorl_lab.rollout.tasks.sets import write_items
+    from brorl_lab.rollout.tasks.user import pool_eval_path
+
+    train = sample_items(["products"], 6, seed=1)
+    held = sample_items(["products"], 3, seed=2, split="eval")
+    path = write_items(train[:3], tmp_path / "band.jsonl")
+    write_items(held, pool_eval_path(path))
+    fam = build_tasks([f"pool:{path}"])[f"pool:{path}"]
+    drawn = fam.sample(5, seed=0)
+    assert {it.uid for it in drawn} == {it.uid for it in train[:3]}  # only pool items, each before any repeat
+    assert [it.uid for it in eval_set(f"pool:{path}", task_families={fam.name: fam})] == [it.uid for it in held]
+    own = TASKS.get("products")
+    item = train[0]
+    assert fam.format_prompt(item, "plain") == own.format_prompt(item, "plain")
+    assert fam.score(item.answer, item).correct and not fam.score("-1", item).correct
+    cfg = Config(tasks=[f"pool:{path}"])
+    assert set(resolve(cfg).families) == {f"pool:{path}"}
+    write_items(train[:1], pool_eval_path(path))  # a held-out item also in the pool: refused
+    with pytest.raises(ValueError, match="in both the pool and its eval_file"):
+        build_tasks([f"pool:{path}"])
+    with pytest.raises(ValueError, match="does not exist or is not .jsonl"):
+        build_tasks([f"pool:{tmp_path / 'none.jsonl'}"])

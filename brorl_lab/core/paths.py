@@ -34,7 +34,9 @@ def _data_dir() -> Path:
 DATA_DIR = _data_dir()
 EVAL_DIR = DATA_DIR / "eval"  # frozen eval sets, one jsonl per task family
 DEFAULT_MODEL_DIR = DATA_DIR / "default_model"
-PLATEAU_MODEL_DIR = DATA_DIR / "plateau_model"
+PLATEAU_MODEL_DIR = DATA_DIR / "plateau_model"  # the products_2d floor (alias 'floor', also 'plateau')
+LEARNED_PLATEAU_DIR = DATA_DIR / "learned_plateau"  # ProRL v2 raised it, then it stalled (alias 'learned')
+TAKEOFF_BASE_DIR = DATA_DIR / "takeoff_base"  # a 400-step train-default: rare successes before learning ('takeoff')
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file() and NOTEBOOK_DIR.is_dir()
 # Default parent of the experiments' run directories: the checkout's runs/, or ./runs for an installed package

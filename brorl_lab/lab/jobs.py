@@ -141,8 +141,18 @@ def split_threads(workers: int, cores: Optional[int] = None) -> int:
 
 def check_workers(workers: Any, name: str = "jobs") -> int:
     if not is_int(workers) or workers < 1:
-        raise UserError(f"{name}: got {workers!r}; allowed: an integer >= 1 (runs at a time)")
+        what = "runs at a time" if name == "jobs" else "torch threads per run"
+        raise UserError(f"{name}: got {workers!r}; allowed: an integer >= 1 ({what})")
     return int(workers)
+
+
+def plan_workers(jobs: Optional[int] = None, threads: Optional[int] = None,
+                 ray: Optional[str] = None) -> tuple[int, int]:
+    """``(jobs, threads)`` with the defaults filled in and checked: jobs None -> one per physical core; threads
+    None (or 0) -> physical cores // jobs here, 1 per Ray task."""
+    jobs = check_workers(physical_cores() if jobs is None else jobs)
+    threads = threads or (1 if ray is not None else split_threads(jobs))
+    return jobs, check_workers(threads, "threads")
 
 
 # ---- the runner ------------------------------------------------------------------------------------------------------
@@ -159,10 +169,9 @@ def run_jobs(jobs: Sequence[Job], *, workers: Optional[int] = None, threads: Opt
             raise UserError(f"jobs: got {j!r}; allowed: a list of brorl_lab.lab.jobs.Job")
     if ray is not None and (not isinstance(ray, str) or not ray.strip()):
         raise UserError(f"ray: got {ray!r}; allowed: a Ray cluster address (host:port, ray://host:port or 'auto')")
-    workers = check_workers(physical_cores() if workers is None else workers)
-    if threads is None:
-        threads = 1 if ray is not None else split_threads(workers)
-    threads = check_workers(threads, "threads")
+    if threads is not None:
+        check_workers(threads, "threads")
+    workers, threads = plan_workers(workers, threads, ray)
     res = JobResults([NOT_RUN] * len(jobs))
     res.wall_s, res.where, res.threads, res.workers = [None] * len(jobs), [None] * len(jobs), threads, workers
     if not jobs:
@@ -212,7 +221,7 @@ def _raise_failure(jobs: Sequence[Job], failed: Optional[tuple[int, BaseExceptio
 
 
 @contextlib.contextmanager
-def _thread_count(threads: int) -> Iterator[None]:
+def thread_count(threads: int) -> Iterator[None]:
     """torch's thread count (and the OpenMP/MKL variables a spawned child reads at start) set to ``threads``."""
     import torch
 
@@ -235,7 +244,7 @@ def _run_here(jobs, res, threads, bar, stop_if) -> None:
     """workers=1: one job after another in this process. A Trainer inside a job takes the first Ctrl-C itself
     (finishes its step, checkpoints, returns); ``stop_if`` then stops the loop."""
     failed = None
-    with _thread_count(threads):
+    with thread_count(threads):
         for i, job in enumerate(jobs):
             bar(0, [i])
             t0 = time.perf_counter()
@@ -302,7 +311,7 @@ def _run_local(jobs, res, workers, threads, bar, stop_if, poll_s) -> None:  # no
                     ours, theirs = ctx.Pipe(duplex=False)
                     proc = ctx.Process(target=_child, args=(theirs, jobs[i], threads, os.getpid()),
                                        name=f"job-{_job_name(jobs, i)}", daemon=False)
-                    with _thread_count(threads):  # the child's OMP/MKL variables at exec
+                    with thread_count(threads):  # the child's OMP/MKL variables at exec
                         proc.start()
                     theirs.close()
                     running[i] = (proc, ours, time.perf_counter())
@@ -374,6 +383,8 @@ def _child(conn, job: Job, threads: int, parent: int) -> None:
         conn.send(msg)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         conn.send(("error", RuntimeError(f"the job's result could not be pickled ({e})"), ""))
+    except OSError:  # the runner is gone (killed): the run directory holds the outcome
+        pass
     conn.close()
 
 
@@ -490,4 +501,4 @@ def _ray_task(job: Job, threads: int, marker: str, token: str) -> tuple[Any, str
 
 
 __all__ = ["Job", "JobResults", "JobError", "NOT_RUN", "physical_cores", "split_threads", "check_workers",
-           "run_jobs"]
+           "plan_workers", "thread_count", "run_jobs"]

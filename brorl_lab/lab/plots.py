@@ -198,7 +198,8 @@ PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#f
            "#fecb52")
 # Columns of a metrics table that are bookkeeping, not curves worth choosing in a browser.
 NOT_METRICS = ("step", "run", "skipped", "reset", "samples", "tokens", "kept_groups", "rollout_rounds", "refill_rounds",
-               "ds_round_cap", "ds_sample_cap", "ds_cap_hit", "surplus_groups", "trained_samples", "updates")
+               "ds_round_cap", "ds_sample_cap", "ds_cap_hit", "surplus_groups", "trained_samples", "updates",
+               "ds_generated_groups")
 
 
 def metric_label(metric: str) -> str:

@@ -181,7 +181,8 @@ def measure_pass_at_1(model, tokenizer, families: Sequence[str], *, prompts: int
 def training_card(report: dict) -> str:
     """TRAINING.md for the model directory: how it was made and what it scores."""
     a = report["args"]
-    lines = ["# The default model (data/default_model)", "",
+    lines = [f"# A supervised warm start ({a['out']})" if Path(a["out"]).name != "default_model"
+             else "# The default model (data/default_model)", "",
              f"A {report['params'] / 1e6:.2f}M-parameter Qwen2ForCausalLM (float32, hidden {a['hidden_size']}, "
              f"{a['layers']} layers, vocab {report['vocab']}) trained from scratch by `brorl_lab.rl.train_default`: "
              "supervised warm-start on the families' train split, loss on the answer tokens only.", "",

@@ -268,7 +268,7 @@ class Trainer:
         kept: list[RolloutBatch] = []
         seen: list[RolloutBatch] = []
         t = {"rollout": 0.0, "score": 0.0, "filter": 0.0}
-        gen_groups = kept_groups = 0
+        gen_groups = kept_groups = all_correct = all_wrong = 0
         gen_s = 0.0
         rounds = ds_round_cap(c)
         for rnd in range(rounds):
@@ -287,6 +287,8 @@ class Trainer:
                 batch, fs = S.filter_groups(batch)
                 gen_groups += fs.generated_groups
                 kept_groups += fs.kept_groups
+                all_correct += fs.all_correct_groups
+                all_wrong += fs.all_wrong_groups
             kept.append(batch)
             t["rollout"] += t1 - t0
             t["score"] += t2 - t1
@@ -312,6 +314,10 @@ class Trainer:
             "refill_rounds": len(seen) - 1, "ds_round_cap": rounds,
             "ds_sample_cap": rounds * c.prompts_per_step * c.rollouts_per_prompt, "ds_cap_hit": cap_hit,
             "ds_pass_rate": kept_groups / gen_groups if c.dynamic_sampling and gen_groups else float("nan"),
+            # the dropped groups by kind, over every round (nan without dynamic sampling): which way a run drifts
+            "ds_generated_groups": gen_groups if c.dynamic_sampling else float("nan"),
+            "ds_all_correct_groups": all_correct if c.dynamic_sampling else float("nan"),
+            "ds_all_wrong_groups": all_wrong if c.dynamic_sampling else float("nan"),
             "kept_groups": train.num_prompts, "surplus_groups": informative - train.num_prompts,
             "samples_per_s": allb.size / gen_s if gen_s > 0 else float("nan"),
             "tokens_per_s": tokens / gen_s if gen_s > 0 else float("nan"),

@@ -10,6 +10,9 @@ layer below: core, theory, rollout, rl, lab):
     mechanism  per-prompt pass rates from 512 draws: which prompts carry a signal at N = 16 and at N = 512
     plateau    the branch point: train until the slope rule fires, gate on rare success, save data/plateau_model
     arms       the ProRL and BroRL arms branched from one config, run on one shared evaluation grid
+    paid       the flagship paid in generated samples (issue 38): arms on a grid of generated-sample thresholds,
+               and every reading declared before the run (collapse rule, change bounds, the mechanism's no-training
+               control, the lr ablation, the takeoff race as time to a fixed level)
     revival    THE verdict: the rule fixed before the run (brorl_revives) on the shared grid, in numbers and words
     ablations  the branch re-run with one knob changed at a time, each variant against its own ProRL arm
     regime     the regime map: the BroRL - ProRL gap across settings against their rare-success share

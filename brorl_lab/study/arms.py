@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
@@ -145,37 +145,51 @@ def experiment_root(base: Config, run_dir: str | Path | None = None, **arm_optio
 
 
 def run_arm(cfg: Config, *, progress: bool = True) -> tuple[pd.DataFrame, bool]:
-    """Run one arm to ``cfg.steps``: a finished run in ``cfg.run_dir/cfg.run_name`` is read back, not re-run; a
-    partial one resumes from its checkpoint. Returns ``(metrics, finished)``."""
+    """Run one arm to ``cfg.steps`` or its budget of generated samples (``cfg.max_samples``): a finished run in
+    ``cfg.run_dir/cfg.run_name`` is read back, not re-run; a partial one resumes from its checkpoint. Returns
+    ``(metrics, finished)``."""
     path = Path(cfg.run_dir) / cfg.run_name
     if (path / "config.yaml").is_file():
         check_same_config(path, cfg)
         status = RunDir(path).read_status()
-        if status.get("status") == "finished" and status.get("step") == cfg.steps:
-            return RunDir(path).read_metrics(), True
+        if status.get("status") == "finished":
+            df = RunDir(path).read_metrics()
+            if status.get("step") == cfg.steps or cfg.budget_spent(int(df["cum_samples"].max())):
+                return df, True
     with open_trainer(cfg, progress=progress) as trainer:
         trainer.run()
-        done = trainer.step_idx >= cfg.steps
+        done = trainer.step_idx >= cfg.steps or cfg.budget_spent(trainer.cum["samples"])
     return RunDir(path).read_metrics(), done  # read back, so a fresh and a finished arm give identical frames
 
 
 def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str | Path = DEFAULT_ROOT,
                         progress: bool = True, middle_seeds: Optional[Iterable[int]] = None,
+                        jobs: int = 1, ray: Optional[str] = None, threads: Optional[int] = None,
                         **arm_options) -> pd.DataFrame:
     """Run both arms of :func:`arm_configs` (``arm_options``: n_small, n_large, prompts_small, ...) for each seed from
     ``base.model``, in run directories ``root/<arm>_s<seed>``; returns one long DataFrame of every metrics row with
     columns ``arm``, ``seed``, ``rollouts_per_prompt``, ``prompts_per_step``, ``cum_trained_samples`` and
     ``cum_updates`` (optimizer updates) added.
 
-    The headline arms (ProRL, BroRL) run first for every seed, then the middle arm (``n_mid``) for
+    The headline arms (ProRL, BroRL) come first for every seed, then the middle arm (``n_mid``) for
     ``middle_seeds`` (default: ``seeds``), so a run cut short has the headline comparison complete first.
 
-    Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
-    run with different settings is an error rather than a silent mix. Ctrl-C stops after the current step (the
-    partial results are returned with a warning; call again to continue).
-    """
-    from tqdm.auto import tqdm
+    The runs are independent jobs (:func:`run_plans`): ``jobs`` at a time on this machine (default 1: one after
+    another in this process; None: one per physical core), ``threads`` torch threads each (default
+    ``base.torch_threads``, or physical cores // jobs when that is 0), or tasks on the Ray cluster at ``ray``. Each run's numbers
+    depend on its seed and thread count only, so any ``jobs`` at the same ``threads`` gives the same frame.
 
+    Resumable: finished arms are read back, a partial arm continues from its checkpoint, and a root that holds a
+    run with different settings is an error rather than a silent mix. Ctrl-C stops every running arm after its
+    current step, at a checkpoint (the partial results are returned with a warning; call again to continue).
+    """
+    plan = plan_rollout_scaling(base, seeds=seeds, root=root, middle_seeds=middle_seeds, **arm_options)
+    return run_plans({None: plan}, jobs=jobs, ray=ray, threads=threads, progress=progress)[None]
+
+
+def plan_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str | Path = DEFAULT_ROOT,
+                         middle_seeds: Optional[Iterable[int]] = None, **arm_options) -> list[tuple[str, int, Config]]:
+    """The runs of :func:`run_rollout_scaling` in order, as ``(arm, seed, config)``, every name checked."""
     from brorl_lab.rl.spec import check  # imports torch: only when arms run
 
     seeds = check_seeds(seeds)
@@ -185,20 +199,44 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
     arms = arm_configs(base, **arm_options)
     order = [(arm, seed) for seed in seeds for arm in arms if arm != "middle"]
     order += [("middle", seed) for seed in middle_seeds if "middle" in arms]
-    plan = [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")))
+    root = Path(root).resolve()  # absolute: worker processes and Ray nodes do not share this working directory
+    return [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")))
             for arm, seed in order]  # every name checked before any arm runs
-    frames = []
-    bar = tqdm(plan, desc="arms", disable=not progress)
-    for arm, seed, cfg in bar:
-        bar.set_postfix_str(f"{arm} seed {seed}")
-        df, finished = run_arm(cfg, progress=progress)
-        frames.append(label_arm(df, arm, seed, cfg))
-        if not finished:
-            warnings.warn(f"run_rollout_scaling interrupted in {arm} seed {seed} at step {int(df['step'].max())} of "
-                          f"{cfg.steps}; call again with the same arguments to resume", stacklevel=2)
-            break
-    bar.close()
-    return pd.concat(frames, ignore_index=True)
+
+
+def run_plans(plans: Mapping, *, jobs: Optional[int] = 1, ray: Optional[str] = None,
+              threads: Optional[int] = None, progress: bool = True) -> dict:
+    """Every run of several :func:`plan_rollout_scaling` plans (``{key: plan}``, e.g. one per regime-map setting)
+    as one set of independent jobs (:func:`brorl_lab.lab.jobs.run_jobs`), so the runs of all plans share the
+    cores (or the cluster). Each run is :func:`run_arm` at ``threads`` torch threads (default: the configs'
+    ``torch_threads`` when they all name the same one, else physical cores // jobs). Returns ``{key: frame}``: the
+    plan's labelled metrics in plan order (what running its arms one after another gives). A stop (Ctrl-C, a run
+    that returned unfinished) leaves every run at a checkpoint and warns; the frames hold what ran."""
+    from brorl_lab.lab.jobs import Job, plan_workers, run_jobs
+
+    given = {cfg.torch_threads for plan in plans.values() for _, _, cfg in plan}
+    if not threads and len(given) == 1 and min(given) > 0:
+        threads = min(given)  # the configs' own thread count, when they name one
+    workers, threads = plan_workers(jobs, threads, ray)
+    here = workers == 1 and ray is None  # one after another in this process: each run keeps its own bar
+    flat = [(key, arm, seed, cfg.replace(torch_threads=threads)) for key, plan in plans.items()
+            for arm, seed, cfg in plan]
+    todo = [Job(run_arm, (cfg,), {"progress": progress and here}, name=cfg.run_name,
+                run_dir=Path(cfg.run_dir) / cfg.run_name) for _, _, _, cfg in flat]
+    res = run_jobs(todo, workers=workers, threads=threads, ray=ray, progress=progress, desc="arms",
+                   stop_if=lambda out: not out[1])
+    frames: dict = {key: [] for key in plans}
+    unfinished = []
+    for (key, arm, seed, cfg), out in zip(flat, res):
+        if isinstance(out, tuple):
+            frames[key].append(label_arm(out[0], arm, seed, cfg))
+        if not isinstance(out, tuple) or not out[1]:
+            unfinished.append(cfg.run_name if key is None else f"{key}/{cfg.run_name}")
+    if unfinished:
+        warnings.warn(f"the arms stopped ({res.stopped or 'interrupted'}) with {len(unfinished)} of {len(flat)} runs "
+                      f"unfinished ({', '.join(unfinished[:6])}{', ...' if len(unfinished) > 6 else ''}); call again "
+                      "with the same arguments to resume", stacklevel=3)
+    return {key: pd.concat(f, ignore_index=True) if f else pd.DataFrame() for key, f in frames.items()}
 
 
 def label_arm(df: pd.DataFrame, arm: str, seed: int, cfg: Config) -> pd.DataFrame:

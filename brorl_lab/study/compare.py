@@ -6,6 +6,7 @@ cum_updates, cum_wall_s, eval/<family>/pass@1, ...)::
 
     summarize(df)                       # one row per arm: final pass@1, samples, time, pass rate, throughput
     compare_arms(df, "cum_samples")     # per family: both arms at the largest budget every run reached (interpolated)
+    collapse_flags(df)                  # COLLAPSE, the rule fixed before every run: seeds whose KL or pass@1 leave it
 
 :func:`compare_arms` describes the runs between their measured points and serves the ablation table; it is not a
 verdict. The study's one verdict is :func:`brorl_lab.study.revival.brorl_revives`, the rule fixed before the run,
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from brorl_lab.lab.analysis import PASS1, curves_on_grid, families_of
+from brorl_lab.lab.analysis import MEAN, PASS1, curves_on_grid, families_of
 from brorl_lab.lab.stats import t_interval
 
 ARMS = ("prorl", "brorl")  # the flagship's two headline arms, in display order
@@ -28,6 +29,11 @@ ARM_COLORS = {"prorl": "#1f77b4", "brorl": "#d62728", "middle": "#2ca02c"}  # on
 # The budgets two arms are compared at (labels: brorl_lab.lab.plots.X_AXES): generated samples (every
 # dynamic-sampling round counted), optimizer updates, training wall time (evaluation excluded).
 BUDGET_AXES = ("cum_samples", "cum_updates", "cum_wall_s")
+# The collapse rule, fixed before the run and the same for every study (the flagship paid in samples, the regime
+# map): an arm's seed has collapsed when its KL to the reference exceeds kl_max nats/token at any step, or its
+# held-out mean pass@1 falls more than pass_drop below its start (the step-0 evaluation) at any evaluation.
+# (2026-12-03: the sqrt-lr BroRL arm went to 1-2.5 nats/token within 4 steps; healthy arms stay under 0.1.)
+COLLAPSE = dict(kl_max=0.5, pass_drop=0.10)
 
 
 def check_frame(df: pd.DataFrame, need: Sequence[str] = ("arm", "seed", "step", "cum_samples", "cum_wall_s")
@@ -88,6 +94,23 @@ def compare_arms(df: pd.DataFrame, x: str = "cum_samples") -> pd.DataFrame:
                      "gap_se": ci["se"], "gap_lo": ci["lo"], "gap_hi": ci["hi"],
                      "exceeds_noise": ci["excludes_zero"] if n >= 2 else None})
     return pd.DataFrame(rows)
+
+
+def collapse_flags(df: pd.DataFrame, *, kl_max: float = COLLAPSE["kl_max"], pass_drop: float = COLLAPSE["pass_drop"],
+                   metric: str = f"eval/{MEAN}/{PASS1}") -> pd.DataFrame:
+    """:data:`COLLAPSE` applied to every arm and seed: columns arm, seed, max_kl, min_change (lowest pass@1 minus
+    the start), collapsed and reason. A collapsed seed stays in every table; the report names it."""
+    rows = []
+    for (arm, seed), g in df.groupby(["arm", "seed"], sort=False):
+        kl = float(g["kl"].max()) if "kl" in g and g["kl"].notna().any() else np.nan
+        ev = g[g[metric].notna()].sort_values("step") if metric in g else g.iloc[:0]
+        low = float(ev[metric].min() - ev[metric].iloc[0]) if len(ev) else np.nan
+        reasons = ([f"KL {kl:.3g} > {kl_max}"] if kl == kl and kl > kl_max else []) + \
+                  ([f"pass@1 fell {-100 * low:.1f} points > {100 * pass_drop:g}"] if low == low and low < -pass_drop
+                   else [])
+        rows.append({"arm": arm, "seed": int(seed), "max_kl": kl, "min_change": low, "collapsed": bool(reasons),
+                     "reason": "; ".join(reasons)})
+    return pd.DataFrame(rows, columns=["arm", "seed", "max_kl", "min_change", "collapsed", "reason"])
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

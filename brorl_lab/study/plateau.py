@@ -183,9 +183,15 @@ def reach_table(model: str, families: Sequence[str], *, prompts: int = GATE_PROM
     ``prompts`` prompts per family (each family measured alone, as :func:`measure_reach` draws them) x ``n_draws``
     samples at the plateau recipe's sampler, with the gate's share (``share 0<p<=max_p``) added. What chose the
     plateau's family (``python -m brorl_lab reach``)."""
+    return reach_table_of(reach_rates(model, families, prompts=prompts, n_draws=n_draws), max_p=max_p)
+
+
+def reach_rates(model: str, families: Sequence[str], *, prompts: int = GATE_PROMPTS,
+                n_draws: int = GATE_DRAWS) -> pd.DataFrame:
+    """The per-prompt pass rates under ``model`` (:func:`~brorl_lab.study.mechanism.prompt_pass_rates`) of
+    ``prompts`` training prompts per family, each family measured alone (as :func:`measure_reach` draws them)."""
     from brorl_lab.core.models import load_policy
     from brorl_lab.rollout.tasks import TASKS
-    from brorl_lab.study.mechanism import reach_summary
 
     if not is_int(prompts) or prompts < 1:
         raise UserError(f"prompts: got {prompts!r}; allowed: an integer >= 1")
@@ -196,11 +202,41 @@ def reach_table(model: str, families: Sequence[str], *, prompts: int = GATE_PROM
             raise UserError(f"families: {e}") from None
     cfgs = [plateau_config(model=model, tasks=[fam]) for fam in families]
     policy, tok = load_policy(resolve_experiment_model(model))
+    return pd.concat([measure_reach(policy, tok, cfg, prompts=prompts, n_draws=n_draws) for cfg in cfgs],
+                     ignore_index=True)
+
+
+def save_reach(out: str | Path, model: str, rates: pd.DataFrame, *, command: Optional[str] = None,
+               n_draws: int = GATE_DRAWS) -> dict:
+    """Write where ``model`` stands (its per-prompt ``rates``) into ``out``: branch_rates.csv (every prompt) and
+    reach.json (command, model and its weights' sha256, draws, the reach table and the per-prompt p histogram);
+    returns the JSON's dict. The record of a branch point that is not a plateau run's (e.g. the takeoff base)."""
+    from brorl_lab.study.mechanism import p_histogram
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = DEFAULT_MODEL_DIR if model == "default" else Path(resolve_experiment_model(model))
+    weights = path / "model.safetensors"
+    meta = {"command": command, "model": repo_relative(path) if path.exists() else model,
+            "model_sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None,
+            "draws": n_draws, "seed": GATE_SEED, "prompts": len(rates),
+            "reach": reach_table_of(rates).to_dict(orient="records"),
+            "p_histogram": p_histogram(rates).to_dict(orient="records")}
+    rates.to_csv(out / BRANCH_RATES, index=False)
+    (out / "reach.json").write_text(json.dumps(meta, indent=1, default=float))
+    return meta
+
+
+def reach_table_of(rates: pd.DataFrame, *, max_p: float = GATE["max_p"]) -> pd.DataFrame:
+    """One :func:`~brorl_lab.study.mechanism.reach_summary` row per family of ``rates`` (in their order), with the
+    gate's share (``share 0<p<=max_p``) added."""
+    from brorl_lab.study.mechanism import reach_summary
+
     rows = []
-    for cfg in cfgs:
-        rates = measure_reach(policy, tok, cfg, prompts=prompts, n_draws=n_draws)
-        row = reach_summary(rates).iloc[0].to_dict()
-        row[f"share 0<p<={max_p:.4g}"] = reach_gate(rates, max_p=max_p)["share"]
+    for fam in dict.fromkeys(rates["family"]):
+        fam_rates = rates[rates["family"] == fam]
+        row = reach_summary(fam_rates).iloc[0].to_dict()
+        row[f"share 0<p<={max_p:.4g}"] = reach_gate(fam_rates, max_p=max_p)["share"]
         rows.append(row)
     return pd.DataFrame(rows)
 

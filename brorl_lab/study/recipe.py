@@ -22,13 +22,20 @@ from pathlib import Path
 from typing import Optional
 
 from brorl_lab.core.config import Config
-from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR
+from brorl_lab.core.paths import DEFAULT_MODEL_DIR, LEARNED_PLATEAU_DIR, PLATEAU_MODEL_DIR, TAKEOFF_BASE_DIR
 from brorl_lab.core.validation import UserError, is_number
 
-#: Short model names a study config accepts; each points at a shipped HF model directory.
-MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR}
+#: Short model names a study config accepts; each points at a shipped HF model directory: 'floor' (= 'plateau', the
+#: products_2d floor the regime map and the earlier flagship results use), 'learned' (a plateau ProRL v2 first
+#: raised, issue 38) and 'takeoff' (a less-trained base whose learnable family sits in the rare-success regime
+#: before learning: the takeoff race).
+MODEL_ALIASES = {"plateau": PLATEAU_MODEL_DIR, "floor": PLATEAU_MODEL_DIR, "learned": LEARNED_PLATEAU_DIR,
+                 "takeoff": TAKEOFF_BASE_DIR}
 #: How each alias's directory is built when it is missing (the error names it).
-MODEL_BUILDERS = {"plateau": "python -m brorl_lab plateau"}
+MODEL_BUILDERS = {"plateau": "python -m brorl_lab plateau", "floor": "python -m brorl_lab plateau",
+                  "learned": "python -m brorl_lab plateau --families spell_backward gcd --lr 3e-4 --gain 0.05 "
+                             "--out data/learned_plateau",
+                  "takeoff": "python -m brorl_lab train-default --steps 400 --out data/takeoff_base"}
 
 # The ProRL recipes at small N (docs/RECIPES.md). lr and the batch sizes are ours: the tiny default model needs a far
 # larger lr than a 1.5B one. v1 (ProRL paper): GRPO with group-std normalisation, DAPO clip-higher 0.2/0.28, a k3 KL

@@ -1,39 +1,81 @@
-"""The regime map: where does broadening pay? The same branch on task settings with different shares of
-rare-success prompts, the BroRL - ProRL gap against that share, and what s_N(p) predicts.
+"""The regime map: where does broadening pay? The same branch on settings whose branch-point rho runs from ~1 to
+past the update ratio, the BroRL - ProRL gap per seed, and a reading of the rho rule declared before the run.
 
-For each setting (a list of tasks and their task_configs) the branch point is measured first
-(:func:`brorl_lab.study.mechanism.prompt_pass_rates`, 512 draws per prompt): the share of *rare-success* prompts
-(:func:`brorl_lab.study.rare.rare_success`, 0 < p <= 1/16; the shipped map, notebooks/figures/regime_map.csv, was
-measured with 0 < p <= 0.1 before that constant) and, from the measured per-prompt p, the expected share of
-informative groups of each arm (:func:`brorl_lab.study.rare.informative_share`),
+**The rule under test** (the project's own, derived here, not the paper's). At equal samples the BroRL arm takes
+``samples_ratio`` = 8 times fewer optimizer updates; under Adam each update has about the same size whatever its
+batch, so what BroRL gains is the quality of each update. If that quality is the share of samples that carry a
+signal, broadening pays where
 
-    E[s_N] = mean over prompts of s_N(p) = 1 - p^N - (1 - p)^N        (N = 16 and N = 512),
+    rho = E[s_512(p)] / E[s_16(p)]  >=  8 = :data:`RHO_RULE`,     s_N(p) = 1 - p^N - (1 - p)^N   (:mod:`.rare`)
 
-whose ratio rho = E[s_512] / E[s_16] is how many more of its generated samples the BroRL arm can learn from. Then
-both arms run (:func:`brorl_lab.study.arms.run_rollout_scaling`) and the paired gap at equal samples, with its 95%
-t interval over seeds, is read on the shared grid (:func:`brorl_lab.study.revival.grid_comparison`).
+(the mean over the setting's training prompts of the chance that a group is informative). Two x-axes read it:
 
-**The prediction we test.** At equal samples the BroRL arm takes ``samples_ratio`` (8) times fewer optimizer
-updates; under Adam each update has about the same size whatever its batch, so what BroRL gains is the quality of
-each update. If that quality is the share of samples that carry a signal, broadening pays where rho exceeds the
-update ratio it gives up: the predicted crossover is the rare-success share at which rho = 8 (interpolated over the
-settings). The measured crossover is where a line fitted to the gaps (weighted by 1 / s.e.^2) crosses 0.
-:func:`crossover` reports both; whichever way they fall, the map says so.
+- **branch-point rho** (``rho``): from the per-prompt p measured at the branch point, 512 draws per prompt
+  (:func:`branch_point_row`), on a *fresh* re-draw of the prompts for the constructed settings (the draws that
+  chose a prompt for a band would bias its p toward the band);
+- **in-run rho** (``rho_run``): the ratio of the arms' measured dynamic-sampling pass rates (kept / generated
+  groups, mean over steps and seeds), BroRL over ProRL: what the arms actually learned from as p moved.
+
+**Settings** (notebook 06): named settings from branch points (a family at a checkpoint: the products_2d floor
+``"floor"``, the takeoff base ``"takeoff"``, ...) and *constructed* settings: a family's training prompts filtered
+at the branch point by their measured p into one of the bands :data:`P_BANDS` (:func:`draw_pool`), written as a
+``pool:`` task (:func:`write_pool`; training draws only pool prompts, each scored by its own family), with its
+held-out set drawn the same way: held-out prompts of the family filtered by the same band, measured the same way.
+
+**Per seed** (:func:`per_seed_rows`): each arm's held-out mean pass@1 at step 0 (the branch point, same eval draws)
+and at the last shared sample count, the paired gap, each arm's dynamic-sampling pass rate and its dropped groups
+by kind (all-correct vs all-wrong, :func:`drift_table`: which way the N = 16 arm drifts), and the collapse rule
+(:data:`brorl_lab.study.compare.COLLAPSE`, the flagship's, applied the same way: a collapsed seed stays in every
+table and is named). :func:`setting_table` recomputes every setting's interval from the per-seed rows, and
+:func:`power_table` sizes the seeds from the per-setting sd (:func:`brorl_lab.lab.stats.seeds_for_power`).
+
+**The reading, fixed before the run** (:func:`broadening_pays`, :data:`BROADENING_RULE`), on each axis:
+
+- *refuted* when some setting at or above the rule's rho has a gap interval whose upper end is below
+  :data:`PAYS_MIN` (the run rules out that broadening pays there), or when a fit resolves the gap *falling* as rho
+  grows;
+- *supported* when there is a setting at or above the rule's rho, every such setting has its gap interval above 0,
+  and every fit (unweighted and weighted by 1 / s.e.^2, with all settings and without each one) resolves the gap
+  rising with log2 rho;
+- *unresolved* otherwise (and "not tested" when no setting reaches the rule's rho).
+
+The crossover rho* (where the fitted gap is 0) is reported only when every one of those fits resolves it: the
+slope's interval excludes 0 and the crossover's interval lies inside the fitted settings' range.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from brorl_lab.lab.stats import t_quantile
+from brorl_lab.lab.stats import seeds_for_power, t_interval, t_quantile
+from brorl_lab.study.compare import COLLAPSE, collapse_flags
 from brorl_lab.study.rare import informative_share, rare_failure, rare_success
+
+METRIC = "eval/mean/pass@1"
+RHO_RULE = 8.0  # the update ratio at equal samples: BroRL's 512 x 16 against ProRL's 16 x 64 per step
+PAYS_MIN = 0.01  # 1 point of held-out mean pass@1: the smallest gap that counts as "broadening pays"
+VERDICTS = ("supported", "refuted", "unresolved", "not tested")
+AXES = {"rho": "branch-point rho = E[s_512] / E[s_16]",
+        "rho_run": "in-run rho = measured DS pass rate, BroRL / ProRL"}
+# The constructed settings' bands of the measured p at the branch point: a prompt is in (lo, hi] when
+# lo < p <= hi and p < 1 (a prompt solved in every draw gives no arm a signal). Branch-point rho of a band's prompts
+# runs from ~1 (p > 1/4: s_16 and s_512 both near 1) to past 8 (p <= 1/64: s_16 ~ 16p, s_512 ~ 1 - e^(-512p)).
+P_BANDS = {"(0,1/64]": (0.0, 1 / 64), "(1/64,1/16]": (1 / 64, 1 / 16), "(1/16,1/4]": (1 / 16, 1 / 4),
+           "(1/4,1)": (1 / 4, 1.0)}
+BROADENING_RULE = (
+    f"Broadening pays above rho* = {RHO_RULE:g} (on each axis: branch-point rho and in-run rho). Refuted iff a "
+    f"setting with rho >= {RHO_RULE:g} has a 95% gap interval (BroRL - ProRL, held-out mean pass@1 at equal samples, "
+    f"paired seeds) entirely below +{100 * PAYS_MIN:g} point, or a fit resolves the gap falling with log2 rho. "
+    f"Supported iff at least one setting has rho >= {RHO_RULE:g}, every such setting's interval lies above 0, and "
+    "every fit (unweighted and 1/se^2-weighted, all settings and leaving each one out) resolves the gap rising with "
+    "log2 rho. Unresolved otherwise. The crossover rho* is reported only when every fit resolves it.")
 
 
 def branch_point_row(rates: pd.DataFrame, *, n_small: int = 16, n_large: int = 512) -> dict:
@@ -48,152 +90,359 @@ def branch_point_row(rates: pd.DataFrame, *, n_small: int = 16, n_large: int = 5
             f"E_s{n_small}": small, f"E_s{n_large}": large, "rho": large / small if small > 0 else float("inf")}
 
 
-def crossover(table: pd.DataFrame, *, x: str = "rare_success", ratio: float = 8.0) -> dict:
-    """Where the gap changes sign, measured and predicted, from the regime table (one row per setting with ``x``,
-    ``gap``, ``se`` and ``rho``).
+# ---- constructed settings: prompts filtered by their measured p -----------------------------------------------------
+def check_band(band) -> tuple[float, float]:
+    """A band name of :data:`P_BANDS` or a pair (lo, hi) with 0 <= lo < hi <= 1, as (lo, hi)."""
+    if isinstance(band, str) and band in P_BANDS:
+        return P_BANDS[band]
+    ok = isinstance(band, (list, tuple)) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band)
+    if not ok or not 0 <= band[0] < band[1] <= 1:
+        raise ValueError(f"band: got {band!r}; allowed: one of {', '.join(P_BANDS)} or [lo, hi] with "
+                         "0 <= lo < hi <= 1 (prompts with lo < p <= hi and p < 1)")
+    return float(band[0]), float(band[1])
 
-    Measured: weighted least squares gap = a + b x (weights 1 / se^2, settings with se > 0), the crossover
-    x* = -a / b with a delta-method 95% interval (t with settings - 2 degrees of freedom), and b's interval (does
-    the gap grow with ``x``?). Predicted: the ``x`` at which rho crosses ``ratio``, interpolated linearly between
-    the settings sorted by ``x`` (None when rho never crosses it in the measured range)."""
-    need = {x, "gap", "se", "rho"}
-    if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
-        raise ValueError(f"table: allowed: a regime table with columns {sorted(need)}")
-    t = table[np.isfinite(table["se"]) & (table["se"] > 0)].sort_values(x)
-    out: dict = {"x": x, "ratio": ratio, "settings": int(len(t)), "a": None, "b": None, "b_lo": None, "b_hi": None,
-                 "measured": None, "measured_lo": None, "measured_hi": None, "predicted": None}
-    rho = table.sort_values(x)
-    xs, rs = rho[x].to_numpy(float), np.minimum(rho["rho"].to_numpy(float), 1e9)
-    for i in range(len(xs) - 1):
-        if (rs[i] - ratio) * (rs[i + 1] - ratio) <= 0 and rs[i] != rs[i + 1]:
-            out["predicted"] = float(xs[i] + (ratio - rs[i]) * (xs[i + 1] - xs[i]) / (rs[i + 1] - rs[i]))
-            break
-    if len(t) < 3:
+
+def in_band(p: Sequence[float], band) -> np.ndarray:
+    """Per prompt: lo < p <= hi and p < 1 (a bool array shaped like ``p``)."""
+    lo, hi = check_band(band)
+    p = np.asarray(p, dtype=float)
+    return (p > lo) & (p <= hi) & (p < 1)
+
+
+def draw_pool(policy, tokenizer, cfg, band, *, candidates: int, draws: int = 512, seed: int = 0,
+              split: str = "train", n_small: int = 16):
+    """``candidates`` prompts of ``cfg.tasks`` (``split``), each drawn ``draws`` times at the branch point
+    (:func:`brorl_lab.study.mechanism.prompt_pass_rates`), kept when their measured p is in ``band``. Returns
+    (kept items, the rates of every candidate with an ``in_band`` column)."""
+    from brorl_lab.rl.steps import sample_prompts
+    from brorl_lab.study.mechanism import prompt_pass_rates
+
+    items = sample_prompts(cfg.tasks, candidates, seed=seed, split=split)
+    rates = prompt_pass_rates(policy, tokenizer, items, cfg, n_draws=draws, n_small=n_small, seed=seed)
+    keep = in_band(rates["p"], band)
+    return [it for it, k in zip(items, keep) if k], rates.assign(in_band=keep)
+
+
+def write_pool(directory: str | Path, name: str, train, held, record: Mapping) -> str:
+    """Write a constructed setting's pool: ``<name>.jsonl`` (training prompts), ``<name>.eval.jsonl`` (held-out
+    prompts) and ``<name>.pool.json`` (``record``: how both were drawn). Returns the task name ``pool:<path>``."""
+    from brorl_lab.rollout.tasks.sets import write_items
+    from brorl_lab.rollout.tasks.user import pool_eval_path
+
+    if not train or not held:
+        raise ValueError(f"pool {name!r}: {len(train)} training and {len(held)} held-out prompts in the band; "
+                         "allowed: at least one of each (draw more candidates, or widen the band)")
+    path = Path(directory).resolve() / f"{name}.jsonl"
+    write_items(train, path)
+    write_items(held, pool_eval_path(path))
+    path.with_name(f"{name}.pool.json").write_text(json.dumps({**record, "train_prompts": len(train),
+                                                                "eval_prompts": len(held)}, indent=1))
+    return f"pool:{path}"
+
+
+def pool_items(task: str) -> list:
+    """The training prompts of a ``pool:`` task (:func:`write_pool`), in file order."""
+    from brorl_lab.rollout.tasks import TASKS
+
+    if not isinstance(task, str) or not task.startswith("pool:"):
+        raise ValueError(f"task: got {task!r}; allowed: a pool:<path> task name (write_pool)")
+    return list(TASKS.build(task, {}).items)
+
+
+# ---- per seed, per setting -----------------------------------------------------------------------------------------
+def per_seed_rows(df: pd.DataFrame, setting: str, *, x: str = "cum_nominal_samples") -> pd.DataFrame:
+    """One row per paired seed of one setting's arms (the long table of
+    :func:`brorl_lab.study.arms.run_rollout_scaling`): held-out mean pass@1 of each arm at step 0 (``prorl_0``,
+    ``brorl_0``) and at the last budget of the shared grid both reached (``prorl``, ``brorl``), the gap, each arm's
+    mean DS pass rate over its steps (``ds_prorl``, ``ds_brorl``), the share of its generated groups dropped as
+    all-correct and all-wrong (``all_correct_prorl``, ...), and the collapse rule's flag and reason per arm."""
+    from brorl_lab.study.revival import grid_values
+
+    budget = max(grid_values(df, x))
+    flags = collapse_flags(df).set_index(["arm", "seed"])
+    rows = []
+    for seed in sorted(set(df.loc[df["arm"] == "prorl", "seed"]) & set(df.loc[df["arm"] == "brorl", "seed"])):
+        row = {"setting": setting, "seed": int(seed), "budget": budget}
+        for arm in ("prorl", "brorl"):
+            g = df[(df["arm"] == arm) & (df["seed"] == seed)]
+            ev = g[g[METRIC].notna()]
+            start, end = ev.loc[ev[x] == 0, METRIC], ev.loc[ev[x] == budget, METRIC]
+            if start.empty or end.empty:
+                raise ValueError(f"df: the {arm} arm of seed {seed} ({setting}) has no {METRIC} at {x} = 0 or "
+                                 f"{budget:g}; allowed: arms of one arm_configs plan, evaluated at step 0")
+            steps = g[g["step"] > 0]
+            gen = steps["ds_generated_groups"].sum() if "ds_generated_groups" in g else np.nan
+            row.update({f"{arm}_0": float(start.iloc[0]), arm: float(end.iloc[0]),
+                        f"ds_{arm}": float(steps["ds_pass_rate"].mean()),
+                        f"all_correct_{arm}": float(steps["ds_all_correct_groups"].sum() / gen) if gen else np.nan,
+                        f"all_wrong_{arm}": float(steps["ds_all_wrong_groups"].sum() / gen) if gen else np.nan,
+                        f"collapsed_{arm}": bool(flags.loc[(arm, seed), "collapsed"]),
+                        f"collapse_reason_{arm}": flags.loc[(arm, seed), "reason"]})
+        row["gap"] = row["brorl"] - row["prorl"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def drift_table(df: pd.DataFrame, setting: str, *, parts: int = 2) -> pd.DataFrame:
+    """Which way each arm's dropped groups drift over training: its steps cut into ``parts`` equal spans of its own
+    training (first half, second half), and per span the share of generated groups dropped all-correct and
+    all-wrong (summed over seeds) and the DS pass rate. One row per (setting, arm, part)."""
+    rows = []
+    for arm, g in df[df["step"] > 0].groupby("arm", sort=False):
+        if "ds_generated_groups" not in g or not g["ds_generated_groups"].notna().any():
+            continue
+        part = np.minimum((parts * (g["step"] - 1) // g["step"].max()).astype(int), parts - 1)
+        for k, h in g.groupby(part):
+            gen = float(h["ds_generated_groups"].sum())
+            rows.append({"setting": setting, "arm": arm, "part": int(k) + 1, "parts": parts,
+                         "steps": f"{int(h['step'].min())}-{int(h['step'].max())}", "generated_groups": gen,
+                         "all_correct": float(h["ds_all_correct_groups"].sum()) / gen if gen else np.nan,
+                         "all_wrong": float(h["ds_all_wrong_groups"].sum()) / gen if gen else np.nan,
+                         "ds_pass_rate": float(h["ds_pass_rate"].mean())})
+    return pd.DataFrame(rows)
+
+
+def setting_table(per_seed: pd.DataFrame, branch: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """One row per setting from the per-seed rows (:func:`per_seed_rows`): the gap's mean with its 95% t interval
+    over the paired seeds (n, sd, se, lo, hi), each arm's mean at step 0 and at the budget, the mean DS pass rates
+    and the in-run rho = ds_brorl / ds_prorl, the collapsed seeds per arm, and the branch point's columns
+    (``branch``: one :func:`branch_point_row` per setting, indexed by setting) when given."""
+    rows = {}
+    for name, g in per_seed.groupby("setting", sort=False):
+        ci = t_interval(g["gap"].to_numpy(float))
+        ds_p, ds_b = float(g["ds_prorl"].mean()), float(g["ds_brorl"].mean())
+        rows[name] = {"n": ci["n"], "gap": ci["mean"], "sd": ci["sd"], "se": ci["se"], "lo": ci["lo"],
+                      "hi": ci["hi"], "budget": float(g["budget"].iloc[0]),
+                      **{c: float(g[c].mean()) for c in ("prorl_0", "brorl_0", "prorl", "brorl")},
+                      "ds_prorl": ds_p, "ds_brorl": ds_b, "rho_run": ds_b / ds_p if ds_p > 0 else np.inf,
+                      **{c: float(g[c].mean()) for c in ("all_correct_prorl", "all_wrong_prorl",
+                                                          "all_correct_brorl", "all_wrong_brorl") if c in g},
+                      "collapsed_prorl": int(g["collapsed_prorl"].sum()),
+                      "collapsed_brorl": int(g["collapsed_brorl"].sum())}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "setting"
+    if branch is not None:
+        table = branch.join(table, how="right")
+    return table.sort_values("rho") if "rho" in table else table
+
+
+def power_table(table: pd.DataFrame, *, effect: float = PAYS_MIN, power: float = 0.8) -> pd.DataFrame:
+    """Per setting: the paired seeds it ran, the sd of its per-seed gaps, the seeds that sd needs to detect a true
+    gap of ``effect`` with probability ``power`` (:func:`brorl_lab.lab.stats.seeds_for_power`) and whether it has
+    them (``enough``). A setting without a spread (fewer than 2 seeds) needs a pilot first (NaN)."""
+    rows = []
+    for name, r in table.iterrows():
+        sd = float(r["sd"])
+        need = seeds_for_power(sd, effect, power=power) if np.isfinite(sd) and sd > 0 else np.nan
+        rows.append({"setting": name, "seeds": int(r["n"]), "sd": sd, "effect": effect, "seeds_needed": need,
+                     "enough": bool(np.isfinite(need) and r["n"] >= need)})
+    return pd.DataFrame(rows).set_index("setting")
+
+
+# ---- the reading -----------------------------------------------------------------------------------------------------
+def fit_line(x: Sequence[float], y: Sequence[float], se: Optional[Sequence[float]] = None) -> dict:
+    """gap = a + b x by least squares (weights 1 / se^2 when ``se`` is given; then the covariance is scaled by the
+    residual variance when it exceeds the seeds' own), b's 95% t interval (points - 2 degrees of freedom), and the
+    crossing x0 = -a / b with a delta-method interval. Keys: points, a, b, b_lo, b_hi, x0, x0_lo, x0_hi, resolved
+    (b's interval excludes 0 and x0's interval lies inside the range of x)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    w = np.ones_like(x) if se is None else 1 / np.asarray(se, float) ** 2
+    nan = float("nan")
+    out = {"points": int(x.size), "a": nan, "b": nan, "b_lo": nan, "b_hi": nan, "x0": nan, "x0_lo": nan,
+           "x0_hi": nan, "resolved": False}
+    if x.size < 3 or np.ptp(x) == 0:
         return out
-    X = np.c_[np.ones(len(t)), t[x].to_numpy(float)]
-    w = 1 / t["se"].to_numpy(float) ** 2
-    y = t["gap"].to_numpy(float)
+    X = np.c_[np.ones_like(x), x]  # [settings, 2]
     cov = np.linalg.inv(X.T @ (w[:, None] * X))
     a, b = cov @ X.T @ (w * y)
-    resid = y - X @ [a, b]
-    scale = float((w * resid ** 2).sum() / (len(t) - 2))  # residual variance beyond the seeds' s.e.
-    cov = cov * max(scale, 1.0)
-    q = t_quantile(0.975, len(t) - 2)
-    out.update(a=float(a), b=float(b), b_lo=float(b - q * math.sqrt(cov[1, 1])),
-               b_hi=float(b + q * math.sqrt(cov[1, 1])))
+    scale = float((w * (y - a - b * x) ** 2).sum() / (x.size - 2))
+    cov = cov * (max(scale, 1.0) if se is not None else scale)
+    q = t_quantile(0.975, x.size - 2)
+    half = q * math.sqrt(cov[1, 1])
+    out.update(a=float(a), b=float(b), b_lo=float(b - half), b_hi=float(b + half))
     if b != 0:
-        xs_star = -a / b
+        x0 = -a / b
         grad = np.array([-1 / b, a / b ** 2])
-        se = math.sqrt(float(grad @ cov @ grad))
-        out.update(measured=float(xs_star), measured_lo=float(xs_star - q * se), measured_hi=float(xs_star + q * se))
+        h0 = q * math.sqrt(float(grad @ cov @ grad))
+        out.update(x0=float(x0), x0_lo=float(x0 - h0), x0_hi=float(x0 + h0))
+    out["resolved"] = bool((out["b_lo"] > 0 or out["b_hi"] < 0) and np.isfinite(out["x0"])
+                           and x.min() <= out["x0_lo"] and out["x0_hi"] <= x.max())
     return out
 
 
-def regime_text(table: pd.DataFrame, cross: dict) -> str:
-    """The map in plain words: per setting the gap with its interval, how many settings resolve a sign, the rank
-    correlation of the gap with rho, then the fit and the two crossovers (and whether the fit can place one)."""
-    from scipy import stats
+def all_fits(table: pd.DataFrame, axis: str = "rho") -> pd.DataFrame:
+    """The gap against log2 of ``axis`` fitted unweighted and weighted (1 / se^2), with all settings and without
+    each single setting (leave-one-out). One row per fit: fit ("all" or "without <setting>"), weights, the
+    :func:`fit_line` keys, and the crossing as a rho (``rho0`` = 2^x0 with its interval)."""
+    t = table[np.isfinite(table[axis]) & (table[axis] > 0) & np.isfinite(table["gap"])]
+    subsets = {"all": t, **{f"without {s}": t.drop(index=s) for s in t.index}} if len(t) >= 4 else {"all": t}
+    rows = []
+    for name, sub in subsets.items():
+        for weights in ("unweighted", "weighted"):
+            ok = sub if weights == "unweighted" else sub[np.isfinite(sub["se"]) & (sub["se"] > 0)]
+            f = fit_line(np.log2(ok[axis].to_numpy(float)), ok["gap"].to_numpy(float),
+                         None if weights == "unweighted" else ok["se"].to_numpy(float))
+            rows.append({"axis": axis, "fit": name, "weights": weights, **f,
+                         **{f"rho0{s}": (2 ** f[f"x0{s}"] if np.isfinite(f[f"x0{s}"]) and abs(f[f"x0{s}"]) < 1000
+                                         else np.nan) for s in ("", "_lo", "_hi")}})
+    return pd.DataFrame(rows)
 
+
+def broadening_pays(table: pd.DataFrame, axis: str = "rho", *, rule: float = RHO_RULE,
+                    pays_min: float = PAYS_MIN) -> dict:
+    """:data:`BROADENING_RULE` on one axis (``"rho"`` or ``"rho_run"``) of a :func:`setting_table`. Returns a
+    JSON-able dict: rule, axis, verdict ("supported", "refuted", "unresolved", "not tested"), why (one line per
+    reason), the settings at or above the rule's rho with their intervals, every fit (:func:`all_fits`) and the
+    crossover rho* (None unless every fit resolves it)."""
+    if axis not in AXES:
+        raise ValueError(f"axis: got {axis!r}; allowed: {', '.join(AXES)}")
+    need = {axis, "gap", "lo", "hi", "se"}
+    if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
+        raise ValueError(f"table: allowed: a setting_table with columns {sorted(need)}")
+    above = table[table[axis] >= rule]
+    fits = all_fits(table, axis)
+    why = []
+    ruled_out = above[above["hi"] < pays_min]
+    for name, r in ruled_out.iterrows():
+        why.append(f"{name} ({axis} {r[axis]:.2f}): gap {100 * r['gap']:+.1f} [{100 * r['lo']:+.1f}, "
+                   f"{100 * r['hi']:+.1f}] points rules out a gain of {100 * pays_min:g} point")
+    falling = fits[fits["b_hi"] < 0]
+    if len(falling):
+        why.append(f"{len(falling)} of {len(fits)} fits resolve the gap falling with log2 {axis}")
+    rising = bool(len(fits)) and bool((fits["b_lo"] > 0).all())
+    if len(ruled_out) or len(falling):
+        verdict = "refuted"
+    elif above.empty:
+        verdict = "not tested"
+        why.append(f"no setting reaches {axis} >= {rule:g} (highest {table[axis].max():.2f})")
+    elif (above["lo"] > 0).all() and rising:
+        verdict = "supported"
+        why.append(f"all {len(above)} settings with {axis} >= {rule:g} have BroRL ahead, and all {len(fits)} fits "
+                   "resolve the gap rising")
+    else:
+        verdict = "unresolved"
+        behind = int((above["lo"] <= 0).sum())
+        why.append(f"{behind} of {len(above)} settings with {axis} >= {rule:g} do not resolve BroRL ahead; "
+                   f"{int((fits['b_lo'] > 0).sum())} of {len(fits)} fits resolve the gap rising")
+    cross = None
+    if len(fits) and fits["resolved"].all():
+        main = fits[(fits["fit"] == "all") & (fits["weights"] == "weighted")].iloc[0]
+        cross = {"rho0": float(main["rho0"]), "rho0_lo": float(main["rho0_lo"]), "rho0_hi": float(main["rho0_hi"]),
+                 "range_over_fits": [float(fits["rho0"].min()), float(fits["rho0"].max())]}
+    return {"rule": BROADENING_RULE, "axis": axis, "axis_label": AXES[axis], "rho_rule": rule, "pays_min": pays_min,
+            "verdict": verdict, "why": why, "settings": int(len(table)),
+            "above": {str(k): {axis: float(r[axis]), "gap": float(r["gap"]), "lo": float(r["lo"]),
+                               "hi": float(r["hi"])} for k, r in above.iterrows()},
+            "fits": fits.to_dict(orient="records"), "crossover": cross}
+
+
+def regime_text(table: pd.DataFrame, readings: Mapping[str, dict], power: Optional[pd.DataFrame] = None,
+                drift: Optional[pd.DataFrame] = None) -> str:
+    """The map in plain words: per setting the gap with its interval and seeds (collapsed seeds named), both rho,
+    the seeds its sd needs, which way each arm's dropped groups drift, and on each axis the reading's verdict with
+    its reasons, the fits and the crossover (or why none is reported)."""
     lines = []
     for name, r in table.iterrows():
-        lines.append(f"{name}: rare-success share {r['rare_success']:.0%}, rho {r['rho']:.2f}; gap BroRL - ProRL at "
-                     f"equal samples {100 * r['gap']:+.1f} [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] points "
-                     f"({int(r['n'])} paired seeds)")
-    above, below = int((table["lo"] > 0).sum()), int((table["hi"] < 0).sum())
-    lines.append(f"BroRL ahead (interval above 0) on {above} of {len(table)} settings, behind (interval below 0) on "
-                 f"{below}, unresolved on {len(table) - above - below}.")
-    if len(table) >= 3:
-        rs = stats.spearmanr(table["rho"], table["gap"])
-        lines.append(f"Rank correlation of the gap with rho (what s_N predicts orders the settings): Spearman "
-                     f"{rs.statistic:+.2f} (p = {rs.pvalue:.2f}, {len(table)} settings).")
-    if cross["b"] is None:
-        lines.append(f"Fewer than 3 settings with an interval: no line fitted (predicted crossover at rare-success "
-                     f"share {_pct(cross['predicted'])}).")
-        return "\n".join(lines)
-    grows = ("grows" if cross["b_lo"] > 0 else "shrinks" if cross["b_hi"] < 0 else
-             "neither grows nor shrinks resolvably")
-    lines.append(f"Fitted: the gap {grows} with the rare-success share (slope {100 * cross['b']:+.1f} points per unit "
-                 f"share, 95% interval [{100 * cross['b_lo']:+.1f}, {100 * cross['b_hi']:+.1f}]).")
-    meas = (f"{_pct(cross['measured'])} (95% interval {_pct(cross['measured_lo'])} to {_pct(cross['measured_hi'])})"
-            if cross["measured"] is not None else "none (flat fit)")
-    pred = _pct(cross["predicted"]) if cross["predicted"] is not None else \
-        f"outside the measured range (rho never crosses {cross['ratio']:g})"
-    verdict = ""
-    span = float(table[cross["x"]].max() - table[cross["x"]].min())
-    if cross["measured"] is not None and (cross["measured_hi"] - cross["measured_lo"]) >= span:
-        verdict = (" The measured crossover's interval is wider than the range of settings: the fit cannot place a "
-                   "crossover, so this test of the prediction is uninformative.")
-    elif cross["measured"] is not None and cross["predicted"] is not None:
-        inside = cross["measured_lo"] <= cross["predicted"] <= cross["measured_hi"]
-        verdict = (" The predicted crossover lies inside the measured one's interval." if inside else
-                   " The predicted crossover lies outside the measured one's interval.")
-    lines.append(f"Crossover (gap = 0): measured at rare-success share {meas}; predicted by s_N (rho = "
-                 f"{cross['ratio']:g}) at {pred}.{verdict}")
+        coll = [f"{int(r[f'collapsed_{a}'])} {a} seed(s) collapsed" for a in ("prorl", "brorl")
+                if r.get(f"collapsed_{a}", 0)]
+        lines.append(f"{name}: rho {r.get('rho', np.nan):.2f} at the branch point, {r['rho_run']:.2f} in the run; gap "
+                     f"BroRL - ProRL at equal samples {100 * r['gap']:+.1f} [{100 * r['lo']:+.1f}, "
+                     f"{100 * r['hi']:+.1f}] points ({int(r['n'])} paired seeds; step 0: ProRL {r['prorl_0']:.3f}, "
+                     f"BroRL {r['brorl_0']:.3f})" + (f"; {', '.join(coll)} (COLLAPSE {COLLAPSE})" if coll else ""))
+    if power is not None:
+        short = power[~power["enough"]]
+        lines.append("Power (a true gap of 1 point at 80%): " + ("every setting has the seeds its sd needs." if
+                     short.empty else "; ".join(
+                         f"{s} needs {v['seeds_needed']:.0f} seeds (sd {100 * v['sd']:.2f} points), has {v['seeds']}"
+                         if np.isfinite(v["seeds_needed"]) else f"{s}: no spread over its {v['seeds']} seeds to size"
+                         for s, v in short.iterrows())))
+    if drift is not None and len(drift):
+        for (name, arm), g in drift.groupby(["setting", "arm"], sort=False):
+            first, last = g.iloc[0], g.iloc[-1]
+            lines.append(f"{name} {arm}: dropped all-correct {first['all_correct']:.0%} -> {last['all_correct']:.0%}, "
+                         f"all-wrong {first['all_wrong']:.0%} -> {last['all_wrong']:.0%} of generated groups "
+                         f"(first -> last {last['parts']} of training)")
+    for axis, rd in readings.items():
+        lines.append(f"Reading on {rd['axis_label']}: {rd['verdict'].upper()}. " + " ".join(
+            f"{w}." for w in rd["why"]))
+        fits = pd.DataFrame(rd["fits"])
+        if len(fits):
+            res = int(fits["resolved"].sum())
+            lines.append(f"  fits (gap on log2 {axis}; unweighted and weighted, all and leave-one-out): {res} of "
+                         f"{len(fits)} resolve a crossover; slopes {100 * fits['b'].min():+.1f} to "
+                         f"{100 * fits['b'].max():+.1f} points per doubling.")
+        c = rd["crossover"]
+        lines.append(f"  crossover: rho* = {c['rho0']:.2f} [{c['rho0_lo']:.2f}, {c['rho0_hi']:.2f}] (over fits "
+                     f"{c['range_over_fits'][0]:.2f}-{c['range_over_fits'][1]:.2f})" if c else
+                     "  crossover: not reported (not every fit resolves it)")
     return "\n".join(lines)
 
 
-def write_outputs(out: Path, table: pd.DataFrame, *, export_png: bool = True) -> dict:
-    """The map's outputs from its table (one row per setting, as notebook 06 builds it): regime_map.csv,
-    regime.txt (:func:`regime_text`), regime.json (:func:`crossover`) and regime_map.png (needs Chromium; skipped
-    with a note). Returns {"text", "cross", "figure", "png_note"}."""
+# ---- outputs ---------------------------------------------------------------------------------------------------------
+OUTPUT_FILES = {"per_seed": "regime_seeds.csv", "branch": "regime_branch.csv", "drift": "regime_drift.csv",
+                "table": "regime_map.csv", "power": "regime_power.csv", "reading": "regime.json",
+                "text": "regime.txt"}
+
+
+def write_outputs(out: Path, per_seed: pd.DataFrame, branch: pd.DataFrame, drift: Optional[pd.DataFrame] = None,
+                  *, export_png: bool = True) -> dict:
+    """Every output of the map from its per-seed rows and the branch points (one :func:`branch_point_row` per
+    setting, indexed by setting, with how its prompts were drawn): regime_seeds.csv (per seed), regime_branch.csv,
+    regime_drift.csv, regime_map.csv (:func:`setting_table`, recomputed from the per-seed rows), regime_power.csv,
+    regime.json (both axes' :func:`broadening_pays`), regime.txt and regime_map.png (needs Chromium; skipped with a
+    note). Returns {"table", "readings", "power", "text", "figure", "png_note"}."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "regime_map.csv")
-    cross = crossover(table)
-    text = regime_text(table, cross)
-    (out / "regime.txt").write_text(text + "\n")
-    (out / "regime.json").write_text(json.dumps(cross, indent=1, default=float))
-    fig, note = regime_figure(table, cross), None
+    drift = drift if drift is not None else pd.DataFrame()
+    per_seed.to_csv(out / OUTPUT_FILES["per_seed"], index=False)
+    branch.to_csv(out / OUTPUT_FILES["branch"])
+    drift.to_csv(out / OUTPUT_FILES["drift"], index=False)
+    table = setting_table(per_seed, branch)
+    table.to_csv(out / OUTPUT_FILES["table"])
+    power = power_table(table)
+    power.to_csv(out / OUTPUT_FILES["power"])
+    readings = {axis: broadening_pays(table, axis) for axis in AXES}
+    (out / OUTPUT_FILES["reading"]).write_text(json.dumps(readings, indent=1, default=float))
+    text = regime_text(table, readings, power, drift)
+    (out / OUTPUT_FILES["text"]).write_text(text + "\n")
+    fig, note = regime_figure(table), None
     if export_png:
         try:
             fig.write_image(out / "regime_map.png", width=1100)
         except Exception as e:  # noqa: BLE001 - no Chromium / kaleido: the figure stays inline
             note = f"PNG export skipped ({type(e).__name__})"
-    return {"text": text, "cross": cross, "figure": fig, "png_note": note}
+    return {"table": table, "readings": readings, "power": power, "text": text, "figure": fig, "png_note": note}
 
 
-def read_table(out: Path) -> pd.DataFrame:
-    """The regime_map.csv a run of notebook 06 wrote into ``out``."""
-    path = Path(out) / "regime_map.csv"
-    if not path.is_file():
-        raise ValueError(f"out: {path} does not exist; allowed: a directory notebook 06 (regime-map) wrote into")
-    return pd.read_csv(path, index_col=0)
+def read_outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per_seed, branch, drift) as a run of notebook 06 wrote them into ``out``: what :func:`write_outputs`
+    needs to redo the map."""
+    paths = {k: Path(out) / OUTPUT_FILES[k] for k in ("per_seed", "branch", "drift")}
+    for p in paths.values():
+        if not p.is_file():
+            raise ValueError(f"out: {p} does not exist; allowed: a directory notebook 06 (regime-map) wrote into")
+    drift = pd.read_csv(paths["drift"]) if paths["drift"].stat().st_size > 1 else pd.DataFrame()
+    return pd.read_csv(paths["per_seed"]), pd.read_csv(paths["branch"], index_col=0), drift
 
 
-def _pct(v: Optional[float]) -> str:
-    return "n/a" if v is None or not np.isfinite(v) else f"{v:.0%}"
-
-
-def regime_figure(table: pd.DataFrame, cross: Optional[Mapping] = None, *, title: Optional[str] = None):
-    """Left: the gap (points) against the rare-success share, one marker per setting with its 95% interval, the
-    fitted line and both crossovers. Right: rho = E[s_512] / E[s_16] against the same share, with the update ratio
-    the prediction compares it to."""
+def regime_figure(table: pd.DataFrame, *, title: Optional[str] = None):
+    """The gap (points, 95% t interval over paired seeds) against each axis on a log scale: branch-point rho
+    (left) and in-run rho (right), one marker per setting, with the rule's rho as a dotted line."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["BroRL - ProRL at equal samples",
-                                                        "rho = E[s_512(p)] / E[s_16(p)] at the branch point"])
-    x = 100 * table["rare_success"]
-    fig.add_trace(go.Scatter(x=x, y=100 * table["gap"], mode="markers+text", text=list(table.index),
-                             textposition="top center", name="measured gap (95% t interval)",
-                             error_y=dict(type="data", symmetric=False, array=100 * (table["hi"] - table["gap"]),
-                                          arrayminus=100 * (table["gap"] - table["lo"]))), row=1, col=1)
-    fig.add_hline(y=0, line_color="black", line_width=1, row=1, col=1)
-    if cross and cross.get("b") is not None:
-        xs = np.linspace(0, max(0.01, float(table["rare_success"].max())), 50)
-        fig.add_trace(go.Scatter(x=100 * xs, y=100 * (cross["a"] + cross["b"] * xs), mode="lines",
-                                 name="weighted fit", line=dict(dash="dot")), row=1, col=1)
-    for key, name, dash, where in (("measured", "measured crossover", "dash", "top left"),
-                                   ("predicted", "predicted crossover", "dot", "bottom right")):
-        if cross and cross.get(key) is not None and np.isfinite(cross[key]):
-            fig.add_vline(x=100 * cross[key], line_dash=dash, annotation_text=name, annotation_position=where,
-                          row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=table["rho"], mode="markers+text", text=list(table.index),
-                             textposition="top center", name="rho (from the measured p)"), row=1, col=2)
-    if cross:
-        fig.add_hline(y=cross["ratio"], line_dash="dot", annotation_text="update ratio", row=1, col=2)
-    fig.update_xaxes(title_text="rare-success prompts at the branch point (%)")
-    fig.update_yaxes(title_text="gap (points of mean pass@1)", row=1, col=1)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=list(AXES.values()), shared_yaxes=True)
+    for j, axis in enumerate(AXES, start=1):
+        if axis not in table:
+            continue
+        fig.add_trace(go.Scatter(x=table[axis], y=100 * table["gap"], mode="markers+text", text=list(table.index),
+                                 textposition="top center", name="gap (95% t interval)", showlegend=j == 1,
+                                 error_y=dict(type="data", symmetric=False, array=100 * (table["hi"] - table["gap"]),
+                                              arrayminus=100 * (table["gap"] - table["lo"]))), row=1, col=j)
+        fig.add_vline(x=RHO_RULE, line_dash="dot", annotation_text=f"rho = {RHO_RULE:g}", row=1, col=j)
+        fig.add_hline(y=0, line_color="black", line_width=1, row=1, col=j)
+        fig.update_xaxes(type="log", title_text=axis, row=1, col=j)
+    fig.update_yaxes(title_text="BroRL - ProRL (points of mean pass@1)", row=1, col=1)
     fig.update_layout(title_text=title or "The regime map: where broadening pays", height=460,
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=80, b=40, l=60, r=20))
     return fig

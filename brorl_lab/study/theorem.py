@@ -42,8 +42,10 @@ or from a shell: ``python -m brorl_lab theorem``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -59,7 +61,7 @@ from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import atomic_write_text
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.core.validation import check_int, check_seeds
-from brorl_lab.lab.stats import t_interval
+from brorl_lab.lab.stats import share_interval, t_interval
 from brorl_lab.rl import answer_mass as AM
 from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
@@ -95,6 +97,7 @@ class TheoremSetup:
         check_int("prompts", prompts, 1)
         check_int("held_out", held_out, 0)
         self.cfg = cfg
+        self.prompts, self.held_out, self.prompt_seed = prompts, held_out, prompt_seed  # rebuilt alike in a job
         self.policy, self.tokenizer = load_policy(cfg.model, device="cpu")
         self.spec = resolve(cfg, tokenizer=self.tokenizer)  # names checked, the run's own families, template
         self.template = self.spec.template
@@ -181,10 +184,15 @@ def measure_update(st: TheoremSetup, n: int, seed: int, *, engine=None, optimize
 def run_theorem(model: str = "plateau", *, n_values: Sequence[int] = N_VALUES, seeds: Iterable[int] = range(8),
                 prompts: int = 16, held_out: int = 16, lr: Optional[float] = None, optimizer: str = "adamw",
                 root: str | Path = DEFAULT_ROOT, prompt_seed: int = 0, progress: bool = True,
-                st: Optional[TheoremSetup] = None) -> pd.DataFrame:
+                st: Optional[TheoremSetup] = None, jobs: int = 1, ray: Optional[str] = None,
+                threads: Optional[int] = None) -> pd.DataFrame:
     """Every (N, seed) update of :func:`measure_update`, one CSV each under ``root/<model name>_<optimizer>/``;
     finished ones are read back (resumable: interrupt and call again), and a root written with other settings is
-    an error, not a mix. Returns the long per-prompt table with a ``model`` column."""
+    an error, not a mix. Returns the long per-prompt table with a ``model`` column.
+
+    ``jobs=1``: one update after another here. ``jobs=K`` (or ``ray``, a cluster address): one job per seed
+    (:func:`theorem_job`, its N values in turn) through :func:`brorl_lab.lab.jobs.run_jobs`, ``threads`` torch
+    threads each; every update is the same as here, at the same thread count."""
     seeds = check_seeds(seeds)
     n_values = [check_int("n_values", n, 2) for n in n_values]
     if optimizer not in OPTIMIZERS:
@@ -203,27 +211,56 @@ def run_theorem(model: str = "plateau", *, n_values: Sequence[int] = N_VALUES, s
                              "settings (to resume) or another root")
     else:
         atomic_write_text(meta, json.dumps(plan, indent=1))
-    frames = []
-    todo = [(n, s) for n in n_values for s in seeds]
-    engine = None
-    try:
-        bar = tqdm(todo, desc=f"theorem {name}", disable=not progress)
-        for n, s in bar:
-            path = out / f"n{n}_s{s}.csv"
-            if path.is_file():
-                frames.append(pd.read_csv(path))
-                continue
-            bar.set_postfix_str(f"N={n} seed={s}")
-            engine = engine or make_engine("torch", st.policy, st.tokenizer)
-            df = measure_update(st, n, s, engine=engine, optimizer=optimizer)
-            atomic_write_text(path, df.to_csv(index=False))
-            frames.append(df)
-    finally:
-        if engine is not None:
-            engine.close()
-    df = pd.concat(frames, ignore_index=True)
+    todo = [(n, s) for n in n_values for s in seeds if not (out / f"n{n}_s{s}.csv").is_file()]
+    if jobs == 1 and ray is None:  # one after another here, on this setup and one engine
+        from brorl_lab.lab.jobs import thread_count
+
+        engine = None
+        with thread_count(threads) if threads else contextlib.nullcontext():
+            try:
+                bar = tqdm(todo, desc=f"theorem {name}", disable=not progress)
+                for n, s in bar:
+                    bar.set_postfix_str(f"N={n} seed={s}")
+                    engine = engine or make_engine("torch", st.policy, st.tokenizer)
+                    _write_update(out, measure_update(st, n, s, engine=engine, optimizer=optimizer))
+            finally:
+                if engine is not None:
+                    engine.close()
+    elif todo:  # one job per seed (its N values in turn), each on its own copy of the setup
+        from brorl_lab.lab.jobs import Job, run_jobs
+
+        per_seed = {s: [n for n, s2 in todo if s2 == s] for s in dict.fromkeys(s for _, s in todo)}
+        res = run_jobs([Job(theorem_job, (st.cfg, st.prompts, st.held_out, st.prompt_seed, ns, s, optimizer,
+                                          str(out.resolve())), name=f"{name} seed {s}")
+                        for s, ns in per_seed.items()],
+                       workers=jobs, threads=threads, ray=ray, progress=progress, desc=f"theorem {name}")
+        if not res.complete:
+            warnings.warn(f"run_theorem stopped ({res.stopped}); call again with the same arguments to resume",
+                          stacklevel=2)
+    done = [out / f"n{n}_s{s}.csv" for n in n_values for s in seeds if (out / f"n{n}_s{s}.csv").is_file()]
+    df = pd.concat([pd.read_csv(p) for p in done], ignore_index=True) if done else pd.DataFrame(columns=["n", "seed"])
+    # read back from the CSVs: the same table whichever path (here, a worker, a Ray node) computed an update
     df.insert(0, "model", name)
     return df
+
+
+def _write_update(out: Path, df: pd.DataFrame) -> None:
+    atomic_write_text(out / f"n{int(df['n'].iloc[0])}_s{int(df['seed'].iloc[0])}.csv", df.to_csv(index=False))
+
+
+def theorem_job(cfg: Config, prompts: int, held_out: int, prompt_seed: int, n_values: Sequence[int], seed: int,
+                optimizer: str, out: str) -> list[int]:
+    """The updates of one seed at each N of ``n_values`` on a fresh :class:`TheoremSetup` (what
+    :func:`run_theorem` runs as a job in a worker process or on a Ray node), one CSV each into ``out``; returns
+    the N values written."""
+    st = TheoremSetup(cfg, prompts=prompts, held_out=held_out, prompt_seed=prompt_seed)
+    engine = make_engine("torch", st.policy, st.tokenizer)
+    try:
+        for n in n_values:
+            _write_update(Path(out), measure_update(st, n, seed, engine=engine, optimizer=optimizer))
+    finally:
+        engine.close()
+    return list(n_values)
 
 
 # ---- summaries -----------------------------------------------------------------------------------------------------
@@ -236,13 +273,16 @@ def per_seed(df: pd.DataFrame) -> pd.DataFrame:
     d = d.assign(neg=d["dq"] < 0, dq_per_lr=d["dq"] / d["lr"], n_dq_per_lr=d["n"] * d["dq"] / d["lr"])
     keys = [c for c in ("model", "n", "split", "seed") if c in d]
     return d.groupby(keys, sort=True).agg(share_neg=("neg", "mean"), dq=("dq", "mean"), dq_per_lr=("dq_per_lr", "mean"),
-                                          n_dq_per_lr=("n_dq_per_lr", "mean"),
+                                          n_dq_per_lr=("n_dq_per_lr", "mean"), neg=("neg", "sum"),
+                                          prompts=("neg", "size"),
                                           groups_kept=("groups_kept", "first")).reset_index()
 
 
 def summarise_theorem(df: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
     """Per (model, N, split): for each of :data:`METRICS` the mean over seeds with its t interval (``_lo``,
-    ``_hi``), and the number of seeds."""
+    ``_hi``), and the number of seeds. ``share_neg`` is a share: pooled over seeds (prompts losing mass / prompts)
+    with a cluster-bootstrap interval over seeds that stays inside [0, 1] (:func:`brorl_lab.lab.stats.share_interval`;
+    a t interval left it: "0.06 [-0.05, 0.18]")."""
     ps = per_seed(df)
     rows = []
     keys = [c for c in ("model", "n", "split") if c in ps]
@@ -251,6 +291,10 @@ def summarise_theorem(df: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
         row["seeds"] = len(g)
         row["groups_kept"] = g["groups_kept"].mean()
         for m in METRICS:
+            if m == "share_neg":
+                r = share_interval(g["neg"].to_numpy(), g["prompts"].to_numpy(), level=level)
+                row.update({m: r["share"], f"{m}_lo": r["lo"], f"{m}_hi": r["hi"]})
+                continue
             r = t_interval(g[m].to_numpy(), level=level)
             row.update({m: r["mean"], f"{m}_lo": r["lo"], f"{m}_hi": r["hi"]})
         rows.append(row)
@@ -382,8 +426,10 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
                   seeds: Iterable[int] = range(8), prompts: int = 16, held_out: int = 16,
                   lr: Optional[float] = None, optimizer: str = "adamw", trials: int = 400,
                   root: str | Path = DEFAULT_ROOT, figure_dir: Optional[str | Path] = None,
-                  progress: bool = True, command: Optional[str] = None) -> dict:
-    """The whole study: :func:`run_theorem` and :func:`theory_predictions` for each model, the summaries, the
+                  progress: bool = True, command: Optional[str] = None, jobs: int = 1, ray: Optional[str] = None,
+                  threads: Optional[int] = None) -> dict:
+    """The whole study: :func:`run_theorem` (``jobs`` / ``ray`` / ``threads`` as there) and
+    :func:`theory_predictions` for each model, the summaries, the
     markdown table and the figure. Writes ``root/{per_prompt,summary,theory,theory_per_prompt}.csv`` and
     ``root/table.md``, and into ``figure_dir`` (when given) the figure as PNG with its results files beside it:
     the summary, the per-seed table (:func:`per_seed`, what the intervals are computed from) and the theory as CSV,
@@ -400,7 +446,8 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
         st = setup(model, prompts=prompts, held_out=held_out, lr=lr)
         setups.append(st)
         frames.append(run_theorem(model, n_values=n_values, seeds=seeds, prompts=prompts, held_out=held_out,
-                                  lr=lr, optimizer=optimizer, root=root, progress=progress, st=st))
+                                  lr=lr, optimizer=optimizer, root=root, progress=progress, st=st, jobs=jobs,
+                                  ray=ray, threads=threads))
         name = frames[-1]["model"].iloc[0]
         pred = theory_predictions(st, n_values=n_values, trials=trials, progress=progress)
         pred.insert(0, "model", name)

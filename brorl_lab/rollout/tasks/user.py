@@ -19,6 +19,10 @@ since neither set can be listed up front) and behave like the built-in families:
   deterministically by a hash of the question text: a question is held out for eval iff its hash falls below
   ``eval_fraction``, so the split does not depend on row order and a repeated question never lands on both sides.
   The held-out rows, in file order, are the frozen eval set (written to the cache, keyed by the file's bytes).
+- **pool:** a fixed pool of TaskItems of known families (a jsonl as ``write_items`` writes it) with its held-out
+  items beside it (``<stem>.eval.jsonl``, or ``eval_file`` in its config): training draws from the pool, the frozen
+  eval set is the held-out file, and every item is formatted and scored by its own family (so a pool of
+  products_2d prompts is products_2d, restricted). The regime map writes its constructed settings this way.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 from brorl_lab.core.paths import cache_dir
 from brorl_lab.core.validation import did_you_mean, is_number
-from brorl_lab.rollout.tasks.base import TASKS, TaskItem
+from brorl_lab.rollout.tasks.base import TASKS, RewardResult, TaskFamily, TaskItem
 from brorl_lab.rollout.tasks.gym import GymFamily, check_sample_args
 from brorl_lab.rollout.tasks.math_tasks import MathVerifyFamily
 from brorl_lab.rollout.tasks.sets import write_items
@@ -303,5 +307,94 @@ class LocalFamily(MathVerifyFamily):
         return path
 
 
+# ---- pool:<path> -----------------------------------------------------------------------------------------------------
+POOL_ALLOWED = ("eval_file (default: the pool file with .eval.jsonl for .jsonl): a jsonl of TaskItems, the pool's "
+                "held-out set")
+
+
+def pool_eval_path(path: str | Path) -> Path:
+    """The held-out file beside a pool file: ``<stem>.eval.jsonl`` for ``<stem>.jsonl``."""
+    path = Path(path)
+    return path.with_name(path.name[: -len(".jsonl")] + ".eval.jsonl")
+
+
+def check_pool(spec: str) -> None:
+    form = "pool:<path to a .jsonl of TaskItems (brorl_lab.rollout.tasks.sets.write_items)>"
+    try:
+        ok = bool(spec.strip()) and Path(spec).expanduser().is_file() and spec.lower().endswith(".jsonl")
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"file {spec!r} does not exist or is not .jsonl; allowed: {form}")
+
+
+def _read_pool(path: Path, what: str) -> list[TaskItem]:
+    items = []
+    with path.open(encoding="utf-8") as f:
+        for k, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = TaskItem(**json.loads(line))
+                TASKS.get(item.family)
+            except (TypeError, ValueError) as e:
+                raise TaskFileError(f"{what} {path} line {k}: {_one_line(e)}; allowed: one TaskItem of a known "
+                                    "family per line (write_items)") from None
+            items.append(item)
+    if not items:
+        raise TaskFileError(f"{what} {path} holds no items; allowed: a non-empty jsonl of TaskItems")
+    return items
+
+
+def build_pool(spec: str, config: dict) -> "PoolFamily":
+    for key in config:
+        if key != "eval_file":
+            raise ValueError(f"config {config!r}: unknown key {key!r}; allowed: {POOL_ALLOWED}")
+    path = Path(spec).expanduser().resolve()
+    held = Path(config.get("eval_file") or pool_eval_path(path)).expanduser().resolve()
+    if not held.is_file():
+        raise ValueError(f"eval_file {str(held)!r} of pool:{spec} does not exist; allowed: {POOL_ALLOWED}")
+    train, evals = _read_pool(path, "pool"), _read_pool(held, "eval_file")
+    both = {it.uid for it in train} & {it.uid for it in evals}
+    if both:
+        raise ValueError(f"pool:{spec}: {len(both)} items are in both the pool and its eval_file (e.g. "
+                         f"{sorted(both)[0]!r}); allowed: disjoint training and held-out items")
+    return PoolFamily(spec, config, train, held)
+
+
+class PoolFamily(TaskFamily):
+    """A fixed pool of items of known families (``pool:<path>``): training samples come from the pool, the frozen eval
+    set is its ``eval_file``, and each item is formatted and scored by its own family, exactly as outside the pool.
+    The regime map's constructed settings use it: a family's prompts filtered by their measured pass rate
+    (:mod:`brorl_lab.study.regime`)."""
+
+    def __init__(self, spec: str, config: dict, items: list[TaskItem], held: Path):
+        self.name, self.spec, self.config, self.items, self.held = f"pool:{spec}", spec, config, items, held
+        fams = sorted({it.family for it in items})
+        self.description = f"{len(items)} items of {', '.join(fams)} from {spec}, held out: {held.name}"
+
+    def sample(self, count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
+        """``count`` pool items (``split`` 'eval': the held-out ones), deterministic in (pool, seed, split), each
+        used once before any repeats (as ``local:``)."""
+        check_sample_args(count, seed, split)
+        rows = self.items if split == "train" else _read_pool(self.held, "eval_file")
+        rng = random.Random(f"{self.name}|{split}|{seed}")
+        out: list[TaskItem] = []
+        while len(out) < count:
+            order = rng.sample(range(len(rows)), len(rows))
+            out.extend(rows[i] for i in order[:count - len(out)])
+        return out
+
+    def format_prompt(self, item: TaskItem, template: str = "plain", tokenizer: Any = None) -> str:
+        return TASKS.get(item.family).format_prompt(item, template, tokenizer)
+
+    def score(self, response: str, item: TaskItem, template: str = "plain") -> RewardResult:
+        return TASKS.get(item.family).score(response, item, template)
+
+    def eval_file(self) -> Path:
+        return self.held
+
+
 TASKS.add_prefix("rg", check_rg, build_rg, "rg:<reasoning-gym dataset>")
 TASKS.add_prefix("local", check_local, build_local, "local:<.jsonl/.parquet file>")
+TASKS.add_prefix("pool", check_pool, build_pool, "pool:<.jsonl of TaskItems>")

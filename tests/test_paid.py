@@ -1,0 +1,155 @@
+"""The flagship paid in generated samples (study.paid): the arms' budgets and grid, and every pre-declared reading on
+curves whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from brorl_lab.lab.stats import change_bound, seeds_for_power, t_quantile
+from brorl_lab.study import paid as PD
+from brorl_lab.study.recipe import recipe_config
+
+M = PD.METRIC
+
+
+def curves(spec: dict) -> pd.DataFrame:
+    """A long arm table from {(arm, seed): [(cum_samples, pass@1, kl), ...]} (row 0 is step 0)."""
+    rows = []
+    for (arm, seed), pts in spec.items():
+        for step, (x, v, kl) in enumerate(pts):
+            rows.append({"arm": arm, "seed": seed, "step": step, "cum_samples": x, M: v, "kl": kl})
+    return pd.DataFrame(rows)
+
+
+def test_seed_sizing_uses_t_at_every_n():
+    # the issue's arithmetic: an 8-seed MDE_95 of 1.19 points means sd = 1.19 sqrt(8) / t_{.975,7}; 1 point at 80%
+    sd = 1.19 * math.sqrt(8) / t_quantile(0.975, 7)
+    n = seeds_for_power(sd, 1.0)
+    assert n == 18
+    for k, ok in ((n, True), (n - 1, False)):  # the defining inequality holds at n and fails at n - 1
+        mde = (t_quantile(0.975, k - 1) + t_quantile(0.8, k - 1)) * sd / math.sqrt(k)
+        assert (mde <= 1.0) is ok
+    with pytest.raises(ValueError, match="effect"):
+        seeds_for_power(1.0, 0)
+
+
+def test_change_bound_is_the_far_end_of_the_interval():
+    r = change_bound([0.01, -0.02, 0.03, 0.0])
+    assert r["bound"] == pytest.approx(max(abs(r["lo"]), abs(r["hi"])))
+    assert r["lo"] < 0 < r["hi"] and r["bound"] > abs(r["mean"])
+
+
+def test_paid_arms_stop_on_the_budget_and_share_the_threshold_grid(tmp_path):
+    base = recipe_config(model="floor", run_dir=str(tmp_path), lr=3e-5)
+    arms = PD.paid_arm_configs(base, budget=131_072)
+    assert set(arms) == {"prorl", "brorl", "middle"}
+    grid = PD.thresholds(131_072)
+    assert grid == [16_384 * k for k in range(1, 9)]
+    for arm, (n, p) in {"prorl": (16, 64), "brorl": (512, 16), "middle": (64, 32)}.items():
+        c = arms[arm]
+        assert (c.rollouts_per_prompt, c.prompts_per_step) == (n, p)
+        assert c.max_samples == 131_072 and c.eval_at_samples == grid and c.eval_every == 0 and not c.eval_at_steps
+        assert c.lr == 3e-5 and c.reset_every == 0  # the plateau's lr; resets off
+        assert c.steps * c.samples_per_step >= 131_072  # the cap never binds before the budget
+    assert PD.paid_arm_configs(base, budget=131_072, lr_factor=0.5, middle=False)["brorl"].lr == pytest.approx(1.5e-5)
+    with pytest.raises(ValueError, match="lr_factor"):
+        PD.paid_arm_configs(base, budget=10, lr_factor=0)
+
+
+def test_grid_points_take_the_first_measured_crossing_and_keep_censored_runs():
+    df = curves({("prorl", 0): [(0, 0.5, 0), (900, 0.52, 0.01), (2100, 0.55, 0.02)],
+                 ("brorl", 0): [(0, 0.5, 0), (1200, 0.60, 0.01)]})
+    pts = PD.grid_points(df, [1000, 2000])
+    got = pts.set_index(["arm", "mark"])
+    assert got.loc[("prorl", 1000), "x"] == 2100 and got.loc[("prorl", 1000), "value"] == 0.55  # 900 < 1000
+    assert got.loc[("brorl", 1000), "x"] == 1200 and got.loc[("brorl", 1000), "change"] == pytest.approx(0.10)
+    assert np.isnan(got.loc[("brorl", 2000), "value"])  # never reached 2000: censored, kept as NaN
+
+
+def test_paired_gap_and_change_bounds_on_known_curves():
+    spec = {}
+    for s, gap in enumerate([0.02, 0.03, 0.01, 0.02]):
+        spec[("prorl", s)] = [(0, 0.5, 0), (1000, 0.5, 0)]
+        spec[("brorl", s)] = [(0, 0.5, 0), (1000, 0.5 + gap, 0)]
+    pts = PD.grid_points(curves(spec), [1000])
+    g = PD.paired_at_grid(pts).iloc[0]
+    assert g["n"] == 4 and g["gap"] == pytest.approx(0.02) and g["lo"] > 0
+    assert g["per_seed"] == pytest.approx({0: 0.02, 1: 0.03, 2: 0.01, 3: 0.02})
+    b = PD.change_bounds(pts).set_index("arm")
+    assert b.loc["prorl", "change"] == 0 and b.loc["brorl", "change"] == pytest.approx(0.02)
+    assert b.loc["brorl", "bound"] >= 0.02
+
+
+def test_collapse_rule_flags_kl_and_a_fall_and_keeps_healthy_seeds():
+    df = curves({("brorl", 0): [(0, 0.5, 0.0), (100, 0.5, 0.9)],       # KL out of the band
+                 ("brorl", 1): [(0, 0.5, 0.0), (100, 0.38, 0.05)],     # fell 12 points
+                 ("prorl", 0): [(0, 0.5, 0.0), (100, 0.45, 0.05)]})    # fell 5: inside the band
+    f = PD.collapse_flags(df).set_index(["arm", "seed"])
+    assert f.loc[("brorl", 0), "collapsed"] and "KL" in f.loc[("brorl", 0), "reason"]
+    assert f.loc[("brorl", 1), "collapsed"] and "fell 12.0 points" in f.loc[("brorl", 1), "reason"]
+    assert not f.loc[("prorl", 0), "collapsed"]
+
+
+def test_the_mechanism_is_read_against_the_no_training_redraw():
+    def rates(ps):
+        return pd.DataFrame({"uid": list(range(4)), "p": ps, "reach": ["only N=512"] * 3 + ["both"]})
+
+    before = rates([0.01, 0.02, 0.03, 0.5])
+    redraw = rates([0.005, 0.015, 0.02, 0.5])  # regression to the mean: -0.0067 on the selected prompts
+    after = {0: {"brorl": rates([0.02, 0.03, 0.03, 0.9]), "prorl": rates([0.0, 0.02, 0.02, 0.9])}}
+    g = PD.control_gaps(before, redraw, after).set_index("arm")
+    assert g.loc["brorl", "prompts"] == 3 and g.loc["brorl", "control"] == pytest.approx(-0.02 / 3)
+    assert g.loc["brorl", "beyond_control"] == pytest.approx(0.02 / 3 + 0.02 / 3)
+    assert g.loc["prorl", "beyond_control"] == pytest.approx(0.0)  # fell exactly as far as the re-draw did
+
+
+def test_takeoff_race_censors_arms_that_never_reach_the_level():
+    spec = {}
+    for s in range(3):
+        spec[("brorl", s)] = [(0, 0.02, 0), (4000, 0.08, 0), (8000, 0.15, 0)]   # +10 points at 8000
+        spec[("prorl", s)] = [(0, 0.02, 0), (4000, 0.05, 0), (8000, 0.06, 0)]   # never: censored at the budget
+    spec[("prorl", 2)] = [(0, 0.02, 0), (4000, 0.13, 0), (8000, 0.2, 0)]       # seed 2: ProRL first, at 4000
+    t = PD.time_to_level(curves(spec), 0.10, budget=8000)
+    tt = t.set_index(["arm", "seed"])
+    assert tt.loc[("brorl", 0), "time"] == 8000 and tt.loc[("brorl", 0), "reached"]
+    assert tt.loc[("prorl", 0), "time"] == 8000 and not tt.loc[("prorl", 0), "reached"]
+    r = PD.race(t, budget=8000)
+    assert (r["reached_brorl"], r["reached_prorl"], r["first_brorl"], r["first_prorl"], r["ties"]) == (3, 1, 0, 1, 2)
+    assert r["restricted_mean_gap"] == pytest.approx(4000 / 3) and r["per_seed"] == {0: 0.0, 1: 0.0, 2: 4000.0}
+
+
+def test_per_seed_tables_are_written_and_read_back(tmp_path):
+    pts = PD.grid_points(curves({("prorl", 0): [(0, 0.5, 0), (10, 0.6, 0)], ("brorl", 0): [(0, 0.5, 0), (12, 0.7, 0)]}),
+                         [10])
+    (path,) = PD.write_per_seed(tmp_path / "r", {"grid_samples": pts})
+    pd.testing.assert_frame_equal(pd.read_csv(path), pts, check_dtype=False)
+
+
+def test_paid_arms_run_to_their_budget_and_are_measured_at_every_threshold(tmp_path):
+    base = recipe_config(model="default", tasks=["gcd"], eval_prompts=4, eval_samples=2, max_new_tokens=6,
+                         max_resample_rounds=1, optimizer_steps_per_step=1, torch_threads=1, run_dir=str(tmp_path))
+    arms = PD.paid_arm_configs(base, budget=64, points=2, middle=False, n_small=2, prompts_small=4, n_large=8,
+                               prompts_large=2)
+    df = PD.run_paid(arms, seeds=[0], root=tmp_path / "paid")
+    last = df.groupby("arm")["cum_samples"].max()
+    assert (last >= 64).all()
+    for arm, g in df.groupby("arm"):  # the step that reached the budget was the last
+        assert (g["cum_samples"].iloc[:-1] < 64).all(), arm
+    pts = PD.grid_points(df, PD.thresholds(64, 2))
+    assert pts["value"].notna().all() and (pts["x"] >= pts["mark"]).all()
+    assert (df["cum_trained_samples"] <= df["cum_samples"]).all()
+    again = PD.run_paid(arms, seeds=[0, 1], root=tmp_path / "paid")  # seed 0 is read back, not re-run
+    assert again[again["seed"] == 0]["cum_samples"].tolist() == df["cum_samples"].tolist()
+    rep = PD.paid_report(again, budget=64, points=2, takeoff_level=0.5)
+    assert rep["race"]["n"] == 2 and rep["race"]["reached_prorl"] + rep["race"]["reached_brorl"] <= 4
+    assert "Takeoff race (+50 points" in PD.paid_text(rep)
+    assert set(rep["grids"]) == set(PD.AXES) and rep["headline"]["n"] == 2 and rep["headline"]["mark"] == 64
+    pts = rep["points"]
+    assert set(pts["axis"]) == set(PD.AXES) and len(pts[pts["axis"] == "cum_samples"]) == 2 * 2 * 2  # arms x seeds x marks
+    assert {c["arm"] for c in rep["collapse"]} == {"prorl", "brorl"} and len(rep["bounds"]) == 2
+    text = PD.paid_text(rep)
+    assert "At equal generated samples (64;" in text and "Collapsed (COLLAPSE rule" in text
