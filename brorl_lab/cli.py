@@ -409,8 +409,13 @@ def cmd_paid(args) -> int:
     metric = f"eval/{args.takeoff_family}/pass@1" if args.takeoff_family else paid.METRIC
     report = paid.paid_report(df, budget=args.budget, points=args.points, metric=metric,
                               takeoff_level=args.takeoff_level)
+    tables = {"points": report.pop("points")}
+    if args.mechanism:  # the mechanism against its no-training re-draw (128 prompts x 512 draws per policy)
+        gaps = paid.measure_mechanism(arms, seeds=seeds, root=out / "arms", branch=resolve_experiment_model(args.model))
+        tables["mechanism"] = gaps
+        report["mechanism"] = paid.control_summary(gaps).to_dict(orient="records")
     df.to_parquet(out / "metrics.parquet")
-    paid.write_per_seed(out, {"points": report.pop("points")})
+    paid.write_per_seed(out, tables)
     record = provenance(_command_line(args), {"branch": resolve_experiment_model(args.model)},
                         time.perf_counter() - t0, seeds=seeds, budget=args.budget, lr=lr,
                         collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
@@ -696,6 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(study.paid.LR_ABLATION: sqrt(8), BroRL's sqrt rule in samples; 0.5, in prompts)")
     pa.add_argument("--takeoff-level", type=float, default=None, help="the takeoff race: pass@1 gain each arm must "
                     "reach (study.paid.TAKEOFF_LEVEL = 0.10), as generated samples to the level, censored at the budget")
+    pa.add_argument("--mechanism", action="store_true", help="also the mechanism against its no-training control: "
+                    "the 'only N=512' prompts re-drawn at the branch point, and after every headline arm and seed")
     pa.add_argument("--takeoff-family", default=None, help="the family the race and the grid read (default: mean)")
     pa.add_argument("--out", default="runs/paid")
     pa.add_argument("--threads", type=int, default=1)

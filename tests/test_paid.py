@@ -151,5 +151,13 @@ def test_paid_arms_run_to_their_budget_and_are_measured_at_every_threshold(tmp_p
     pts = rep["points"]
     assert set(pts["axis"]) == set(PD.AXES) and len(pts[pts["axis"] == "cum_samples"]) == 2 * 2 * 2  # arms x seeds x marks
     assert {c["arm"] for c in rep["collapse"]} == {"prorl", "brorl"} and len(rep["bounds"]) == 2
+    from brorl_lab.core.paths import DEFAULT_MODEL_DIR
+
+    gaps = PD.measure_mechanism(arms, seeds=[0, 1], root=tmp_path / "paid", branch=DEFAULT_MODEL_DIR, prompts=4,
+                                n_draws=32, reach="both")
+    assert len(gaps) == 4 and set(gaps["arm"]) == {"prorl", "brorl"} and gaps["control"].nunique() == 1
+    assert np.allclose(gaps["beyond_control"], gaps["change"] - gaps["control"])
+    rep["mechanism"] = PD.control_summary(gaps).to_dict(orient="records")
     text = PD.paid_text(rep)
+    assert "beyond the no-training re-draw over 2 seeds" in text
     assert "At equal generated samples (64;" in text and "Collapsed (COLLAPSE rule" in text

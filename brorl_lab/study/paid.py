@@ -183,6 +183,43 @@ def control_gaps(before: pd.DataFrame, redraw: pd.DataFrame, after: Mapping[int,
     return pd.DataFrame(rows)
 
 
+# The mechanism's prompts: the plateau gate's (128 training prompts drawn with item seed 12345, 512 draws each, at the
+# training sampler); the branch record (branch_rates.csv) drew them with sampling seed 0, the control re-draws them
+# with fresh draws (CONTROL_DRAW_SEED) and no training.
+MECHANISM_PROMPTS, MECHANISM_DRAWS, MECHANISM_ITEM_SEED, CONTROL_DRAW_SEED = 128, 512, 12345, 1
+
+
+def mechanism_rates(model_dir: str | Path, cfg: Config, *, draw_seed: int = 0, prompts: int = MECHANISM_PROMPTS,
+                    n_draws: int = MECHANISM_DRAWS) -> pd.DataFrame:
+    """Per-prompt pass rates (:func:`~brorl_lab.study.mechanism.prompt_pass_rates`) of the mechanism's prompts
+    under the HF model in ``model_dir`` (a branch point, or a run's ``policy/``), sampled with ``draw_seed``."""
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rl.steps import sample_prompts
+    from brorl_lab.study.mechanism import prompt_pass_rates
+
+    items = sample_prompts(cfg.tasks, prompts, seed=MECHANISM_ITEM_SEED)
+    policy, tok = load_policy(str(model_dir))
+    return prompt_pass_rates(policy, tok, items, cfg, n_draws=n_draws, seed=draw_seed, chunk_prompts=16)
+
+
+def measure_mechanism(arms: Mapping[str, Config], *, seeds: Sequence[int], root: str | Path, branch: str | Path,
+                      prompts: int = MECHANISM_PROMPTS, n_draws: int = MECHANISM_DRAWS,
+                      reach: str = "only N=512") -> pd.DataFrame:
+    """:func:`control_gaps` of the headline arms of a finished :func:`run_paid`: the branch point's rates (its
+    shipped branch_rates.csv when it holds these prompts and draws, else measured), the no-training re-draw, and
+    every seed's final ProRL and BroRL policies (``root/<arm>_s<seed>/policy``)."""
+    cfg = arms["brorl"]
+    shipped = Path(branch) / "branch_rates.csv"
+    before = pd.read_csv(shipped) if shipped.is_file() else None
+    if before is None or len(before) != prompts or not (before["correct"] <= n_draws).all() or \
+            not np.allclose(before["p"], before["correct"] / n_draws):
+        before = mechanism_rates(branch, cfg, prompts=prompts, n_draws=n_draws)
+    redraw = mechanism_rates(branch, cfg, draw_seed=CONTROL_DRAW_SEED, prompts=prompts, n_draws=n_draws)
+    after = {s: {a: mechanism_rates(Path(root) / f"{a}_s{s}" / "policy", cfg, prompts=prompts, n_draws=n_draws)
+                 for a in ("prorl", "brorl")} for s in seeds}
+    return control_gaps(before, redraw, after, reach=reach)
+
+
 def control_summary(gaps: pd.DataFrame) -> pd.DataFrame:
     """Per arm: the t interval over seeds of the change beyond the control (with the per-seed values)."""
     rows = []
@@ -305,6 +342,10 @@ def paid_text(report: dict) -> str:
                      f"seeds (the rest censored at the budget); first: BroRL {r['first_brorl']}, ProRL {r['first_prorl']}, "
                      f"ties {r['ties']}; restricted-mean samples to the level, BroRL - ProRL {r['restricted_mean_gap']:+,.0f} "
                      f"[{r['lo']:+,.0f}, {r['hi']:+,.0f}].")
+    for m in report.get("mechanism") or []:
+        lines.append(f"Mechanism ({m['arm']}): mean p on the 'only N=512' prompts changed {100 * m['beyond_control']:+.2f} "
+                     f"[{100 * m['lo']:+.2f}, {100 * m['hi']:+.2f}] points beyond the no-training re-draw over {m['n']} "
+                     "seeds.")
     z = report["sizing"]
     if z["seeds"]:
         lines.append(f"Seed sizing: sd of the per-seed gap {100 * z['sd']:.2f} points from {z['from_seeds']} seeds -> "
