@@ -117,7 +117,7 @@ def derive_flagship(files: dict) -> list[float]:
 def derive_regime(files: dict) -> list[float]:
     """The regime map's weighted line of the gap against the rare-success share and its zero crossing
     (study.regime.fit_line, weights 1 / s.e.^2), the rank correlation of gap and rho, the BroRL/ProRL ratio per
-    setting."""
+    setting, and each setting's in-run rho (measured DS pass rate at N=512 over N=16)."""
     from scipy import stats
 
     from brorl_lab.study.regime import fit_line
@@ -126,7 +126,9 @@ def derive_regime(files: dict) -> list[float]:
     t = raw.set_index(raw.columns[0])
     fit = fit_line(t["rare_success"], t["gap"], t["se"])
     rs = stats.spearmanr(t["rho"], t["gap"])
-    return [v for v in fit.values() if isinstance(v, float)] + [rs.statistic, rs.pvalue] + list(t["brorl"] / t["prorl"])
+    rho_run = list(t["ds measured N=512"] / t["ds measured N=16"])  # the in-run rho the reading by today's rule uses
+    return ([v for v in fit.values() if isinstance(v, float)] + [rs.statistic, rs.pvalue] + list(t["brorl"] / t["prorl"])
+            + rho_run)
 
 
 def derive_theorem(files: dict) -> list[float]:

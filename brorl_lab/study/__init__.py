@@ -15,7 +15,8 @@ layer below: core, theory, rollout, rl, lab):
                control, the lr ablation, the takeoff race as time to a fixed level)
     revival    THE verdict: the rule fixed before the run (brorl_revives) on the shared grid, in numbers and words
     ablations  the branch re-run with one knob changed at a time, each variant against its own ProRL arm
-    regime     the regime map: the BroRL - ProRL gap across settings against their rare-success share
+    regime     the regime map: the BroRL - ProRL gap per seed across settings spanning rho (named and constructed
+               pools), and the rho rule read before the run (broadening_pays)
     theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt
 
 A config travels arms -> recipe -> trainer, never back through :mod:`.plateau`, whose only users are the CLI's
