@@ -147,3 +147,40 @@ def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomp
     for name in ("gcd", "chain_sum"):  # each setting's arms ran on the shared grid in its own root
         assert sorted(p.name for p in (out / name / "arms").iterdir()) == ["brorl_s0", "brorl_s1", "prorl_s0",
                                                                              "prorl_s1"]
+
+
+def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share):
+    """One arm's metrics rows: evaluated at step 0 and at the end; dropped groups drifting to all-correct."""
+    rows = []
+    for step in range(steps + 1):
+        row = {"arm": arm, "seed": seed, "step": step, "cum_nominal_samples": step * per_step, "kl": 0.01}
+        if step in (0, steps):
+            row["eval/mean/pass@1"] = start if step == 0 else end
+        if step:
+            ac = correct_share * step / steps  # all-correct share grows over training
+            row.update(ds_pass_rate=1 - ac - 0.1, ds_generated_groups=100, ds_all_correct_groups=round(100 * ac),
+                       ds_all_wrong_groups=10)
+        rows.append(row)
+    return rows
+
+
+def test_per_seed_rows_drift_and_the_setting_interval_recomputed_from_them():
+    rows = []
+    for seed, (pro, bro) in enumerate([(0.30, 0.33), (0.31, 0.32), (0.29, 0.35)]):
+        rows += _arm_frame("prorl", seed, steps=8, per_step=100, start=0.3, end=pro, correct_share=0.4)
+        rows += _arm_frame("brorl", seed, steps=1, per_step=800, start=0.3, end=bro, correct_share=0.0)
+    df = pd.DataFrame(rows)
+    df.loc[(df["arm"] == "brorl") & (df["seed"] == 2) & (df["step"] == 1), "kl"] = 0.9  # one collapsed seed
+    per = G.per_seed_rows(df, "s")
+    assert per["gap"].round(6).tolist() == [0.03, 0.01, 0.06] and (per[["prorl_0", "brorl_0"]] == 0.3).all().all()
+    assert per["collapsed_brorl"].tolist() == [False, False, True] and "KL 0.9" in per["collapse_reason_brorl"][2]
+    table = G.setting_table(per)
+    from brorl_lab.lab.stats import t_interval
+
+    ci = t_interval([0.03, 0.01, 0.06])
+    assert table.loc["s", ["gap", "lo", "hi"]].tolist() == pytest.approx([ci["mean"], ci["lo"], ci["hi"]])
+    assert table.loc["s", "collapsed_brorl"] == 1 and table.loc["s", "rho_run"] == pytest.approx(
+        per["ds_brorl"].mean() / per["ds_prorl"].mean())
+    drift = G.drift_table(df, "s").set_index(["arm", "part"])
+    assert drift.loc[("prorl", 2), "all_correct"] > drift.loc[("prorl", 1), "all_correct"]  # drifts to all-correct
+    assert drift.loc[("prorl", 1), "all_wrong"] == pytest.approx(0.1)
