@@ -45,7 +45,7 @@
 #
 # **The question, fixed before the run** (`brorl_lab.study.revival.brorl_revives`): BroRL "revives" the plateau
 # only if the ProRL arm's slope interval contains 0, the BroRL arm's lies above 0, the paired gap at equal samples
-# has an interval above 0, and the gain sits on the prompts only N = 512 reaches from the rare-success side. All
+# has an interval above 0, and the gain sits on the prompts only N = 512 reaches, on their low-p side (p < 0.5). All
 # intervals are 95% t intervals over paired seeds with t_{0.975, n-1}; the notebook prints the smallest effect the
 # run can detect. `make demo` runs 3 seeds (t = 4.30: it can only see large effects, and says how large);
 # `python -m brorl_lab scaling --full-size` runs 8.

@@ -16,9 +16,10 @@ paired seeds; BroRL "revives" the run only when all four hold:
 2. the BroRL arm has not: the interval of its slope lies above 0;
 3. BroRL is ahead at equal samples: the interval of the paired gap BroRL - ProRL at the last shared sample count
    lies above 0;
-4. the gain is where the theory puts it: on the training prompts that only N = 512 reaches from the rare-success
-   side ('only N=512' with p < 0.5 at the branch point, :mod:`brorl_lab.study.mechanism`), the interval of the paired
-   difference (BroRL arm's change of p) - (ProRL arm's change of p) lies above 0.
+4. the gain is where the theory puts it: on the training prompts that only N = 512 reaches, on their low-p side
+   ('only N=512' with p < 0.5 at the branch point, :mod:`brorl_lab.study.mechanism`; a wider class than rare success,
+   :mod:`brorl_lab.study.rare`), the interval of the paired difference (BroRL arm's change of p) - (ProRL arm's change
+   of p) lies above 0.
 
 A condition whose numbers are missing (too few seeds, the mechanism not measured) counts as not met, and says so.
 
