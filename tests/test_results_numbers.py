@@ -15,8 +15,10 @@ digits. A percentage may also be a share written as a percentage of a value in [
 tracked by git and carry a provenance record (command, commit, checkpoints, machine, wall time, date;
 ``brorl_lab.study.results``). A page must check at least ten numbers, so an empty or number-free page fails.
 
-The README's headline table is held to the same rule: each row links to a results page, and the row's numbers
-must come from that page's files.
+A number is matched against all of its page's values, wherever it sits; the pages' big tables are held tighter:
+the page must contain the table exactly as code builds it from the files (:data:`TABLES`), so a cell cannot borrow
+a value from another row. The README's headline table is held to the number rule: each row links to a results
+page, and the row's numbers must come from that page's files.
 """
 
 from __future__ import annotations
@@ -254,3 +256,45 @@ def test_a_provenance_record_names_the_commit_and_hashes_the_checkpoint(tmp_path
         provenance(" ", {}, 1.0)
     with pytest.raises(ValueError, match="missing"):
         write_provenance(tmp_path / "y.csv", {"command": "x"})
+
+
+# ---- tables: rebuilt from the files, cell by cell ------------------------------------------------------------------
+# A number anywhere in a page is checked against all of its files' values; a table is held tighter: the page must
+# contain the table as the code builds it from the files, so a cell cannot borrow a value from another row.
+def flagship_tables(v: dict) -> list[str]:
+    """The flagship page's shared-grid and pass@k tables, from its verdict.json."""
+    def gap(r):
+        return f"{100 * r['gap']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}]"
+
+    grid = ["| nominal samples | BroRL | ProRL | gap [95% interval] | | optimizer updates | BroRL | ProRL | "
+            "gap [95% interval] |", "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for s, u in zip(v["grids"]["cum_nominal_samples"], v["grids"]["cum_nominal_updates"]):
+        grid.append(f"| {s['budget']:,.0f} | {s['brorl']:.4f} | {s['prorl']:.4f} | {gap(s)} | | {u['budget']:.0f} | "
+                    f"{u['brorl']:.4f} | {u['prorl']:.4f} | {gap(u)} |")
+    pak = ["| k | BroRL | ProRL | gap [95% interval] (points) |", "|---:|---:|---:|---:|"]
+    for k, r in v["pass_at_k_at_equal_samples"].items():
+        pak.append(f"| {k} | {r['brorl']:.3f} | {r['prorl']:.3f} | {100 * r['gap']:+.1f} [{100 * r['lo']:+.1f}, "
+                   f"{100 * r['hi']:+.1f}] |")
+    return ["\n".join(grid), "\n".join(pak)]
+
+
+def theorem_tables(summary: pd.DataFrame, theory: pd.DataFrame) -> list[str]:
+    from brorl_lab.study.theorem import theorem_table
+
+    return [theorem_table(summary, theory)]
+
+
+TABLES = {
+    "flagship.md": lambda f: flagship_tables(f["notebooks/figures/flagship_verdict.json"]),
+    "theorem.md": lambda f: theorem_tables(f["notebooks/figures/theorem_on_the_model_summary.csv"],
+                                           f["notebooks/figures/theorem_on_the_model_theory.csv"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_a_results_table_is_the_one_its_files_build(name):
+    page = REPO / "docs" / "results" / name
+    text = page.read_text()
+    files = {n: load(REPO / n) for n in declared(text, RESULTS)}
+    for table in TABLES[name](files):
+        assert table in text, f"{name}: its table is not the one built from its files:\n{table}"
