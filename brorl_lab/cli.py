@@ -658,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", default=str(PLATEAU_MODEL_DIR), help="HF model directory to write")
     a.add_argument("--families", nargs="+", default=None, help="default: study.plateau.PLATEAU_FAMILIES")
     a.add_argument("--model", default="default", help="the base the plateau run starts from: 'default', a model "
-                   "alias of study.plateau.MODEL_ALIASES or a model directory (e.g. a shorter train-default's)")
+                   "alias of study.recipe.MODEL_ALIASES or a model directory (e.g. a shorter train-default's)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--eval-every", type=int, default=10)
     a.add_argument("--window", type=int, default=None,
