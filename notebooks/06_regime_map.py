@@ -44,7 +44,7 @@
 # %% tags=["parameters"]
 quick = False                   # True: a tiny preset (3 settings, tiny sizes) that runs in minutes
 model = "floor"                 # the default branch point: "floor" is data/plateau_model; a setting may name its own
-settings = {                    # name -> tasks, optional model (its branch point), optional band (a constructed pool)
+settings = {                    # name -> tasks, optional model (its branch point), band and candidates (a constructed pool)
     "gcd": {"tasks": ["gcd"]},
     "chain_sum": {"tasks": ["chain_sum"]},
     "simple_equations": {"tasks": ["simple_equations"]},
@@ -53,8 +53,8 @@ settings = {                    # name -> tasks, optional model (its branch poin
     "products_2d": {"tasks": ["products_2d"]},
     "spell_backward@takeoff": {"tasks": ["spell_backward"], "model": "takeoff"},
     "gcd (1/4,1)": {"tasks": ["gcd"], "band": "(1/4,1)"},
-    "products (1/16,1/4]": {"tasks": ["products"], "band": "(1/16,1/4]"},
-    "products_2d (1/64,1/16]": {"tasks": ["products_2d"], "band": "(1/64,1/16]"},
+    "gcd@takeoff (1/16,1/4]": {"tasks": ["gcd"], "model": "takeoff", "band": "(1/16,1/4]"},
+    "gcd@takeoff (1/64,1/16]": {"tasks": ["gcd"], "model": "takeoff", "band": "(1/64,1/16]"},
     "products_2d (0,1/64]": {"tasks": ["products_2d"], "band": "(0,1/64]"},
     "spell_backward@takeoff (0,1/64]": {"tasks": ["spell_backward"], "model": "takeoff", "band": "(0,1/64]"},
 }
@@ -72,8 +72,8 @@ eval_prompts = 64               # per setting, from its frozen eval set (a const
 eval_samples = 16               # samples per eval prompt
 reach_prompts = 64              # named settings: training prompts measured at the branch point
 reach_draws = 512               # samples per measured prompt (branch point and pool filtering alike)
-pool_candidates = 512           # constructed settings: training prompts measured, those in the band kept
-eval_candidates = 256           # constructed settings: held-out prompts measured, those in the band kept
+pool_candidates = 512           # constructed settings: training prompts measured, those in the band kept (a setting's
+eval_candidates = 256           # "candidates" / "eval_candidates" override); held-out prompts measured, likewise
 run_dir = None                  # tables, figure, pools and each setting's arm runs go here; None: runs/regime_map/
 jobs = None                     # arm runs side by side, over all settings (None: one per physical core; 1: one at a time)
 ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/scaling-out.md)
@@ -113,8 +113,7 @@ common = dict(steps=steps, eval_every=eval_every, checkpoint_every=eval_every, l
               optimizer_steps_per_step=optimizer_steps_per_step, eval_prompts=eval_prompts,
               eval_samples=eval_samples, eval_k=[1], torch_threads=torch_threads)
 for name, s in settings.items():  # every setting validated before anything runs
-    if "band" in s:
-        regime.check_band(s["band"])
+    regime.check_setting(name, s)
     recipe_config(recipe, model=s.get("model", model), tasks=s["tasks"], task_configs=s.get("task_configs", {}),
                   **common)
 print(f"settings: {list(settings)}\nseeds: {seeds}\nout: {out}")
@@ -149,12 +148,13 @@ for name, s in settings.items():
     record = {"setting": name, "model": m, "tasks": s["tasks"], "band": s.get("band"), "draws": reach_draws}
     if "band" in s:
         pool = out / "pools" / f"{slug(name)}.pool.json"
-        record.update(band_p=list(regime.check_band(s["band"])), train_candidates=pool_candidates,
-                      train_seed=12345, eval_candidates=eval_candidates, eval_seed=54321, redraw_seed=1)
+        cands, eval_cands = s.get("candidates", pool_candidates), s.get("eval_candidates", eval_candidates)
+        record.update(band_p=list(regime.check_band(s["band"])), train_candidates=cands, train_seed=12345,
+                      eval_candidates=eval_cands, eval_seed=54321, redraw_seed=1)
         if not pool.is_file() or {k: v for k, v in json.loads(pool.read_text()).items() if k in record} != record:
-            train, _ = regime.draw_pool(*policy_of(m), cfg, s["band"], candidates=pool_candidates, draws=reach_draws,
+            train, _ = regime.draw_pool(*policy_of(m), cfg, s["band"], candidates=cands, draws=reach_draws,
                                         seed=12345, split="train", n_small=n_small)
-            held, _ = regime.draw_pool(*policy_of(m), cfg, s["band"], candidates=eval_candidates, draws=reach_draws,
+            held, _ = regime.draw_pool(*policy_of(m), cfg, s["band"], candidates=eval_cands, draws=reach_draws,
                                        seed=54321, split="eval", n_small=n_small)
             regime.write_pool(out / "pools", slug(name), train, held[:eval_prompts], record)
             rates_path.unlink(missing_ok=True)

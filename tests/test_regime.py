@@ -91,6 +91,12 @@ def test_bands_filter_the_measured_p_and_reject_a_bad_band():
     for bad in ("p<1/64", [0.5, 0.1], [0, 2], "x"):
         with pytest.raises(ValueError, match="band: got"):
             G.check_band(bad)
+    assert G.check_setting("s", {"tasks": ["gcd"], "band": "(0,1/64]", "candidates": 1536})["candidates"] == 1536
+    for bad, needle in (({"tasks": "gcd"}, "'tasks'"), ({"tasks": ["gcd"], "bnad": "x"}, "unknown key 'bnad'"),
+                        ({"tasks": ["gcd"], "candidates": 8}, "with a band"),
+                        ({"tasks": ["gcd"], "band": "(0,1/64]", "candidates": 0}, "integer >= 1")):
+        with pytest.raises(ValueError, match=needle):
+            G.check_setting("s", bad)
     # the bands' rho runs from ~1 to past the rule's 8 (what the constructed settings are for)
     assert rare.informative_share([1 / 256], 512) / rare.informative_share([1 / 256], 16) > G.RHO_RULE
     assert rare.informative_share([0.5], 512) / rare.informative_share([0.5], 16) == pytest.approx(1.0, abs=1e-4)
@@ -101,6 +107,8 @@ def test_power_table_sizes_seeds_from_the_per_setting_sd():
     power = G.power_table(table)
     assert power.loc["gcd", "enough"] and power.loc["gcd", "seeds_needed"] <= 8
     assert not power.loc["simple_equations", "enough"] and power.loc["simple_equations", "seeds_needed"] > 100
+    wild = G.power_table(pd.DataFrame({"n": [2], "sd": [0.53]}, index=["chain_sum"]))  # no feasible design: inf
+    assert wild.loc["chain_sum", "seeds_needed"] == np.inf and not wild.loc["chain_sum", "enough"]
 
 
 def test_regime_map_notebook_pair_is_in_sync():

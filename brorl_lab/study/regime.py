@@ -102,6 +102,28 @@ def check_band(band) -> tuple[float, float]:
     return float(band[0]), float(band[1])
 
 
+SETTING_KEYS = ("tasks", "task_configs", "model", "band", "candidates", "eval_candidates")
+
+
+def check_setting(name: str, setting) -> dict:
+    """One regime-map setting (notebook 06's ``settings[name]``): ``tasks`` (a list of task names) and optionally
+    ``task_configs``, ``model`` (its branch point), ``band`` (a constructed pool, :func:`check_band`) and, for a
+    band, ``candidates`` / ``eval_candidates`` (training / held-out prompts measured, integers >= 1)."""
+    if not isinstance(setting, Mapping) or not isinstance(setting.get("tasks"), list) or not setting["tasks"]:
+        raise ValueError(f"settings[{name!r}]: got {setting!r}; allowed: a dict with 'tasks' (a non-empty list) and "
+                         f"optionally {', '.join(SETTING_KEYS[1:])}")
+    bad = [k for k in setting if k not in SETTING_KEYS]
+    if bad:
+        raise ValueError(f"settings[{name!r}]: unknown key {bad[0]!r}; allowed: {', '.join(SETTING_KEYS)}")
+    if "band" in setting:
+        check_band(setting["band"])
+    for key in ("candidates", "eval_candidates"):
+        v = setting.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (key in setting and "band" not in setting):
+            raise ValueError(f"settings[{name!r}][{key!r}]: got {v!r}; allowed: an integer >= 1, with a band")
+    return dict(setting)
+
+
 def in_band(p: Sequence[float], band) -> np.ndarray:
     """Per prompt: lo < p <= hi and p < 1 (a bool array shaped like ``p``)."""
     lo, hi = check_band(band)
@@ -233,7 +255,10 @@ def power_table(table: pd.DataFrame, *, effect: float = PAYS_MIN, power: float =
     rows = []
     for name, r in table.iterrows():
         sd = float(r["sd"])
-        need = seeds_for_power(sd, effect, power=power) if np.isfinite(sd) and sd > 0 else np.nan
+        try:
+            need = seeds_for_power(sd, effect, power=power) if np.isfinite(sd) and sd > 0 else np.nan
+        except ValueError:  # more than seeds_for_power's max_n: no feasible design at this sd
+            need = np.inf
         rows.append({"setting": name, "seeds": int(r["n"]), "sd": sd, "effect": effect, "seeds_needed": need,
                      "enough": bool(np.isfinite(need) and r["n"] >= need)})
     return pd.DataFrame(rows).set_index("setting")
@@ -354,7 +379,9 @@ def regime_text(table: pd.DataFrame, readings: Mapping[str, dict], power: Option
         lines.append("Power (a true gap of 1 point at 80%): " + ("every setting has the seeds its sd needs." if
                      short.empty else "; ".join(
                          f"{s} needs {v['seeds_needed']:.0f} seeds (sd {100 * v['sd']:.2f} points), has {v['seeds']}"
-                         if np.isfinite(v["seeds_needed"]) else f"{s}: no spread over its {v['seeds']} seeds to size"
+                         if np.isfinite(v["seeds_needed"]) else
+                         f"{s} needs more than 10,000 seeds (sd {100 * v['sd']:.2f} points), has {v['seeds']}"
+                         if v["seeds_needed"] == np.inf else f"{s}: no spread over its {v['seeds']} seeds to size"
                          for s, v in short.iterrows())))
     if drift is not None and len(drift):
         for (name, arm), g in drift.groupby(["setting", "arm"], sort=False):
