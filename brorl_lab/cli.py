@@ -7,7 +7,12 @@ ends with one line naming the field, the value and what is allowed.
 Parsing and checking the flags imports no torch (defaults the parser shows come from plain data; the commands
 import what they run). An error the user caused (a :class:`~brorl_lab.core.validation.UserError`: a bad flag, a
 config field, a path or run directory that is not what the command needs) is one line and exit status 2; any other
-exception is a bug and keeps its traceback. ``--debug`` shows the traceback of every error.
+exception is a bug and keeps its traceback. ``--debug`` shows the traceback of every error. So are the file system's
+refusals (an output in a directory that cannot be written, a full disk): every command checks where it will write
+before it starts. Ctrl-C and SIGTERM end any command with one line and exit status 130 / 143.
+
+Every command that runs torch takes ``--threads N`` (torch.set_num_threads; ``train``'s ``--torch-threads`` stays as
+a deprecated alias of the same config field).
 """
 
 from __future__ import annotations
@@ -63,22 +68,43 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     defaults = Config().to_dict()  # shown in --help; the flags themselves default to "not given" (SUPPRESS)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
+        flags = (THREADS_FLAG, flag) if f.name == "torch_threads" else (flag,)  # one thread flag for every command
         hint, optional = hints[f.name], False
         if typing.get_origin(hint) is typing.Union:
             hint, optional = next(a for a in typing.get_args(hint) if a is not type(None)), True
         helptext = f"{f.metadata.get('help', '')} (default: {defaults[f.name]!r})".replace("%", "%%")
+        if f.name == "torch_threads":
+            helptext += f" ({flag} is a deprecated alias of {THREADS_FLAG})"
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
         if hint is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
         elif hint is dict:
-            group.add_argument(flag, type=_json_dict, metavar="JSON", **kw)
+            group.add_argument(*flags, type=_json_dict, metavar="JSON", **kw)
         elif hint is list:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else []  # type: ignore
             elem = type(default[0]) if default else f.metadata.get("elem", str)
-            group.add_argument(flag, nargs="+", type=elem, metavar=elem.__name__.upper(), **kw)
+            group.add_argument(*flags, nargs="+", type=elem, metavar=elem.__name__.upper(), **kw)
         else:
             cast = {int: int, float: float, str: str}.get(hint, str)
-            group.add_argument(flag, type=_none_or(cast) if optional else cast, metavar=cast.__name__.upper(), **kw)
+            group.add_argument(*flags, type=_none_or(cast) if optional else cast, metavar=cast.__name__.upper(), **kw)
+
+
+THREADS_FLAG = "--threads"
+
+
+def add_threads(parser: argparse.ArgumentParser, default: Optional[int] = 1, what: str = "") -> None:
+    """The one thread flag every command that runs torch takes."""
+    parser.add_argument(THREADS_FLAG, type=int, default=default, metavar="N",
+                        help=f"torch threads{what} (default {default}; 0: leave torch's default)")
+
+
+def set_threads(n: Optional[int]) -> None:
+    if n is not None and n < 0:
+        raise ConfigError(f"{THREADS_FLAG}: got {n}; allowed: an integer >= 0 (0: torch's default)")
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 #: ``eval`` options and the Config fields they stand for: defaults and help come from those fields, so
@@ -97,6 +123,8 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
         f, hint = by_name[name], hints[name]
         helptext = f.metadata.get("help", "").replace("%", "%%") + f" (config field {name}; default %(default)s)"
         kw: dict[str, Any] = {"dest": dest, "default": defaults[name], "help": helptext}
+        if dest == "k":  # the default: the config's eval_k values that --samples allows (--samples 2 alone works)
+            kw["help"] = helptext.replace("default %(default)s", "default %(default)s, those <= --samples")
         if hint is list:
             kw.update(nargs="+", type=type(defaults[name][0]))
         elif hint is dict:
@@ -109,6 +137,9 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
 def eval_config(args: argparse.Namespace) -> Config:
     """The eval options (and ``--tasks`` when given) as a validated Config: one error naming the field for a bad
     value; user-named tasks are built with their ``--task-configs``."""
+    default_k = Config().eval_k
+    if list(args.k) == default_k and isinstance(args.samples, int):  # the default k, cut to what --samples allows
+        args.k = [k for k in default_k if k <= args.samples] or [1]
     fields = {name: getattr(args, dest) for dest, name in EVAL_OPTIONS.items()}
     if getattr(args, "tasks", None):
         fields["tasks"] = list(args.tasks)
@@ -125,28 +156,46 @@ def config_from_args(args: argparse.Namespace) -> Config:
         loaded = read_config_file(path)
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config: {path} must hold a mapping of config fields")
+        from brorl_lab.core.trl_names import apply_trl_aliases
+
+        loaded, notes = apply_trl_aliases(loaded, f"--config {path}")
+        for note in notes:
+            print(note, file=sys.stderr)
         data.update(loaded)
     data.update({f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if hasattr(args, f.name)})
     return Config.from_dict(data)
 
 
 # ---- commands -------------------------------------------------------------------------------------------------------
+RESUME_ALSO = ("steps", "torch_threads")  # what --resume takes besides the run: more steps extend it; --threads
+
+
 def cmd_train(args) -> int:
     if args.resume:
-        given = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(Config) if hasattr(args, f.name)]
+        given = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(Config)
+                 if hasattr(args, f.name) and f.name not in RESUME_ALSO]
         given += [flag for flag, on in (("--config", args.config), ("--overwrite", args.overwrite)) if on]
         if given:
             raise ConfigError(f"--resume: got {args.resume!r} together with {', '.join(given)}; "
-                              "allowed: --resume RUN_DIR alone (the run continues with its own config.yaml)")
+                              "allowed: --resume RUN_DIR (or RUN_DIR/checkpoints/step_N) alone, with --steps N "
+                              "to extend the run, or --threads N (it continues with its own config.yaml)")
     cfg = None if args.resume else config_from_args(args)  # validate before importing anything heavy
+    if cfg is not None:
+        _offline_if_unreachable(cfg.model)
     from brorl_lab.rl.trainer import Trainer
 
-    if args.resume:
-        trainer = Trainer.resume(args.resume, progress=not args.quiet)
-    else:
-        trainer = Trainer(cfg, progress=not args.quiet, overwrite=args.overwrite)
-    with trainer:
-        df = trainer.run()  # returns on a finished run and on a clean stop (first Ctrl-C): both get a report
+    trainer = None
+    try:
+        if args.resume:
+            trainer = Trainer.resume(args.resume, progress=not args.quiet, steps=getattr(args, "steps", None))
+            set_threads(getattr(args, "torch_threads", None))  # this process only; config.yaml keeps the run's
+        else:
+            trainer = Trainer(cfg, progress=not args.quiet, overwrite=args.overwrite)
+        with trainer:
+            df = trainer.run()  # returns on a finished run and on a clean stop (first Ctrl-C): both get a report
+    except KeyboardInterrupt as e:  # before the first step could finish (loading, the first evaluation), or a
+        e.hint = _interrupt_hint(trainer)  # second Ctrl-C: one line (main) saying what is left
+        raise
     print(f"run directory: {trainer.run_dir.path}")
     print(f"metrics: {trainer.run_dir.metrics_path} ({len(df)} rows)")
     from brorl_lab.lab.report import try_write_report
@@ -164,8 +213,64 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _interrupt_hint(trainer) -> str:
+    if trainer is None:
+        return "nothing was trained; run the same command again"
+    step = trainer._checkpoint_step
+    if step is None:
+        return (f"no checkpoint was written in {trainer.run_dir.path}; run the same command again (what it left is "
+                "cleared)")
+    return f"the checkpoint of step {step} stays; resume with: python -m brorl_lab train --resume {trainer.run_dir.path}"
+
+
+def _offline_if_unreachable(model: str) -> None:
+    """A hub id with no network in reach: set HF_HUB_OFFLINE before transformers is imported, so the lookup fails
+    (or finds the cache) in seconds instead of retrying for a minute. Local paths and aliases ask nothing."""
+    from brorl_lab.core.paths import looks_local
+
+    if not isinstance(model, str) or "/" not in model or looks_local(model) or os.environ.get("HF_HUB_OFFLINE"):
+        return
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def _run_tasks(model: str) -> Optional[tuple[list, dict]]:
+    """(eval tasks, task_configs) of the run whose policy ``model`` names (``runs/x``, its policy/ or a kept
+    checkpoint), from its brorl_lab.json; None for any other model."""
+    from brorl_lab.core.rundir import hf_model_dir
+
+    d = hf_model_dir(model) if isinstance(model, str) else None
+    info = d / "brorl_lab.json" if d is not None else None
+    if info is None or not info.is_file():
+        return None
+    try:
+        cfg = json.loads(info.read_text()).get("config") or {}
+    except ValueError:
+        return None
+    tasks = cfg.get("eval_tasks") or cfg.get("tasks")
+    return (list(tasks), dict(cfg.get("task_configs") or {})) if tasks else None
+
+
 def cmd_eval(args) -> int:
+    own = _run_tasks(args.model) if args.tasks is None else None
+    if own is not None:  # a run's policy: its own tasks (and their task_configs) by default
+        args.tasks = own[0]
+        if not args.task_configs:
+            args.task_configs = own[1]
+        print(f"tasks: {', '.join(args.tasks)} (the run's eval tasks; --tasks to choose others)", file=sys.stderr)
     cfg = eval_config(args)  # the flags' types and ranges, before anything heavy is imported
+    if args.json:
+        from brorl_lab.core.rundir import check_writable
+
+        check_writable(args.json, "--json")
+    set_threads(args.threads)
+    _offline_if_unreachable(args.model)
     from brorl_lab.core.models import load_policy
     from brorl_lab.rl.evaluation import evaluate
     from brorl_lab.rl.spec import resolve
@@ -193,8 +298,9 @@ def cmd_eval(args) -> int:
           f"temperature={args.temperature} top_p={args.top_p} seed={args.seed}")
     print(table.to_string(float_format=lambda x: f"{x:.3f}"))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res.metrics, indent=2))
+        from brorl_lab.core.rundir import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(res.metrics, indent=2))
     return 0
 
 
@@ -225,6 +331,11 @@ def cmd_tensorboard(args) -> int:
 def cmd_report(args) -> int:
     from brorl_lab.lab.report import write_report
 
+    if args.out:
+        from brorl_lab.core.rundir import check_writable
+
+        check_writable(args.out, "--out")
+
     print(f"report: {write_report(args.runs, args.out, x=args.x)}")
     return 0
 
@@ -235,9 +346,9 @@ def cmd_demo(args) -> int:
     nb = NOTEBOOK_DIR / (FLAGSHIP if (NOTEBOOK_DIR / FLAGSHIP).exists() else THEORY)
     out = Path(args.out)
     params = _params(args.param)
-    params.setdefault("torch_threads", max(1, min(2, os.cpu_count() or 1)))  # the demo runs alone: use the cores
+    params.setdefault("torch_threads", args.threads or max(1, min(2, os.cpu_count() or 1)))  # runs alone: the cores
     print(f"running {nb.name} under papermill -> {out}/ (progress below; this takes a while on a CPU)")
-    status = run_notebook(nb, out, params, progress=True)
+    status = run_notebook(nb, out, params, progress=True, stream=_stream_kernels())
     print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else ""))
     print(f"executed notebook: {out / nb.name}")
     if status.get("html"):
@@ -256,7 +367,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from brorl_lab.core.rundir import check_writable
     from brorl_lab.lab.sweep import run_sweep
+
+    check_writable(args.out, "--out")
 
     nb = Path(args.notebook)
     if not nb.exists() and (NOTEBOOK_DIR / args.notebook).exists():
@@ -267,10 +381,23 @@ def cmd_sweep(args) -> int:
         if not v:
             raise ConfigError(f"--grid: got {kv!r}; allowed: name=v1,v2,...")
         grid[k] = [_literal(x) for x in v.split(",")]
-    df = run_sweep(nb, grid or {"seed": [0]}, out=args.out, parallel=args.parallel, base=_params(args.param))
+    base = _params(args.param)
+    if args.threads:
+        base.setdefault("torch_threads", args.threads)
+    df = run_sweep(nb, grid or {"seed": [0]}, out=args.out, parallel=args.parallel, base=base,
+                   stream=_stream_kernels())
     print(df.to_string(index=False))
     print(f"index: {Path(args.out) / 'index.parquet'}")
     return 0 if (df["status"] == "finished").all() else 1
+
+
+def _stream_kernels() -> bool:
+    """The notebook kernels this command starts print plain progress lines (a Trainer's steps), which papermill
+    streams to this console as they come (a widget would show nothing there)."""
+    from brorl_lab.core.console import PLAIN_PROGRESS_ENV
+
+    os.environ[PLAIN_PROGRESS_ENV] = "1"
+    return True
 
 
 def _params(pairs: Optional[Sequence[str]]) -> dict:
@@ -285,14 +412,15 @@ def _params(pairs: Optional[Sequence[str]]) -> dict:
 
 
 def cmd_iso_compute(args) -> int:
-    from brorl_lab.core.rundir import atomic_write_text
+    from brorl_lab.core.rundir import atomic_write_text, check_writable
     from brorl_lab.lab.analysis import iso_compute_summary
     from brorl_lab.lab.plots import iso_compute_figure
     from brorl_lab.lab.sweep import run_iso_compute
     from brorl_lab.lab.tracking import load_runs
 
+    check_writable(args.out, "--out")
     index = run_iso_compute(args.samples_per_step, args.n, seeds=args.seeds, out=args.out, parallel=args.parallel,
-                            params=_params(args.param))
+                            params=_params(args.param), stream=_stream_kernels())
     print(index[["run", "status", "wall_s"]].to_string(index=False))
     done = index.loc[index["status"] == "finished", "run"]
     runs = load_runs(args.out)
@@ -349,7 +477,7 @@ def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str =
     from brorl_lab.lab.sweep import run_notebook
 
     print(f"running {notebook} under papermill -> {out}/{note}")
-    status = run_notebook(NOTEBOOK_DIR / notebook, out, params, progress=True)
+    status = run_notebook(NOTEBOOK_DIR / notebook, out, params, progress=True, stream=_stream_kernels())
     print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else "")
           + f"; wall time {status['wall_s']:.0f} s")
     if (out / reading).is_file():
@@ -359,11 +487,9 @@ def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str =
 
 
 def cmd_reach(args) -> int:
-    import torch
-
     from brorl_lab.study.plateau import reach_rates, reach_table_of, save_reach
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     rates = reach_rates(args.model, args.families, prompts=args.prompts)
     print(reach_table_of(rates).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.out:
@@ -489,7 +615,10 @@ def cmd_train_default(args) -> int:
 
 
 def cmd_launch(args) -> int:
+    from brorl_lab.core.rundir import check_writable
     from brorl_lab.lab.verl_launch import launch_verl, load_config
+
+    check_writable(args.out, "OUT")
 
     cfg = load_config(args.source)
     res = launch_verl(cfg, args.out, model_path=args.model_path, gpus_per_node=args.gpus_per_node, nodes=args.nodes,
@@ -507,7 +636,10 @@ def cmd_launch(args) -> int:
 
 
 def cmd_import_run(args) -> int:
+    from brorl_lab.core.rundir import check_writable
     from brorl_lab.lab.verl_import import import_verl_run
+
+    check_writable(args.run, "RUN")
 
     run = import_verl_run(args.logdir, args.run, config=args.config, overwrite=args.overwrite)
     print(f"run directory: {run} (config.yaml, metrics.parquet, verl_metrics.parquet)")
@@ -554,18 +686,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show the traceback of every error, also of bad input")
-    sub = p.add_subparsers(dest="command", required=True,
-                         metavar="{demo,train,eval,report,export,tensorboard,sweep,iso-compute,bench,plateau,"
-                                 "scaling,paid,regime-map,theorem,make-data,train-default,launch,import-run}")
+    sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run the flagship experiment notebook under papermill")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     d.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="notebook parameter override")
+    add_threads(d, None, " (default: up to 2, the demo runs alone)")
     d.set_defaults(func=cmd_demo)
 
     t = sub.add_parser("train", help="train with a config (options and/or --config YAML)")
     t.add_argument("--config", help="YAML file of config fields")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint (RUN_DIR), or from a "
+                   "kept one (RUN_DIR/checkpoints/step_N); with --steps N (more than before) extend a finished run")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--overwrite", action="store_true",
                    help="replace the run already in the run directory (without it such a run is an error)")
@@ -574,14 +706,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="pass@k of a model on the frozen eval sets")
     add_eval_options(e)
-    e.add_argument("--tasks", nargs="+", required=False, default=None)
+    e.add_argument("--tasks", nargs="+", required=False, default=None,
+                   help="default: a run's own eval tasks for --model RUN, else every family but code")
     e.add_argument("--json", help="also write the metrics as JSON here")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_threads(e)
     e.set_defaults(func=cmd_eval)
 
     x = sub.add_parser("export", help="copy a run's last checkpoint as a Hugging Face model directory")
     x.add_argument("run", help="run directory (or its policy/)")
     x.add_argument("out", help="new directory to write (safetensors, tokenizer, generation config)")
+    add_threads(x)
     x.set_defaults(func=cmd_export)
 
     tb = sub.add_parser("tensorboard", help="write TensorBoard event files (<run>/tensorboard/) from runs' metrics")
@@ -602,6 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="a fixed parameter")
     s.add_argument("--out", default="runs/sweeps/sweep", help="sweep directory")
     s.add_argument("--parallel", type=int, default=1, help="runs at a time (each gets cores // parallel threads)")
+    add_threads(s, None, " per run (default: cores // parallel)")
     s.set_defaults(func=cmd_sweep)
 
     i = sub.add_parser("iso-compute", help="sweep N at a fixed number of samples per step (notebook 05, papermill)")
@@ -671,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reach gate: training prompts measured at 512 draws (0: skip the gate)")
     a.add_argument("--lr", type=float, default=None, help="default: study.plateau.PLATEAU_SETTINGS (3e-5)")
     a.add_argument("--run-dir", default="runs", help="parent of the resumable run directory 'plateau'")
-    a.add_argument("--threads", type=int, default=1, help="torch threads")
+    add_threads(a)
     a.set_defaults(func=cmd_plateau)
 
     rc = sub.add_parser("reach", help="per family: the share of training prompts with rare successes (512 draws each "
@@ -681,7 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--prompts", type=int, default=128, help="training prompts per family")
     rc.add_argument("--out", default=None, help="also write branch_rates.csv (every prompt's p) and reach.json "
                     "(the table and the per-prompt p histogram) into this directory")
-    rc.add_argument("--threads", type=int, default=1, help="torch threads")
+    add_threads(rc)
     rc.set_defaults(func=cmd_reach)
 
     pa = sub.add_parser("paid", help="the flagship paid in generated samples (study.paid): ProRL 16x64, BroRL "
@@ -774,8 +910,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eval prompts per family for the report (0: skip; default: TRAIN_DEFAULTS)")
     d.add_argument("--eval-samples", type=int, default=None,
                    help="samples per eval prompt at each temperature (default: TRAIN_DEFAULTS)")
-    d.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
+    add_threads(d, 0)
     d.set_defaults(func=cmd_train_default)
+    sub.metavar = "{" + ",".join(sub.choices) + "}"  # the usage line lists every command
     return p
 
 
@@ -787,17 +924,41 @@ def quiet_third_party() -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
+#: errno values that are the file system saying no (not a bug): one line and exit 2, like bad input
+FS_ERRNOS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "EEXIST", "EIO",
+             "ENOENT")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import errno
+    import signal
+
+    from brorl_lab.core.console import raise_on_sigterm
+
     quiet_third_party()
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = None if argv is None else list(argv)
+    where = f"{parser.prog} {args.command}"
+    raise_on_sigterm()
     try:
         return args.func(args)
     except UserError as e:  # bad input: one line. Anything else is a bug and keeps its traceback.
         if args.debug:
             raise
-        parser.exit(2, f"{parser.prog} {args.command}: error: {' '.join(str(e).splitlines())}\n")
+        parser.exit(2, f"{where}: error: {' '.join(str(e).splitlines())}\n")
+    except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM at any moment: one line, 128 + the signal, as a shell says
+        if args.debug:
+            raise
+        signum = int(getattr(e, "signum", signal.SIGINT))
+        hint = getattr(e, "hint", "")
+        parser.exit(128 + signum, f"{where}: interrupted ({signal.Signals(signum).name})"
+                                  + (f"; {hint}" if hint else "") + "\n")
+    except OSError as e:  # the file system said no (a read-only place, a full disk) where no check could tell
+        if args.debug or errno.errorcode.get(e.errno or 0) not in FS_ERRNOS or e.filename is None:
+            raise
+        parser.exit(2, f"{where}: error: {e.filename}: {e.strerror} ({errno.errorcode[e.errno]}); nothing more was "
+                       "written; allowed: a path you can write to, with space\n")
     return 0
 
 

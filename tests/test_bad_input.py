@@ -9,6 +9,7 @@ unknown names.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import math
@@ -16,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
@@ -23,6 +25,7 @@ from hypothesis import strategies as st
 
 from brorl_lab import cli
 from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.rundir import RunDir
 from brorl_lab.lab import sweep
 from brorl_lab.rl import algo
 from brorl_lab.rl.spec import resolve
@@ -272,9 +275,11 @@ def test_a_config_edited_after_construction_is_revalidated_by_the_trainer(tmp_pa
 
 # ---- an existing run directory is never touched by bad input ---------------------------------------------------
 def snapshot(root: Path) -> dict:
-    """Every file under root with its bytes' hash and mtime: equality means nothing was written or removed."""
+    """Every file under root with its bytes' hash and mtime: equality means nothing was written or removed. A run
+    directory's lock file (``.<name>.lock`` beside it: who holds the run, empty when nobody does) is not data: a
+    refused writer may take and release it."""
     return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +321,9 @@ def test_a_bad_yaml_config_through_the_cli_exits_with_one_line_and_leaves_the_ru
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["train", "--resume", "{run}", "--steps", "5"], "--resume"),
+    (["train", "--resume", "{run}", "--lr", "0.1"], "--resume"),
+    (["train", "--resume", "{run}", "--steps", "0"], "steps"),
+    (["train", "--resume", "{run}/checkpoints/step_000009"], "is not a directory"),
     (["train", "--resume", "{root}/no_such_run"], "run_dir"),
     (["train", "--resume", "{root}"], "has no checkpoint"),
     (["train", "--run-dir", "{root}", "--run-name", "done", "--eval-top-p", "nan"], "eval_top_p"),
@@ -713,3 +720,216 @@ def test_math_verify_power_towers_are_bounded():
     assert len(lines) == len(POWER_TOWERS)
     for seconds, reward, correct in lines:
         assert float(seconds) < CALL_BOUND_S and correct in ("True", "False") and 0 <= float(reward) <= 1
+
+
+# ---- the file system and damaged files: one line, exit 2, nothing written (issue 37) ------------------------------
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody can create files in: chmod 0555, or for root (whom modes do not stop) the immutable
+    attribute (chattr +i), removed again at the end."""
+    import subprocess
+
+    d = tmp_path / "read_only"
+    d.mkdir()
+    (d / "existing.txt").write_text("kept")
+    if os.geteuid() == 0:
+        made = subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode == 0
+    else:
+        d.chmod(0o555)
+        made = True
+    try:
+        (d / "probe").write_text("x")
+        (d / "probe").unlink()
+        writable = True
+    except OSError:
+        writable = False
+    if not made or writable:
+        pytest.skip("this machine cannot make a read-only directory (no chattr as root)")
+    yield d
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(d)], check=True)
+    else:
+        d.chmod(0o755)
+
+
+def unwritable_places(tmp_path: Path, read_only: Path) -> dict[str, Path]:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    return {"read-only": read_only / "out", "under a file": blocker / "out", "/proc": Path("/proc/brorl_out")}
+
+
+def run_cli(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    lines = [ln for ln in err.splitlines() if not ln.startswith(("notice:", "note:"))]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def small_args(model: str) -> list[str]:
+    return ["--model", model, "--template", "plain", "--rollouts-per-prompt", "4", "--prompts-per-step", "2",
+            "--max-new-tokens", "4", "--eval-prompts", "4", "--eval-samples", "4", "--eval-k", "1", "--steps", "1",
+            "--threads", "1", "--no-dynamic-sampling"]
+
+
+def test_every_command_that_writes_refuses_an_unwritable_place_in_one_line_before_any_work(
+        finished_run, tiny_model, tmp_path, read_only_dir, capsys):
+    """train, resume, export, report --out, eval --json, import-run, sweep and launch, each pointed at a read-only
+    directory, a path under a file and /proc: exit 2, one line naming the place, nothing written anywhere."""
+    import shutil
+
+    places = unwritable_places(tmp_path, read_only_dir)
+    nb = write_notebook(tmp_path / "nb.ipynb", "x = 1\nrun_dir = ''", "print(x)")
+    log = tmp_path / "verl.log"
+    log.write_text("step:1 - critic/score/mean:0.5\n")
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(dict(SMALL, model=tiny_model, tasks=["gcd"], steps=1)))
+    root = finished_run.parent
+    before = snapshot(root)
+    for label, place in places.items():
+        cases = {
+            "train": ["train", "--run-dir", place, "--run-name", "r", *small_args(tiny_model)],
+            "export": ["export", finished_run, place / "hf"],
+            "report --out": ["report", finished_run, "--out", place / "r.html"],
+            "eval --json": ["eval", "--model", tiny_model, "--tasks", "gcd", "--samples", "2", "--prompts", "2",
+                            "--json", place / "e.json"],
+            "import-run": ["import-run", "--from", "verl", log, place / "run", "--config", cfg_file],
+            "sweep": ["sweep", nb, "--out", place / "sweep"],
+            "launch": ["launch", "--to", "verl", cfg_file, place / "launch"],
+        }
+        for what, argv in cases.items():
+            line = run_cli(argv, capsys)
+            assert "cannot write" in line and str(place) in line, f"{what} into {label}: {line}"
+    # resume of a run whose directory became read-only: the same one line, before any step
+    ro_run = read_only_dir.parent / "ro_run"
+    shutil.copytree(finished_run, ro_run)
+    import subprocess
+
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(ro_run)], check=True)
+    else:
+        ro_run.chmod(0o555)
+    try:
+        line = run_cli(["train", "--resume", ro_run, "--steps", "2"], capsys)
+        assert "cannot write" in line and "run_dir" in line
+    finally:
+        subprocess.run(["chattr", "-i", str(ro_run)]) if os.geteuid() == 0 else ro_run.chmod(0o755)
+    assert snapshot(root) == before
+    assert list(read_only_dir.iterdir()) == [read_only_dir / "existing.txt"]
+    assert not (tmp_path / "a_file").is_dir() and not Path("/proc/brorl_out").exists()
+
+
+def damaged_copy(run: Path, dest: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(run, dest))
+
+
+def test_damaged_files_are_one_line_and_nothing_is_written(finished_run, tiny_model, tmp_path, capsys):
+    """A garbage metrics.parquet (report), a garbage state.pt (export of a run without policy/), a truncated
+    model.safetensors (export verifies the weights it copies), `sweep --parallel 0`: one line, exit 2, no output."""
+    import shutil
+
+    bad_metrics = damaged_copy(finished_run, tmp_path / "bad_metrics")
+    (bad_metrics / "metrics.parquet").write_bytes(b"PAR1 this is not parquet")
+    line = run_cli(["report", bad_metrics], capsys)
+    assert "metrics.parquet could not be read" in line
+    assert not (bad_metrics / "report.html").exists()
+
+    bad_state = damaged_copy(finished_run, tmp_path / "bad_state")
+    shutil.rmtree(bad_state / "policy")
+    (bad_state / "checkpoint" / "state.pt").write_bytes(b"\x00garbage")
+    line = run_cli(["export", bad_state, tmp_path / "out1"], capsys)
+    assert "state.pt could not be loaded" in line and not (tmp_path / "out1").exists()
+
+    truncated = damaged_copy(finished_run, tmp_path / "truncated")
+    weights = truncated / "policy" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    line = run_cli(["export", truncated, tmp_path / "out2"], capsys)
+    assert "model.safetensors" in line and "damaged" in line and not (tmp_path / "out2").exists()
+    assert not list(tmp_path.glob(".out2*")), "the staged copy is removed"
+
+    nb = write_notebook(tmp_path / "nb.ipynb", "x = 1", "print(x)")
+    line = run_cli(["sweep", nb, "--parallel", "0", "--out", tmp_path / "sw"], capsys)
+    assert "parallel" in line and not (tmp_path / "sw").exists()
+
+
+def test_a_rebuilt_metrics_or_status_file_is_reported_on_resume(finished_run, tmp_path, capsys):
+    from brorl_lab.rl.trainer import Trainer
+
+    run = damaged_copy(finished_run, tmp_path / "garbage")
+    (run / "metrics.parquet").write_bytes(b"garbage")
+    (run / "status.json").write_text("{not json")
+    with Trainer.resume(run, progress=False) as t:
+        said = "\n".join(t.notices)
+    assert "status.json was unreadable" in said and "metrics.parquet did not match the checkpoint" in said
+    assert len(pd.read_parquet(run / "metrics.parquet")) == 2  # row 0 and step 1, from the checkpoint
+    assert {e["event"] for e in RunDir(run).read_events()} >= {"rebuilt"}
+    assert "rebuilt from it" in capsys.readouterr().err
+
+
+# ---- habits of TRL users (issue 37) --------------------------------------------------------------------------------
+def test_trl_names_in_a_config_file_are_read_with_a_note_or_refused_with_the_hint(tmp_path, capsys):
+    path = tmp_path / "trl.yaml"
+    path.write_text("num_generations: 8\nlearning_rate: 0.0002\n")
+    cfg = cli.config_from_args(cli.build_parser().parse_args(["train", "--config", str(path)]))
+    assert cfg.rollouts_per_prompt == 8 and cfg.lr == 2e-4
+    err = capsys.readouterr().err
+    assert "num_generations (TRL's name) read as rollouts_per_prompt" in err
+    path.write_text("generation_batch_size: 64\n")
+    line = run_cli(["train", "--config", path], capsys)
+    assert "'generation_batch_size' is TRL's name; here: prompts_per_step" in line
+    path.write_text("num_generations: 8\nrollouts_per_prompt: 4\n")
+    assert "both 'num_generations'" in run_cli(["train", "--config", path], capsys)
+
+
+def test_one_thread_flag_every_command_and_every_command_in_the_usage_line():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    usage = parser.format_usage()
+    for name, sp in sub.choices.items():
+        assert name in usage, f"{name} missing from the usage line"
+    torch_commands = ("demo", "train", "eval", "export", "sweep", "plateau", "reach", "scaling", "regime-map",
+                      "theorem", "train-default")
+    for name in torch_commands:
+        flags = {s for a in sub.choices[name]._actions for s in a.option_strings}
+        assert "--threads" in flags, f"{name} has no --threads"
+    args = parser.parse_args(["train", "--torch-threads", "3"])  # the deprecated alias, same field
+    assert args.torch_threads == 3 and parser.parse_args(["train", "--threads", "2"]).torch_threads == 2
+
+
+def test_eval_samples_alone_works_and_a_runs_policy_is_evaluated_on_its_own_tasks(finished_run):
+    parser = cli.build_parser()
+    cfg = cli.eval_config(parser.parse_args(["eval", "--samples", "2"]))
+    assert cfg.eval_samples == 2 and max(cfg.eval_k) <= 2
+    tasks, configs = cli._run_tasks(str(finished_run))
+    assert tasks == Config.from_dict(yaml.safe_load((finished_run / "config.yaml").read_text())).tasks
+
+
+def test_the_automatic_run_name_tells_lr_and_advantage_apart():
+    from brorl_lab.rl.trainer import default_run_name
+
+    names = {default_run_name(Config(**kw)) for kw in (dict(), dict(lr=1e-3), dict(lr=3e-3), dict(advantage="rloo"))}
+    assert len(names) == 4
+    assert default_run_name(Config()) == f"{'-'.join(Config().tasks)}_N{Config().rollouts_per_prompt}_P" \
+                                         f"{Config().prompts_per_step}_s0"
+
+
+def test_a_hub_id_with_no_network_fails_in_one_line_without_retry_cycles(tmp_path, capsys, monkeypatch):
+    """No route to the hub (this machine): the CLI sets HF_HUB_OFFLINE before loading, so the one line comes
+    without retries; the variable is set only for a hub id."""
+    import socket
+
+    def no_network(*a, **kw):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    cli._offline_if_unreachable("./local/model")
+    assert "HF_HUB_OFFLINE" not in os.environ
+    cli._offline_if_unreachable("someorg/no-such-model")
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    line = run_cli(["train", "--model", "someorg/no-such-model", "--run-dir", tmp_path, "--tasks", "gcd"], capsys)
+    assert "'model'" in line and "someorg/no-such-model" in line

@@ -521,3 +521,172 @@ def test_trainer_close_is_idempotent(tiny_model, tmp_path):
     t.close()
     with pytest.raises(ValueError, match="closed"):
         t.step()
+
+
+# ---- one writer, honest status, overwrite, early interrupts (issue 37) -----------------------------------------------
+def train_cmd(tiny_model: str, root: Path, name: str, **over) -> list[str]:
+    cfg = dict(TINY, model=tiny_model, run_dir=str(root), run_name=name, **over)
+    return [sys.executable, "-m", "brorl_lab", "train", "--quiet", *cli_args(cfg)]
+
+
+def one_line_error(err: str) -> str:
+    """The last line of stderr, after asserting there is no traceback and it is a single error/interrupt line."""
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("notice:", "note:"))]
+    assert lines, err
+    return lines[-1]
+
+
+def test_a_second_writer_is_refused_naming_the_first_and_kill_9_reads_as_writer_gone(tiny_model, tmp_path):
+    """Two `train` into one run name: the second (a new run with another seed, an --overwrite, a --resume) is
+    refused in one line naming the first's pid and host, and nothing of the first's run changes. After kill -9
+    the status reads "interrupted (writer gone)" (RunDir, run index, report), and --resume takes the lock over."""
+    from brorl_lab.lab.tracking import run_index
+
+    run = tmp_path / "shared"
+    first = subprocess.Popen(train_cmd(tiny_model, tmp_path, "shared", steps=400), env=env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (run / "checkpoint" / CHECKPOINT_FILE).is_file(), 300, first, "the first checkpoint")
+        config_before = (run / "config.yaml").read_bytes()
+        for extra in (["--seed", "1"], ["--seed", "1", "--overwrite"]):
+            second = subprocess.run(train_cmd(tiny_model, tmp_path, "shared", steps=2) + extra, env=env(),
+                                    capture_output=True, text=True, timeout=300)
+            assert second.returncode == 2, second.stderr
+            line = one_line_error(second.stderr)
+            assert f"is being written by pid {first.pid} on host" in line, line
+        resumed = subprocess.run([sys.executable, "-m", "brorl_lab", "train", "--resume", str(run)], env=env(),
+                                 capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 2 and f"pid {first.pid}" in one_line_error(resumed.stderr)
+        from brorl_lab.rl.trainer import export_policy
+
+        with pytest.raises(ValueError, match=f"being written by pid {first.pid}"):  # export reads under the lock too
+            export_policy(run, tmp_path / "exported")
+        assert not (tmp_path / "exported").exists()
+        assert (run / "config.yaml").read_bytes() == config_before, "the refused writers changed nothing"
+        assert RunDir(run).read_status()["status"] == "running"
+        status = json.loads((run / "status.json").read_text())
+        assert status["pid"] == first.pid and status["host"] and status["heartbeat"] > 0
+    finally:
+        first.kill()  # SIGKILL: no handler runs, the status file still says "running"
+        first.wait()
+    assert json.loads((run / "status.json").read_text())["status"] == "running"
+    assert RunDir(run).read_status()["status"] == "interrupted (writer gone)"
+    index = run_index(tmp_path)
+    assert index.set_index("run").loc["shared", "status"] == "interrupted (writer gone)"
+    from brorl_lab.lab.report import report_html
+
+    assert "interrupted (writer gone)" in report_html([run])
+    resumed = subprocess.run([sys.executable, "-m", "brorl_lab", "train", "--quiet", "--resume", str(run),
+                              "--steps", str(check_after_kill(run) + 1)], env=env(), capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"its last writer (pid {first.pid}" in resumed.stderr and "is gone" in resumed.stderr
+    assert RunDir(run).read_status()["status"] == "finished"
+    assert any(e["event"] == "lock_taken_over" for e in RunDir(run).read_events())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_early_interrupt_exits_128_plus_the_signal_in_one_line_and_the_name_is_reusable(sig, tiny_model,
+                                                                                          tmp_path):
+    """Ctrl-C / SIGTERM during the evaluation before the first step: exit 130 / 143, one line, no traceback; the
+    status says interrupted; the same command then runs without --overwrite (and without the old files)."""
+    run = tmp_path / "early"
+    slow_eval = dict(eval_prompts=200, eval_samples=16, max_new_tokens=32, steps=1)
+    since = time.time()
+    p = subprocess.Popen(train_cmd(tiny_model, tmp_path, "early", **slow_eval), env=env(), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(started_training(run, since), 300, p, "the run to start")
+    assert not (run / "metrics.parquet").exists(), "still in the first evaluation"
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, err
+    line = one_line_error(err)
+    assert f"interrupted ({signal.Signals(sig).name})" in line and "run the same command again" in line, line
+    assert RunDir(run).read_status()["status"] == "interrupted"
+    again = subprocess.run(train_cmd(tiny_model, tmp_path, "early", steps=1, eval_every=0), env=env(),
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "cleared what an attempt stopped before its first checkpoint left" in again.stderr
+    assert RunDir(run).read_status()["status"] == "finished"
+    assert [e["event"] for e in RunDir(run).read_events()][0] == "cleared", "the old events went with the old run"
+
+
+def test_overwrite_leaves_no_file_of_the_old_run(tiny_model, tmp_path):
+    old = Config(**dict(TINY, steps=6, keep_checkpoints=2, eval_every=2, lr=1e-4), model=tiny_model,
+                 run_dir=str(tmp_path), run_name="r")
+    with Trainer(old, progress=False) as t:
+        t.run()
+    run = tmp_path / "r"
+    assert {d.name for d in (run / "checkpoints").iterdir()} >= {"step_000006", "best.json"}
+    old_log = (run / "train.log").read_text()
+    with pytest.raises(ValueError, match="already holds a run"):
+        Trainer(old.replace(lr=1e-3, steps=2), progress=False)
+    new = old.replace(lr=1e-3, steps=2, keep_checkpoints=1)
+    with Trainer(new, progress=False, overwrite=True) as t:
+        t.run()
+    kept = {d.name for d in (run / "checkpoints").iterdir()}
+    assert "step_000006" not in kept and "step_000004" not in kept and "step_000002" in kept, kept
+    assert not (run / "checkpoints" / "best.json").exists() or json.loads(
+        (run / "checkpoints" / "best.json").read_text())["step"] <= 2
+    log = (run / "train.log").read_text()
+    assert "step 6/6" in old_log and "step 6/6" not in log and log.count("start: step 0 of 2") == 1
+    assert int(pd.read_parquet(run / "metrics.parquet")["step"].max()) == 2
+    assert torch.load(run / "checkpoint" / CHECKPOINT_FILE, weights_only=False)["config"]["lr"] == 1e-3
+    assert not [p for p in run.iterdir() if p.name.startswith(".overwritten-")]
+    assert [e["event"] for e in RunDir(run).read_events()][0] == "overwritten"
+
+
+def test_resume_from_a_kept_checkpoint_matches_and_more_steps_extend_a_finished_run(tiny_model, tmp_path):
+    cfg = Config(**dict(TINY, steps=4, keep_checkpoints=4, eval_every=2), model=tiny_model, run_dir=str(tmp_path),
+                 run_name="k")
+    with Trainer(cfg, progress=False) as t:
+        reference = comparable(t.run())
+    run = tmp_path / "k"
+    with Trainer.resume(run / "checkpoints" / "step_000002", progress=False) as t:
+        assert t.step_idx == 2 and any("resuming from the kept checkpoint of step 2" in n for n in t.notices)
+        assert not (run / "checkpoints" / "step_000003").exists(), "the abandoned branch's checkpoints go"
+        again = comparable(t.run())
+    pd.testing.assert_frame_equal(again, reference)  # bit-identical to the uninterrupted run
+    with Trainer.resume(run, steps=6, progress=False) as t:
+        assert t.cfg.steps == 6 and any("steps 4 -> 6" in n for n in t.notices)
+        assert len(t.run()) == 7
+    assert RunDir(run).read_config()["steps"] == 6
+    assert {"event": "config_changed"}.items() <= next(
+        e for e in RunDir(run).read_events() if e["event"] == "config_changed").items()
+    with pytest.raises(ValueError, match="steps: got 3; allowed: more than the 6 steps"):
+        Trainer.resume(run, steps=3, progress=False)
+    with pytest.raises(ValueError, match="holds no state.pt"):
+        Trainer.resume(run, checkpoint=1, progress=False)
+
+
+def test_a_second_trainer_in_this_process_is_refused_while_the_first_trains(tiny_model, tmp_path):
+    """A notebook: a busy Trainer keeps its directory; an idle (finished, not closed) one hands it over."""
+    cfg = Config(**dict(TINY, steps=2, eval_every=0), model=tiny_model, run_dir=str(tmp_path), run_name="nb")
+    seen = []
+
+    def second_writer(trainer, row):
+        if row["step"] < 2:  # step 1's checkpoint exists from step 2 on
+            return
+        with pytest.raises(ValueError, match="being written in this process") as e:
+            Trainer.resume(tmp_path / "nb", progress=False)
+        seen.append(str(e.value))
+
+    first = Trainer(cfg, progress=False, callbacks=[second_writer])
+    first.run()
+    assert seen
+    with Trainer.resume(tmp_path / "nb", steps=3, progress=False) as t:  # the idle first one hands over
+        t.run()
+    assert not first._lock.held
+
+
+def test_a_second_sweep_into_the_same_directory_is_refused(failing_notebook, tmp_path):
+    from brorl_lab.core.runlock import RunLock
+
+    out = tmp_path / "sweep"
+    with RunLock.acquire(out, "sweep"):  # a sweep in flight (here: in this process, as a notebook would run one)
+        with pytest.raises(ValueError, match=r"out: .*sweep is being written in this process \(pid"):
+            sweep.run_sweep(failing_notebook, [{"mode": "ok", "x": 1}], out=out, progress=False)
+    assert not out.exists() or not any(out.iterdir())
+    assert sweep.run_sweep(failing_notebook, [{"mode": "ok", "x": 1}], out=out, progress=False).status.tolist() == [
+        "finished"]

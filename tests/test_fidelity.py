@@ -319,7 +319,8 @@ def test_new_trainer_refuses_an_existing_run_dir(tmp_path):
     from brorl_lab.rl.trainer import RunExistsError, Trainer
 
     run = tmp_path / "r"
-    run.mkdir()
+    (run / "checkpoint").mkdir(parents=True)  # a run with a checkpoint is a run to protect (docs/runs.md)
+    (run / "checkpoint" / "state.pt").write_bytes(b"old")
     (run / "config.yaml").write_text("seed: 0\n")
     (run / "events.jsonl").write_text('{"event": "old"}\n')
     with pytest.raises(RunExistsError, match=f"run_dir: {run} already holds a run .*Trainer.resume.*overwrite=True"):

@@ -117,3 +117,30 @@ def test_a_bar_where_it_renders_plain_lines_in_a_batch_job(tmp_path):
     out = pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False,
                               cwd=str(REPO))
     assert out.cells[-1].outputs[0]["text"].split() == ["True", "False"]
+
+
+def test_papermill_commands_stream_what_cells_print_and_a_batch_log_gets_no_carriage_returns(tmp_path):
+    """`sweep` in a batch job (stderr a file): each run's cell output reaches the console as lines prefixed with
+    the run (its kernels print plain progress lines: live_bars() is False there), the sweep's own progress is
+    plain lines, and nothing holds a carriage return."""
+    nb = write_notebook(tmp_path / "slow.ipynb", "steps = 2\nrun_dir = ''\ntorch_threads = 1",
+                        "import sys, time\nfrom brorl_lab.core.console import live_bars\n"
+                        "print('live bars', live_bars(), flush=True)\n"
+                        "for i in range(steps):\n"
+                        "    print(f'cell step {i + 1}/{steps}', file=sys.stderr, flush=True)\n"
+                        "    time.sleep(0.3)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    err = tmp_path / "batch.log"
+    with open(err, "w") as f:
+        done = subprocess.run([sys.executable, "-m", "brorl_lab", "sweep", str(nb), "-g", "steps=2,3", "--out",
+                               str(tmp_path / "sw"), "--threads", "1"], stderr=f, stdout=subprocess.PIPE, text=True,
+                              env=env, timeout=600)
+    log = err.read_text()
+    assert done.returncode == 0, log[-2000:]
+    assert "\r" not in log
+    runs = sorted(d.name for d in (tmp_path / "sw").iterdir() if d.is_dir())
+    assert len(runs) == 2
+    for name, steps in zip(runs, (2, 3)):
+        assert f"[{name[:24]}] live bars False" in log
+        assert f"[{name[:24]}] cell step {steps}/{steps}" in log
+    assert "sweep sw: 2/2 runs done" in log

@@ -81,7 +81,7 @@ def test_launch_of_the_flagship_arms_composes_in_verls_config(verl, arms, arm, t
     due = {s for s in range(1, cfg.steps + 1) if cfg.eval_due(s)}
     assert all(s % got["trainer.test_freq"] == 0 or s == cfg.steps for s in due)  # every evaluation we meant happens
     assert any("max_resample_rounds" in w for w in res.warnings)
-    assert (tmp_path / "WARNINGS.txt").read_text().splitlines() == res.warnings
+    assert (tmp_path / "WARNINGS.txt").read_text().splitlines() == res.warnings + res.notes  # notes: what was copied
     # what run_verl.sh hands verl: absolute paths (its trainer is a Ray actor without our shell's environment), and
     # verl's file logger pointed at OUT/logs through Ray's runtime_env; composed with no environment at all
     lines = subprocess.run(["bash", str(tmp_path / "run_verl.sh"), "--dry-run"], capture_output=True, text=True,
@@ -283,3 +283,52 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
         main(["import-run", "--from", "verl", str(tmp_path / "nolog"), str(tmp_path / "run")])
     assert "LOGDIR" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+# ---- a launch folder travels: moved elsewhere, its reward module scores its own rows --------------------------------
+def test_a_moved_launch_folder_scores_its_rows_and_names_no_path_of_this_machine(tmp_path, capsys):
+    """A local task file and a local model: both are copied into the folder, which is then moved (the laptop's
+    originals deleted); the reward module, imported from the new place by path as verl does, scores every parquet
+    row of both splits (right answer 1, wrong 0). Nothing in overrides.txt names the old place, and `--check`'s
+    portability part finds nothing; an absolute data path it does find."""
+    import importlib.util
+    import shutil
+
+    from brorl_lab.lab.verl_launch import portability_problems
+
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    rows = [{"question": f"State the final answer to the following arithmetic problem: {x} + {y} =",
+             "answer": str(x + y)} for x in range(1, 10) for y in range(1, 10)]
+    qa = laptop / "qa.jsonl"
+    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = shutil.copytree(DEFAULT_MODEL_DIR, laptop / "model")
+    res = launch_verl(Config(tasks=[f"local:{qa}"], model=str(model), rollouts_per_prompt=4, prompts_per_step=2,
+                             steps=2, eval_prompts=3, eval_k=[1], reward="correct"), laptop / "out")
+    assert any("copied into model/" in n for n in res.notes) and "data/qa.jsonl" in (laptop / "out" / "WARNINGS.txt").read_text()
+    cluster = shutil.move(str(laptop / "out"), str(tmp_path / "cluster" / "launch"))
+    shutil.rmtree(laptop)  # the laptop's model and task file are gone
+    text = (tmp_path / "cluster" / "launch" / "overrides.txt").read_text()
+    assert [ln for ln in text.splitlines() if str(tmp_path) in ln] == []
+    assert "actor_rollout_ref.model.path='${oc.env:BRORL_VERL_DIR}/model'" in text
+    assert portability_problems(cluster) == []
+
+    spec = importlib.util.spec_from_file_location("moved_reward", f"{cluster}/reward.py")
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    scored = 0
+    for split in ("train", "eval"):
+        for r in pd.read_parquet(f"{cluster}/{split}.parquet").itertuples():
+            info = dict(r.extra_info)
+            assert info["task_file"] == "data/qa.jsonl"
+            kw = dict(data_source=r.data_source, ground_truth=r.reward_model["ground_truth"], extra_info=info)
+            assert reward.compute_score(solution_str=" " + r.reward_model["ground_truth"], **kw) == {"score": 1.0,
+                                                                                                      "acc": 1.0}
+            assert reward.compute_score(solution_str=" 1000", **kw)["acc"] == 0.0
+            scored += 1
+    assert scored >= 4 + 3
+
+    overrides = f"{cluster}/overrides.txt"
+    with open(overrides, "a") as f:
+        f.write("data.train_files=/cluster/x/train.parquet\n")
+    assert any("absolute path (/cluster/x/train.parquet)" in p for p in portability_problems(cluster))

@@ -6,7 +6,10 @@ Every run writes into ``runs/<name>/``::
     environment.json   versions, device, threads, host: what the numbers were measured on
     metrics.parquet    one row per step (the DataFrame plots and widgets read)
     events.jsonl       resets, skipped steps, interruptions, failures
+    status.json        running / finished / interrupted / failed, with the writer's pid, host and a heartbeat
+    train.log          one line per step
     checkpoint/        the last complete checkpoint (see trainer.py)
+    checkpoints/       kept checkpoints (keep_checkpoints): step_NNNNNN/ with the policy and state.pt
     tensorboard/, wandb/   tracker files when Config.report_to names them (see rl/trackers.py)
     policy/            the same checkpoint's policy as a Hugging Face model directory (safetensors, tokenizer,
                        generation config): what `AutoModelForCausalLM.from_pretrained`, vLLM and `--model RUN` open
@@ -16,6 +19,10 @@ All writes that a crash could tear (metrics, checkpoints, the run index) go thro
 temp file in the same directory, fsync, rename. A reader sees the old file or the new one, never half of one.
 Directories (``policy/``) are staged whole beside their target and swapped in by renames (:func:`stage_dir`,
 :func:`commit_dir`).
+
+One writer at a time: a Trainer holds the directory's lock (:mod:`brorl_lab.core.runlock`, the file
+``.<name>.lock`` beside it) while it writes; :meth:`RunDir.read_status` reports a "running" run whose lock is free
+(its process died: kill -9, a lost node) as ``interrupted (writer gone)``.
 """
 
 from __future__ import annotations
@@ -23,13 +30,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
+
+from brorl_lab.core.validation import UserError
 
 
 def eval_key(key: str) -> Optional[tuple[str, str]]:
@@ -55,6 +66,32 @@ def shareable(path: str | os.PathLike, directory: bool = False) -> None:
     """Give a temp file (0600) or temp directory (0700) the mode a plain ``open``/``mkdir`` would have had under the
     user's umask (0644 / 0755 under umask 022), so run outputs are as readable as anything else the user writes."""
     os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+def check_writable(path: str | os.PathLike, what: str) -> Path:
+    """Check, before any work, that ``path`` (a file or directory a command will write) can be written: a file
+    can be created in it (an existing directory) or beside it (in its first existing ancestor, which must be a
+    directory). Else one :class:`UserError` naming ``what``, the path and the reason; nothing is written (the
+    probe file is removed at once). Returns ``path``."""
+    p = Path(path).expanduser().absolute()
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe == p and not p.is_dir():
+        probe = p.parent  # an existing file is replaced by a rename in its directory
+    why = None
+    if not probe.is_dir():
+        why = f"{probe} is a file, not a directory"
+    else:
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".brorl-probe-", dir=probe)
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as e:
+            why = f"{e.strerror or type(e).__name__} in {probe}"
+    if why:
+        raise UserError(f"{what}: cannot write {path} ({why}); allowed: a path in a directory you can write to")
+    return Path(path)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
@@ -197,20 +234,47 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+#: What :meth:`RunDir.read_status` says of a run whose status.json says "running" but whose writer is gone.
+WRITER_GONE = "interrupted (writer gone)"
+#: Seconds between a running Trainer's heartbeats in status.json (besides the write after every step).
+HEARTBEAT_S = 30.0
+
+
+class RunFileError(UserError):
+    """A run file that exists but cannot be read (truncated, garbage, not ours): one line naming it."""
+
+
+def pid_alive(pid: Any) -> Optional[bool]:
+    """Whether process ``pid`` exists on this host (None when ``pid`` is not a pid)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class RunDir:
     """A run directory: config, environment, metrics, events. Cheap to create; safe to re-open for resume."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._status: Optional[dict] = None  # the last status this object wrote (what a heartbeat rewrites)
+        self._status_guard = threading.Lock()
 
     @classmethod
     def create(cls, root: str | os.PathLike, name: str) -> "RunDir":
         return cls(Path(root) / name)
 
-    #: What a Trainer writes into its run directory; any of them there means the directory holds a run.
-    RUN_FILES = ("config.yaml", "metrics.parquet", "events.jsonl", "checkpoint", "policy", "environment.json",
-                 "tensorboard", "wandb")
+    #: What a Trainer writes into its run directory: what ``--overwrite`` moves aside.
+    RUN_FILES = ("config.yaml", "metrics.parquet", "events.jsonl", "checkpoint", "checkpoints", "policy",
+                 "environment.json", "tensorboard", "wandb", "train.log", "status.json", "report.html")
+    #: Files a papermill run (lab.sweep.run_notebook) owns in a directory whose notebook trains into it.
+    NOTEBOOK_FILES = ("parameters.json", "status.json")
     #: The Hugging Face export of the last checkpoint's policy (written with every checkpoint).
     POLICY_DIR = "policy"
 
@@ -221,20 +285,44 @@ class RunDir:
 
     @classmethod
     def holds_run(cls, path: str | os.PathLike) -> bool:
-        """Whether ``path`` already holds a Trainer run (config, metrics, events or a checkpoint)."""
-        return bool(cls.run_files_in(path))
+        """Whether ``path`` holds a run worth keeping: a checkpoint (the last, a kept one or its policy/) or metrics
+        of at least one trained step. What an attempt interrupted before its first checkpoint leaves (config.yaml,
+        environment.json, the evaluation before training) is not one: the same command may simply run again."""
+        path = Path(path)
+        if any((path / name).exists() for name in ("checkpoint", "checkpoints", cls.POLICY_DIR)):
+            return True
+        metrics = path / "metrics.parquet"
+        if not metrics.is_file():
+            return False
+        try:
+            steps = pd.read_parquet(metrics, columns=["step"])["step"]
+        except Exception:  # noqa: BLE001 - unreadable metrics: keep them (the user decides with --overwrite)
+            return True
+        return bool((steps >= 1).any())
 
     @classmethod
-    def clear_run(cls, path: str | os.PathLike) -> list[str]:
-        """Delete the run files (RUN_FILES) of ``path`` and return their names; other files (an executed notebook,
-        a sweep's status.json) stay."""
+    def clear_run(cls, path: str | os.PathLike, keep: Iterable[str] = ()) -> list[str]:
+        """Move every entry of ``path`` but ``keep`` aside, then delete them; return their names. Each move is one
+        rename into ``.overwritten-*/`` inside ``path``, all done before the new run writes anything, so the new run
+        never shares the directory with a file of the old one (a kill between the moves leaves the rest in place,
+        and the next overwrite moves them)."""
         import shutil
 
-        removed = cls.run_files_in(path)
-        for name in removed:
-            target = Path(path) / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
-        return removed
+        path = Path(path)
+        if not path.is_dir():
+            return []
+        keep = set(keep)
+        names = sorted(e.name for e in path.iterdir() if e.name not in keep)
+        trash_dirs = [path / n for n in names if n.startswith(".overwritten-")]
+        names = [n for n in names if not n.startswith(".overwritten-")]
+        if names:
+            trash = Path(tempfile.mkdtemp(prefix=".overwritten-", dir=path))
+            for name in names:
+                os.replace(path / name, trash / name)
+            trash_dirs.append(trash)
+        for t in trash_dirs:
+            shutil.rmtree(t, ignore_errors=True)
+        return names
 
     # -- files --
     @property
@@ -267,7 +355,16 @@ class RunDir:
         return atomic_write(self.metrics_path, lambda f: df.to_parquet(f, index=False))
 
     def read_metrics(self) -> pd.DataFrame:
-        return pd.read_parquet(self.metrics_path) if self.metrics_path.exists() else pd.DataFrame()
+        """The metrics table (empty when there is none); a file that is not a readable parquet table is one
+        :class:`RunFileError` naming it."""
+        if not self.metrics_path.exists():
+            return pd.DataFrame()
+        try:
+            return pd.read_parquet(self.metrics_path)
+        except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, ...: one line naming the file
+            raise RunFileError(f"run_dir: {self.metrics_path} could not be read ({type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:160]}); allowed: a metrics file written by train "
+                               "(`train --resume` rebuilds it from the checkpoint)") from None
 
     def log_event(self, kind: str, **fields) -> dict:
         """Append one event (reset, skipped step, interrupt, failure) to events.jsonl."""
@@ -291,11 +388,44 @@ class RunDir:
         return out
 
     def write_status(self, status: str, **fields) -> Path:
-        return atomic_write_text(self.path / "status.json", json.dumps({"status": status, **fields}, default=str))
+        """status.json: ``status`` and ``fields``, with the writer's pid and host and a heartbeat (the time)."""
+        record = {"status": status, **fields, "pid": os.getpid(), "host": socket.gethostname()}
+        with self._status_guard:
+            self._status = record
+            return self._write_status_file(record)
+
+    def _write_status_file(self, record: dict) -> Path:
+        return atomic_write_text(self.path / "status.json", json.dumps({**record, "heartbeat": time.time()},
+                                                                       default=str))
+
+    def heartbeat(self) -> None:
+        """Rewrite the last status this object wrote with a new heartbeat (while it says "running")."""
+        with self._status_guard:
+            if self._status is not None and self._status.get("status") == "running":
+                self._write_status_file(self._status)
 
     def read_status(self) -> dict:
+        """status.json as written, except that "running" becomes :data:`WRITER_GONE` when the writer is gone: its
+        lock is free (:func:`brorl_lab.core.runlock.writer_alive`) or, with no lock file to ask, its pid is not
+        alive on this host. ``{"status": "unknown"}`` when there is none, ``"unreadable"`` for a damaged one."""
+        from brorl_lab.core.runlock import writer_alive
+
         p = self.path / "status.json"
-        return json.loads(p.read_text()) if p.exists() else {"status": "unknown"}
+        if not p.exists():
+            return {"status": "unknown"}
+        try:
+            st = json.loads(p.read_text())
+            if not isinstance(st, dict):
+                raise ValueError(f"a JSON {type(st).__name__}")
+        except (OSError, ValueError) as e:
+            return {"status": "unreadable", "error": f"status.json: {type(e).__name__}: {e}"}
+        if st.get("status") == "running":
+            alive = writer_alive(self.path)
+            if alive is None and st.get("host") == socket.gethostname():
+                alive = pid_alive(st.get("pid"))
+            if alive is False:
+                st = {**st, "status": WRITER_GONE, "recorded_status": "running"}
+        return st
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"

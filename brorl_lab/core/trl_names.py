@@ -181,3 +181,31 @@ def config_kwargs_from_trl(trl_config: Any) -> dict:  # noqa: C901 - one branch 
         raise ConfigError("from_trl: GRPOConfig fields with no brorl_lab equivalent are set away from TRL's default: "
                           f"{'; '.join(bad)}; allowed: TRL's defaults for these (see docs/ECOSYSTEM.md, 'TRL names')")
     return out
+
+
+#: TRL names a config file may use for one of our fields with the same meaning and value: read as ours, with a note.
+TRL_ALIASES = {"num_generations": "rollouts_per_prompt", "learning_rate": "lr", "warmup_steps": "lr_warmup_steps",
+               "max_grad_norm": "grad_clip", "beta": "kl_beta", "epsilon": "eps_low", "epsilon_high": "eps_high",
+               "max_completion_length": "max_new_tokens", "max_steps": "steps", "num_generations_eval": "eval_samples"}
+
+
+def apply_trl_aliases(data: dict, source: str) -> tuple[dict, list[str]]:
+    """A config file's fields with TRL's names (:data:`TRL_ALIASES`) read as ours, and the notes saying so. A TRL
+    name whose value means something else here (``generation_batch_size``, ``loss_type``, ...) is one ConfigError
+    with the hint from :data:`TRL_FIELDS`; so is a field given under both names."""
+    from brorl_lab.core.config import Config
+
+    ours = set(Config.field_names())
+    out, notes = dict(data), []
+    for trl, name in TRL_ALIASES.items():
+        if trl in out and trl not in ours:
+            if name in out:
+                raise ConfigError(f"{source}: both {trl!r} (TRL's name) and {name!r}; allowed: one of them")
+            out[name] = out.pop(trl)
+            notes.append(f"note: {source}: {trl} (TRL's name) read as {name}")
+    for key in out:
+        if key in TRL_FIELDS and key not in ours:
+            target, note = TRL_FIELDS[key]
+            raise ConfigError(f"{source}: field {key!r} is TRL's name; here: {target}" + (f" ({note})" if note else "")
+                              + "; allowed: our field names (docs/runs.md 'TRL names'), or Config.from_trl")
+    return out, notes

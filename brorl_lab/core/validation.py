@@ -39,7 +39,7 @@ def is_finite_number(value: Any) -> bool:
 def check_int(name: str, value: Any, low: int = 1) -> int:
     """``value`` if it is an integer >= ``low``, else ``ValueError("<name>: got <value>; allowed: an integer >= low")``."""
     if not is_int(value) or value < low:
-        raise ValueError(f"{name}: got {value!r}; allowed: an integer >= {low}")
+        raise UserError(f"{name}: got {value!r}; allowed: an integer >= {low}")  # a ValueError
     return int(value)
 
 
@@ -53,5 +53,5 @@ def check_seeds(seeds: Any) -> list[int]:
     """``seeds`` as a list, or one ValueError naming ``seeds``: a non-empty iterable of distinct integers >= 0."""
     out = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, (str, bytes)) else []
     if not out or any(not is_int(s) or s < 0 for s in out) or len(set(out)) < len(out):
-        raise ValueError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
+        raise UserError(f"seeds: got {seeds!r}; allowed: a non-empty list of distinct integers >= 0")
     return out

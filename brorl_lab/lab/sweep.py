@@ -11,6 +11,12 @@ gets ``overwrite=True`` when its notebook declares an ``overwrite`` parameter (a
 existing run without it). ``index.parquet`` lists every run; ``report.html`` (:mod:`brorl_lab.lab.report`) shows the
 index and every training run the sweep's notebooks wrote, overlaid.
 
+One writer per directory: a papermill run holds the ``notebook`` lock of its directory and a sweep the ``sweep``
+lock of its ``out`` (:mod:`brorl_lab.core.runlock`), so a second sweep into the same place is refused naming the
+first. With ``stream=True`` (the CLI's ``demo``, ``sweep`` and studies) what a notebook's cells print (a Trainer's
+step lines) reaches the console as it happens, each line prefixed with its run in a sweep; in a batch job's log the
+sweep's progress is plain lines, no carriage returns.
+
 Kernels are started with CurveZMQ transport encryption where pyzmq and the kernelspec support it: ipykernel
 otherwise warns on every run that it "is running over TCP without encryption" (see :func:`kernel_options`).
 """
@@ -23,6 +29,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +39,8 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from brorl_lab.core.console import live_bars
+from brorl_lab.core.runlock import RunLock
 from brorl_lab.core.validation import UserError, check_int, did_you_mean, is_int, is_number
 from brorl_lab.lab.tracking import RunDir, atomic_write
 
@@ -149,15 +158,50 @@ def _encrypted_kernel_manager() -> type:
     return EncryptedKernelManager
 
 
+class _ConsoleLines:
+    """A file-like papermill writes a kernel's stdout/stderr into: whole lines to the console (``tqdm.write``, so
+    a bar in the terminal is redrawn below them), each with ``prefix``; carriage-return redraws keep their last
+    state only."""
+
+    def __init__(self, prefix: str = ""):
+        self.prefix, self._buf = prefix, ""
+
+    def write(self, text: str) -> int:
+        from tqdm.auto import tqdm
+
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            line = line.rsplit("\r", 1)[-1]
+            if line.strip():
+                tqdm.write(f"{self.prefix}{line}", file=sys.stderr)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parameters: Optional[dict] = None, *,
-                 html: bool = True, progress: bool = False, timeout_s: Optional[float] = None) -> dict:
+                 html: bool = True, progress: bool = False, timeout_s: Optional[float] = None,
+                 stream: bool | str = False) -> dict:
     """Execute ``notebook`` with papermill into ``out_dir`` (passed to the notebook as ``run_dir`` when it declares
-    one). Returns a status dict; never raises for a failing notebook (the error is recorded in status.json)."""
-    import papermill as pm
+    one). Returns a status dict; never raises for a failing notebook (the error is recorded in status.json).
+    ``stream``: send what the cells print to the console as it comes (a string: the prefix of each line). The
+    directory's ``notebook`` lock is held while it runs (another run into it is refused, naming this one)."""
+    from brorl_lab.core.rundir import check_writable
 
     notebook = Path(notebook)
     if not notebook.exists():
         raise UserError(f"notebook: {notebook} does not exist")
+    check_writable(out_dir, "out")
+    with RunLock.acquire(out_dir, "notebook", what="out"):
+        return _run_notebook(notebook, out_dir, parameters, html=html, progress=progress, timeout_s=timeout_s,
+                             stream=stream)
+
+
+def _run_notebook(notebook: Path, out_dir, parameters, *, html, progress, timeout_s, stream) -> dict:
+    import papermill as pm
+
     if timeout_s is not None and (not is_number(timeout_s)
                                   or not timeout_s > 0):
         raise UserError(f"timeout_s: got {timeout_s!r}; allowed: None or a number of seconds > 0")
@@ -171,10 +215,14 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike, parame
     run.write_status("running", notebook=str(notebook), parameters=params)
     t0 = time.time()
     status: dict = {"notebook": str(notebook), "run_dir": str(run.path), "parameters": params}
+    lines = {}
+    if stream is not False:
+        prefix = stream if isinstance(stream, str) else ""
+        lines = {"stdout_file": _ConsoleLines(prefix), "stderr_file": _ConsoleLines(prefix)}
     try:
         pm.execute_notebook(str(notebook), str(out_nb), parameters=params, kernel_name=KERNEL,
-                            progress_bar=progress, cwd=str(notebook.parent.resolve()),
-                            execution_timeout=timeout_s, **kernel_options())
+                            progress_bar=progress and live_bars(), cwd=str(notebook.parent.resolve()),
+                            execution_timeout=timeout_s, **lines, **kernel_options())
         status["status"] = "finished"
     except BaseException as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
         if isinstance(e, KeyboardInterrupt):
@@ -209,15 +257,17 @@ def _export_html(nb_path: Path) -> Optional[str]:
 
 def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | Iterable[dict], *,  # noqa: C901 - validate, plan, run in parallel and record, one loop the reader follows whole
               out: str | os.PathLike, parallel: int = 1, base: Optional[dict] = None,
-              skip_finished: bool = True, progress: bool = True, poll_s: float = 2.0) -> pd.DataFrame:
+              skip_finished: bool = True, progress: bool = True, poll_s: float = 2.0,
+              stream: bool = False) -> pd.DataFrame:
     """Run ``notebook`` once per parameter set (a grid mapping or a list of dicts), ``parallel`` at a time.
 
     Each concurrent run gets ``torch_threads = cores // parallel`` (when the notebook declares it) so runs side
     by side do not thrash. Returns (and writes) the index: one row per run with its status. ``progress`` shows a
     bar over runs whose text names each run in flight with its training step (read every ``poll_s`` seconds from
-    the status.json its Trainer writes after every step).
+    the status.json its Trainer writes after every step); in a batch job (no terminal, no kernel) the same as
+    plain lines, one per finished run and one a minute. ``stream``: each notebook's printed lines too, prefixed
+    with its run. The sweep holds the ``sweep`` lock of ``out`` throughout.
     """
-    from tqdm.auto import tqdm
 
     check_int('parallel', parallel, 1)
     if not is_number(poll_s) or not 0 < poll_s < math.inf:
@@ -245,6 +295,18 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
     for p in runs:  # validate everything before starting anything
         check_parameters(notebook, p)
     out = Path(out)
+    from brorl_lab.core.rundir import check_writable
+
+    check_writable(out, "out")
+    with RunLock.acquire(out, "sweep", what="out"):
+        return _run_jobs(notebook, runs, out, declared, skip_finished=skip_finished, parallel=parallel,
+                         progress=progress, poll_s=poll_s, stream=stream)
+
+
+def _run_jobs(notebook, runs: list[dict], out: Path, declared: dict, *, skip_finished: bool, parallel: int,
+              progress: bool, poll_s: float, stream: bool) -> pd.DataFrame:
+    from tqdm.auto import tqdm
+
     jobs = []
     dirs = sweep_dirs(out, runs)
     for p, d in zip(runs, dirs):
@@ -254,14 +316,23 @@ def run_sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence[Any]] | I
         if status != "unknown" and "overwrite" in declared:  # a retry: the notebook's Trainer replaces its old run
             p = {**p, "overwrite": True}
         jobs.append((p, d))
+    live = progress and live_bars()
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = {pool.submit(run_notebook, notebook, d, p): d for p, d in jobs}
+        futures = {pool.submit(run_notebook, notebook, d, p, stream=f"[{d.name[:24]}] " if stream else False): d
+                   for p, d in jobs}
         pending = set(futures)
-        with tqdm(total=len(futures), desc=f"sweep {out.name}", unit="run", disable=not progress) as bar:
+        said, finished = time.monotonic(), 0
+        with tqdm(total=len(futures), desc=f"sweep {out.name}", unit="run", disable=not live) as bar:
             while pending:  # the runs in flight show their step counts, read from their status.json
                 done, pending = wait(pending, timeout=poll_s, return_when=FIRST_COMPLETED)
+                finished += len(done)
                 bar.update(len(done))
                 bar.set_postfix_str(progress_text([futures[f] for f in pending]), refresh=True)
+                if progress and not live and (done or time.monotonic() - said > 60):  # a batch log: plain lines
+                    said = time.monotonic()
+                    print(f"sweep {out.name}: {finished}/{len(futures)} runs done"
+                          + (f"; {progress_text([futures[f] for f in pending])}" if pending else ""),
+                          file=sys.stderr, flush=True)
     index = write_index(out, runs, dirs)
     write_sweep_report(out, index)
     return index
@@ -341,7 +412,7 @@ ISO_COMPUTE_NOTEBOOK = "05_iso_compute.ipynb"
 
 def run_iso_compute(samples_per_step: int, n_values: Sequence[int], *, seeds: Sequence[int] = (0, 1, 2),
                     out: str | os.PathLike, notebook: str | os.PathLike | None = None, parallel: int = 1,
-                    params: Optional[dict] = None, progress: bool = True) -> pd.DataFrame:
+                    params: Optional[dict] = None, progress: bool = True, stream: bool = False) -> pd.DataFrame:
     """The iso-compute sweep over N: every (N, prompts per step) pair of :func:`iso_compute_plan` with the same
     ``samples_per_step``, for each seed, as one run of ``notebook`` (default notebooks/05_iso_compute.ipynb; fixed
     ``params`` such as steps or eval_k) through :func:`run_sweep`. Resumable: finished runs are skipped and a
@@ -358,4 +429,4 @@ def run_iso_compute(samples_per_step: int, n_values: Sequence[int], *, seeds: Se
     grid = [{"rollouts_per_prompt": int(r.rollouts_per_prompt), "prompts_per_step": int(r.prompts_per_step),
              "seed": int(s)} for r in plan.itertuples() for s in seeds]
     nb = Path(notebook) if notebook else NOTEBOOK_DIR / ISO_COMPUTE_NOTEBOOK
-    return run_sweep(nb, grid, out=out, parallel=parallel, base=params, progress=progress)
+    return run_sweep(nb, grid, out=out, parallel=parallel, base=params, progress=progress, stream=stream)

@@ -53,16 +53,23 @@ def _config_of(path: str | os.PathLike) -> dict:
 
 
 def run_index(root: str | os.PathLike = "runs") -> pd.DataFrame:
-    """One row per run under ``root``: name, status, steps done, final metrics, config fields."""
+    """One row per run under ``root``: name, status ("interrupted (writer gone)" for a run whose process died while
+    its status said running), steps done, final metrics, config fields."""
     return pd.DataFrame([run_summary(c.parent, str(c.parent.relative_to(root)))
                          for c in sorted(Path(root).glob("**/config.yaml"))])
 
 
 def run_summary(path: str | os.PathLike, name: str) -> dict[str, Any]:
     """One run as a row of :func:`run_index`: name, status, steps done, final metrics, config fields."""
+    from brorl_lab.core.rundir import RunFileError
+
     run = RunDir(path)
     row: dict[str, Any] = {"run": name, **run.read_status()}
-    m = run.read_metrics()
+    try:
+        m = run.read_metrics()
+    except RunFileError as e:  # the index lists the run and says why it has no numbers
+        m = pd.DataFrame()
+        row["error"] = str(e)
     if not m.empty:
         # steps are 1-based; row 0 is the evaluation before training, not a step
         row["steps_done"] = int(m["step"].max()) if "step" in m else len(m)

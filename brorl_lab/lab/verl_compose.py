@@ -92,4 +92,9 @@ def check_launch(out: str | Path) -> str:
     bad = [f"{k}: meant {want[k]!r}, verl has {got.get(k)!r}" for k in want if got.get(k) != want[k]]
     if bad:
         raise VerlComposeError("verl's config does not hold what launch meant: " + "; ".join(bad))
+    from brorl_lab.lab.verl_launch import portability_problems
+
+    moved = portability_problems(out)
+    if moved:
+        raise VerlComposeError(f"{out} would not work copied elsewhere: " + "; ".join(moved))
     return f"checked: all {len(want)} overrides resolve in verl's own config to the values meant ({out / 'overrides.txt'})"

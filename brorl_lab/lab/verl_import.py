@@ -36,7 +36,8 @@ import pandas as pd
 import yaml
 
 from brorl_lab.core.config import Config, ConfigError
-from brorl_lab.core.rundir import RunDir, atomic_write
+from brorl_lab.core.rundir import RunDir, atomic_write, check_writable
+from brorl_lab.core.runlock import RunLock
 from brorl_lab.core.validation import UserError
 
 #: verl metric -> our metrics.parquet column (the first present wins for a column named twice).
@@ -168,12 +169,18 @@ def import_verl_run(logdir: str | Path, run: str | Path, *, config: Optional[str
     raw = read_verl_log(log)  # read and check everything before writing
     metrics = to_brorl_metrics(raw, cfg)
     out = Path(run)
-    if RunDir.holds_run(out) and not overwrite:
-        raise ConfigError(f"RUN: {out} already holds a run ({', '.join(RunDir.run_files_in(out))}); allowed: a new "
-                          "directory, or --overwrite")
-    if overwrite:
-        RunDir.clear_run(out)
-    rd = RunDir(out)
+    check_writable(out, "RUN")
+    with RunLock.acquire(out, what="RUN"):  # one writer: not while a Trainer (or another import) writes it
+        if RunDir.holds_run(out) and not overwrite:
+            raise ConfigError(f"RUN: {out} already holds a run ({', '.join(RunDir.run_files_in(out))}); allowed: a "
+                              "new directory, or --overwrite")
+        RunDir.clear_run(out)  # --overwrite, or what an earlier attempt left: a clean directory
+        _write_run(RunDir(out), cfg, raw, metrics, log)
+    return out
+
+
+def _write_run(rd: RunDir, cfg: Config, raw: pd.DataFrame, metrics: pd.DataFrame, log: Path) -> None:
+    out = rd.path
     rd.write_config({**cfg.to_dict(), "run_name": out.name})
     rd.write_metrics(metrics.to_dict("records"))
     atomic_write(out / "verl_metrics.parquet", lambda f: raw.to_parquet(f, index=False))
@@ -182,4 +189,3 @@ def import_verl_run(logdir: str | Path, run: str | Path, *, config: Optional[str
     rd.write_status("finished" if finished else "stopped", step=steps, source="verl", log=str(log.resolve()))
     rd.log_event("imported", source="verl", log=str(log.resolve()), steps=steps, rows=len(metrics),
                  verl_metrics=int(len(raw.columns) - 1))
-    return out

@@ -9,6 +9,8 @@
     #   brorl_config.yaml  the Config (what `import-run --from verl` labels the imported run with)
     #   WARNINGS.txt       one line per knob verl cannot express (also printed)
     #   launch.json        the overrides as values, for `launch --check` (lab.verl_compose.check_launch)
+    #   model/             a local model directory, copied (unless --model-path names the cluster's copy)
+    #   data/              the files of local:<file> tasks, copied (reward.py rebuilds those tasks from them)
 
 A row of the parquet files, in verl's schema (what ``verl.utils.dataset.rl_dataset.RLHFDataset`` and the reward
 manager read):
@@ -23,7 +25,10 @@ manager read):
 Paths in overrides.txt are ``${oc.env:BRORL_VERL_DIR}/...``: run_verl.sh replaces that prefix with its own
 directory before verl sees the lines (verl's trainer runs in a Ray actor, which does not inherit the shell's
 environment), so OUT/ can be copied to the cluster as it is; it also hands verl's file logger its path
-(OUT/logs/metrics.jsonl) through Ray's runtime_env.
+(OUT/logs/metrics.jsonl) through Ray's runtime_env. Nothing in OUT names a path of the machine that wrote it: a
+local model directory is copied into OUT/model/ (``--model-path`` names the cluster's copy instead; a hub id stays
+a hub id), and a ``local:`` task's file into OUT/data/, which each row names relative to OUT (``extra_info.task_file``)
+for reward.py. :func:`portability_problems` (run by ``launch --check``) lists anything that would not travel.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from brorl_lab.core.config import Config, ConfigError
-from brorl_lab.core.rundir import atomic_write, atomic_write_text
+from brorl_lab.core.rundir import atomic_copy_dir, atomic_write, atomic_write_text
 from brorl_lab.lab.verl_names import override_lines, verl_overrides
 
 VERL_VERSION = "0.9.1"
@@ -50,7 +55,8 @@ REWARD_TEMPLATE = Path(__file__).with_name("verl_reward.py")
 CONFIG_FILE = "brorl_config.yaml"
 INTENDED_FILE = "launch.json"  # the overrides as values (what check_launch compares verl's composed config with)
 FILES = ("overrides.txt", "train.parquet", "eval.parquet", "reward.py", "run_verl.sh", CONFIG_FILE, "WARNINGS.txt",
-         INTENDED_FILE)
+         INTENDED_FILE, "model", "data")
+MODEL_DIR, TASK_DATA_DIR = "model", "data"  # in OUT: the copied local model and local task files
 #: Jinja chat templates handed to verl (actor_rollout_ref.model.custom_chat_template) so its prompt is ours:
 #: 'plain' passes our whole prompt through; 'chat' without a tokenizer template reproduces templates.CHAT_FALLBACK
 #: ("User: {content}\nAssistant:"; the newline is a Jinja string escape, so the override stays on one line).
@@ -68,6 +74,7 @@ class LaunchResult:
     train_rows: int
     eval_rows: dict[str, int] = field(default_factory=dict)
     max_prompt_length: int = 0
+    notes: list[str] = field(default_factory=list)  # what was copied into OUT so it travels (also in WARNINGS.txt)
 
     def summary(self) -> str:
         evals = ", ".join(f"{k} {v}" for k, v in self.eval_rows.items())
@@ -117,11 +124,13 @@ def user_content(family, item, template: str) -> str:
     return text[len(head):len(text) - len(tail)]
 
 
-def _rows(items, split: str, template: str, reward: str, task_configs: dict, families) -> list[dict]:
+def _rows(items, split: str, template: str, reward: str, task_configs: dict, families,
+          task_files: Optional[dict] = None) -> list[dict]:
+    from brorl_lab.core.console import live_bars
     from brorl_lab.rollout.tasks import family_of
 
     rows = []
-    for i, item in enumerate(tqdm(items, desc=f"{split} rows", leave=False)):
+    for i, item in enumerate(tqdm(items, desc=f"{split} rows", leave=False, disable=not live_bars())):
         family = family_of(item.family, families)  # the run's own (RunSpec.families)
         conf = task_configs.get(item.family)
         rows.append({
@@ -131,13 +140,57 @@ def _rows(items, split: str, template: str, reward: str, task_configs: dict, fam
             "reward_model": {"style": "rule", "ground_truth": item.answer},
             "extra_info": {"split": split, "index": i, "uid": item.uid, "template": template, "reward": reward,
                            "item": json.dumps(asdict(item), sort_keys=True),
-                           "task_config": json.dumps(conf, sort_keys=True) if conf else ""},
+                           "task_config": json.dumps(conf, sort_keys=True) if conf else "",
+                           "task_file": (task_files or {}).get(item.family, "")},
         })
     return rows
 
 
 def _write_parquet(rows: list[dict], path: Path) -> Path:
     return atomic_write(path, lambda f: pd.DataFrame(rows).to_parquet(f, index=False))
+
+
+def local_task_files(cfg: Config) -> dict[str, tuple[Path, str]]:
+    """{task name: (its file here, its path in OUT)} for the ``local:<file>`` tasks a launch trains and evaluates
+    on: each file goes to OUT/data/ (two files of one name get a numbered prefix)."""
+    out: dict[str, tuple[Path, str]] = {}
+    for name in dict.fromkeys([*cfg.tasks, *(cfg.eval_tasks or [])]):
+        if name.startswith("local:"):
+            src = Path(name.partition(":")[2]).expanduser().resolve()
+            rel = f"{TASK_DATA_DIR}/{src.name}"
+            if rel in {r for _, r in out.values()}:
+                rel = f"{TASK_DATA_DIR}/{len(out)}_{src.name}"
+            out[name] = (src, rel)
+    return out
+
+
+def portability_problems(out: str | Path) -> list[str]:
+    """What in a launch folder would not work once it is copied elsewhere: an absolute path in overrides.txt
+    (the model or a data file of this machine), a data file or the model directory that the overrides or the rows
+    name but that is missing from the folder. [] when the folder travels."""
+    out = Path(out)
+    problems = []
+    try:
+        given = json.loads((out / INTENDED_FILE).read_text()).get("model_path_given", False)
+    except (OSError, ValueError):
+        given = False
+    for line in read_overrides(out / "overrides.txt"):
+        key, _, value = line.partition("=")
+        value = value.strip("'\"")
+        if key == "actor_rollout_ref.model.path" and given:
+            continue  # --model-path: the cluster's own copy, named by the user
+        if value.startswith("/") or value.startswith("~"):
+            problems.append(f"{key} is an absolute path ({value}): it must exist at that path on every node")
+        if value.startswith(DATA_DIR + "/") and not (out / value[len(DATA_DIR) + 1:]).exists():
+            problems.append(f"{key}: {value[len(DATA_DIR) + 1:]} is missing from {out}")
+    for split in ("train", "eval"):
+        path = out / f"{split}.parquet"
+        if path.is_file():
+            rows = pd.read_parquet(path, columns=["extra_info"])["extra_info"]
+            for f in sorted({r.get("task_file") for r in rows if r.get("task_file")}):
+                if not (out / f).is_file():
+                    problems.append(f"{split}.parquet names the task file {f}, missing from {out}")
+    return problems
 
 
 def default_train_prompts(cfg: Config) -> int:
@@ -226,19 +279,31 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
         raise ConfigError(f"train_prompts: got {n_train!r}; allowed: an integer >= prompts_per_step="
                           f"{cfg.prompts_per_step}")
 
+    local_files = local_task_files(cfg)
+    task_files = {name: rel for name, (_, rel) in local_files.items()}
     train_rows = _rows(sample_items(cfg.tasks, n_train, seed=cfg.seed, split="train", task_families=spec.families),
-                       "train", template, cfg.reward, cfg.task_configs, spec.families)
+                       "train", template, cfg.reward, cfg.task_configs, spec.families, task_files)
     eval_rows: list[dict] = []
     per_family: dict[str, int] = {}
     for fam in cfg.eval_tasks or cfg.tasks:
         rows = _rows(eval_set(fam, limit=cfg.eval_prompts, task_families=spec.families), "eval", template, cfg.reward,
-                     cfg.task_configs, spec.families)
+                     cfg.task_configs, spec.families, task_files)
         per_family[fam] = len(rows)
         eval_rows += rows
     if tok is not None:
         measured = max(prompt_lengths(train_rows + eval_rows, tok, chat_template))
         max_prompt_length = max(measured, max_prompt_length or 0)
-    model = model_path or resolve_model(cfg.model)
+    notes = []
+    local_model = None if model_path else resolve_model(cfg.model)
+    if local_model is not None and Path(local_model).is_dir():  # this machine's directory: it travels in OUT/model
+        model = f"{DATA_DIR}/{MODEL_DIR}"
+        size = sum(f.stat().st_size for f in Path(local_model).rglob("*") if f.is_file())
+        notes.append(f"note: model {cfg.model!r} is a local directory: copied into {MODEL_DIR}/ ({size / 1e6:.1f} MB), "
+                     "so the folder travels; --model-path PATH names the cluster's copy instead")
+    else:
+        model = model_path or local_model
+    for name, (src, rel) in local_files.items():
+        notes.append(f"note: task {name!r}: its file was copied into {rel}; reward.py rebuilds the task from it")
     epochs = max(1, math.ceil(cfg.steps * cfg.prompts_per_step * 64 / len(train_rows)))  # never the limit
     overrides, _ = verl_overrides(cfg, data_dir=DATA_DIR, model_path=model, max_prompt_length=int(max_prompt_length),
                                   custom_chat_template=chat_template, gpus_per_node=gpus_per_node, nodes=nodes,
@@ -246,6 +311,12 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
     assert overrides.keys() == probe.keys()
 
     out.mkdir(parents=True, exist_ok=True)
+    if model.startswith(DATA_DIR):
+        atomic_copy_dir(local_model, out / MODEL_DIR)
+    if local_files:
+        (out / TASK_DATA_DIR).mkdir(exist_ok=True)
+        for src, rel in local_files.values():
+            atomic_write(out / rel, lambda f, src=src: f.write(src.read_bytes()))
     _write_parquet(train_rows, out / "train.parquet")
     _write_parquet(eval_rows, out / "eval.parquet")
     shutil.copyfile(REWARD_TEMPLATE, out / "reward.py")
@@ -256,11 +327,12 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
                                                              marker=DATA_DIR))
     (out / "run_verl.sh").chmod(0o755)
     atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    atomic_write_text(out / "WARNINGS.txt", "".join(f"{w}\n" for w in warnings))
+    atomic_write_text(out / "WARNINGS.txt", "".join(f"{w}\n" for w in [*warnings, *notes]))
     atomic_write_text(out / INTENDED_FILE, json.dumps({"verl": VERL_VERSION, "data_dir_env": DATA_DIR_ENV,
+                                                       "model_path_given": model_path is not None,
                                                        "overrides": overrides, "warnings": warnings}, indent=1))
     return LaunchResult(out=out, overrides=overrides, warnings=warnings, template=template, train_rows=len(train_rows),
-                        eval_rows=per_family, max_prompt_length=int(max_prompt_length))
+                        eval_rows=per_family, max_prompt_length=int(max_prompt_length), notes=notes)
 
 
 def read_overrides(path: str | Path) -> list[str]:

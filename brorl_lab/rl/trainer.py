@@ -16,6 +16,11 @@ One step, top to bottom (CleanRL style; the numbers are the ones on the calls in
 Determinism: all sampling randomness is keyed by (seed, step, round), and checkpoints carry the RNG states, so a
 resumed run reproduces an uninterrupted one exactly on CPU. Ctrl-C (or a Jupyter kernel interrupt) stops after
 the current step and leaves a resumable checkpoint.
+
+The run directory has one writer: a Trainer holds its lock (:mod:`brorl_lab.core.runlock`) from construction to
+:meth:`Trainer.close`; status.json carries its pid, host and a heartbeat, so a run whose process died reads as
+"interrupted (writer gone)". Resume from the last checkpoint or any kept one (``checkpoints/step_N``), and extend a
+finished run with more ``steps`` (recorded as a config change). docs/runs.md tells the whole story.
 """
 
 from __future__ import annotations
@@ -41,16 +46,17 @@ import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
-from brorl_lab.core.console import live_bars
+from brorl_lab.core.console import Interrupted, live_bars
 from brorl_lab.core.rundir import (
+    HEARTBEAT_S,
     RunDir,
-    atomic_copy_dir,
     atomic_write,
     atomic_write_dir,
     atomic_write_text,
     commit_dir,
     stage_dir,
 )
+from brorl_lab.core.runlock import RunLock, lock_held
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.core.validation import UserError
 from brorl_lab.rl import steps as S
@@ -65,6 +71,7 @@ CHECKPOINT_FILE = "state.pt"
 BEST_METRIC = "eval/mean/pass@1"  # what keep_checkpoints calls the best checkpoint
 PROGRESS_METRICS = ("reward_mean", "ds_pass_rate", "kl", "entropy")  # shown per step on the bar and in train.log
 POLICY_INFO_FILE = "brorl_lab.json"  # in a policy/ directory: the step, run and config it was trained with
+WEIGHT_SUFFIXES = (".safetensors", ".bin")  # the weight files whose sha256 brorl_lab.json records
 
 
 class RunExistsError(UserError):
@@ -118,38 +125,140 @@ def write_pretrained(out: Path, policy, tokenizer, cfg: Config, *, step: int, ru
         gen.eos_token_id = tokenizer.eos_token_id
     gen.save_pretrained(out)
     info = {"step": step, "run_dir": None if run_dir is None else str(run_dir), "model": cfg.model,
-            "config": cfg.to_dict()}
+            "config": cfg.to_dict(), "weights_sha256": weight_hashes(out)}
     (out / POLICY_INFO_FILE).write_text(json.dumps(info, indent=1, default=str))
+
+
+def weight_hashes(directory: Path) -> dict[str, str]:
+    """{weight file name: sha256} of a model directory's weight files (what export checks a copy against)."""
+    import hashlib
+
+    out = {}
+    for f in sorted(Path(directory).iterdir()):
+        if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES):
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            out[f.name] = h.hexdigest()
+    return out
+
+
+def verify_weights(directory: Path, source: Path) -> None:
+    """Check the weights of the model directory ``directory`` (a copy of ``source``): against the sha256 that
+    ``brorl_lab.json`` recorded when the checkpoint was written, else by reading every tensor of each safetensors
+    file. A mismatch or a file that does not read is one :class:`UserError` naming ``source``'s file."""
+    info_file = Path(directory) / POLICY_INFO_FILE
+    try:
+        recorded = json.loads(info_file.read_text()).get("weights_sha256") if info_file.is_file() else None
+    except ValueError:
+        recorded = None
+    files = [f for f in sorted(Path(directory).iterdir()) if f.name.endswith(WEIGHT_SUFFIXES)]
+    if not files:
+        raise UserError(f"run: {source} holds no weight file (*.safetensors / *.bin); allowed: a run directory "
+                        "with a complete checkpoint")
+    if isinstance(recorded, dict) and recorded:
+        actual = weight_hashes(directory)
+        bad = sorted(name for name in set(recorded) | set(actual) if recorded.get(name) != actual.get(name))
+        if bad:
+            raise UserError(f"run: {source / bad[0]} does not match the checkpoint's record (sha256 in "
+                            f"{POLICY_INFO_FILE}): the file is damaged; allowed: a run directory with intact weights "
+                            "(a kept checkpoints/step_N/, or resume the run so it writes policy/ again)")
+        return
+    from safetensors import safe_open
+
+    for f in files:
+        if f.suffix != ".safetensors":
+            continue
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():
+                    st.get_tensor(key)
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign file: one line naming it
+            raise UserError(f"run: {source / f.name} could not be read ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:160]}); allowed: a run directory with intact weights") from None
+
+
+def load_state(path: Path, what: str = "run_dir") -> dict:
+    """A checkpoint's state.pt, or one :class:`UserError` naming the file when it does not load."""
+    try:
+        state = torch.load(path, weights_only=False, map_location="cpu")
+        if not isinstance(state, dict) or "policy" not in state or "step" not in state:
+            raise ValueError("not a brorl_lab checkpoint (no 'policy' and 'step')")
+        return state
+    except Exception as e:  # noqa: BLE001 - atomic writes make this a foreign or damaged file, not a torn one
+        raise UserError(f"{what}: checkpoint {path} could not be loaded ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:200]}); allowed: a checkpoint written by Trainer") from None
 
 
 def export_policy(run: str | Path, out: str | Path) -> Path:
     """Copy a run's last checkpoint as a Hugging Face model directory to ``out`` (a new or empty directory).
 
-    ``run`` is a run directory or its ``policy/``. A run written before policy/ existed is rebuilt from
-    ``checkpoint/state.pt`` and ``config.yaml`` (the base model loaded on CPU, the checkpoint's weights loaded in).
+    ``run`` is a run directory, its ``policy/`` or a kept ``checkpoints/step_N/``. A run written before policy/
+    existed is rebuilt from ``checkpoint/state.pt`` and ``config.yaml`` (the base model loaded on CPU, the
+    checkpoint's weights loaded in). The run's lock is held while copying (a run being trained is refused, naming
+    its writer), and the copied weights are checked against the sha256 the checkpoint recorded before the copy is
+    put in place: a damaged weight file is an error, never an export.
     """
 
+    import shutil
+
     from brorl_lab.core.models import load_policy
+    from brorl_lab.core.rundir import check_writable
 
     run, out = Path(run), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"out: {out} already exists and is not an empty directory; allowed: a new directory")
-    if run.name == RunDir.POLICY_DIR and (run / "config.json").is_file():
-        run = run.parent
+    check_writable(out, "out")
+    policy_dir = None
+    if (run / "config.json").is_file() and (run.name == RunDir.POLICY_DIR or run.parent.name == "checkpoints"):
+        policy_dir, run = run, (run.parent if run.name == RunDir.POLICY_DIR else run.parent.parent)
     if not run.is_dir():
         raise UserError(f"run: {run} is not a directory; allowed: a run directory written by Trainer")
-    policy_dir = run / RunDir.POLICY_DIR
-    if (policy_dir / "config.json").is_file():
-        return atomic_copy_dir(policy_dir, out)
-    ckpt = run / "checkpoint" / CHECKPOINT_FILE
-    if not ckpt.is_file() or not (run / "config.yaml").is_file():
-        raise UserError(f"run: {run} has neither {RunDir.POLICY_DIR}/ nor checkpoint/{CHECKPOINT_FILE} with "
-                         "config.yaml; allowed: a run directory with a checkpoint")
-    cfg = Config.from_dict(RunDir(run).read_config())
-    state = torch.load(ckpt, weights_only=False, map_location="cpu")
-    policy, tok = load_policy(cfg.model, device="cpu", dtype=cfg.dtype if cfg.dtype != "auto" else "float32")
-    policy.load_state_dict(state["policy"])
-    return atomic_write_dir(out, lambda tmp: write_pretrained(tmp, policy, tok, cfg, step=state["step"], run_dir=run))
+    with RunLock.acquire(run, what="run"):
+        policy_dir = policy_dir or run / RunDir.POLICY_DIR
+        if (policy_dir / "config.json").is_file():
+            def copy(tmp: Path) -> None:
+                shutil.copytree(policy_dir, tmp, dirs_exist_ok=True)
+                verify_weights(tmp, policy_dir)
+
+            return atomic_write_dir(out, copy)
+        ckpt = run / "checkpoint" / CHECKPOINT_FILE
+        if not ckpt.is_file() or not (run / "config.yaml").is_file():
+            raise UserError(f"run: {run} has neither {RunDir.POLICY_DIR}/ nor checkpoint/{CHECKPOINT_FILE} with "
+                            "config.yaml; allowed: a run directory with a checkpoint")
+        cfg = Config.from_dict(RunDir(run).read_config())
+        state = load_state(ckpt, what="run")
+        policy, tok = load_policy(cfg.model, device="cpu", dtype=cfg.dtype if cfg.dtype != "auto" else "float32")
+        policy.load_state_dict(state["policy"])
+        return atomic_write_dir(out, lambda tmp: write_pretrained(tmp, policy, tok, cfg, step=state["step"],
+                                                                  run_dir=run))
+
+
+def _resume_target(path: Path, checkpoint: Optional[int | str | Path]) -> tuple[Path, Path]:
+    """(run directory, state.pt) of a resume: the last checkpoint, or a kept one named by step or directory."""
+    if path.parent.name == "checkpoints" and (path / CHECKPOINT_FILE).is_file() and checkpoint is None:
+        path, checkpoint = path.parent.parent, path
+    if not path.is_dir():  # RunDir() would create it
+        raise UserError(f"run_dir: {path} is not a directory; allowed: a run directory with a checkpoint")
+    kept_root = path / "checkpoints"
+    kept = sorted(d.name for d in kept_root.glob("step_*") if (d / CHECKPOINT_FILE).is_file())
+    if checkpoint is None:
+        ckpt = path / "checkpoint" / CHECKPOINT_FILE
+        if not ckpt.exists():
+            raise UserError(f"run_dir: {path} has no checkpoint ({ckpt} missing); nothing to resume: run the same "
+                            "command again without --resume (what it left is cleared)")
+        return path, ckpt
+    if isinstance(checkpoint, (str, Path)) and not str(checkpoint).isdigit():
+        d = Path(checkpoint)
+    elif isinstance(checkpoint, (int, str)) and not isinstance(checkpoint, bool) and int(checkpoint) >= 0:
+        d = kept_root / f"step_{int(checkpoint):06d}"
+    else:
+        raise UserError(f"checkpoint: got {checkpoint!r}; allowed: a kept step ({', '.join(kept) or 'none kept'})")
+    if not (d / CHECKPOINT_FILE).is_file():
+        raise UserError(f"checkpoint: {d} holds no {CHECKPOINT_FILE}; allowed: the last checkpoint or a kept one "
+                        f"({', '.join(kept) or 'none kept: keep_checkpoints=0, or kept before they held the state'})")
+    return path, d / CHECKPOINT_FILE
 
 
 def ds_round_cap(cfg: Config) -> int:
@@ -165,38 +274,58 @@ def new_cum() -> dict:
 
 
 def default_run_name(cfg: Config) -> str:
-    """``<tasks>_N<rollouts>_P<prompts>_s<seed>``; a ``local:`` task counts by its file's stem, and characters a
-    directory name should not hold become ``_`` (one directory under run_dir, whatever the task names)."""
+    """``<tasks>_N<rollouts>_P<prompts>[_lr<lr>][_<advantage>]_s<seed>`` (lr and advantage when they differ from
+    the defaults, so two runs that differ only in them get two directories); a ``local:`` task counts by its
+    file's stem, and characters a directory name should not hold become ``_`` (one directory under run_dir,
+    whatever the task names)."""
     names = [f"local-{Path(t.partition(':')[2]).stem}" if t.startswith("local:") else t for t in cfg.tasks]
     tasks = re.sub(r"[^A-Za-z0-9_.:+-]", "_", "-".join(names)).lstrip(".")[:120]
-    return f"{tasks}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}_s{cfg.seed}"
+    default = Config()
+    extra = (f"_lr{cfg.lr:g}" if cfg.lr != default.lr else "") + (
+        f"_{cfg.advantage}" if cfg.advantage != default.advantage else "")
+    return f"{tasks}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}{extra}_s{cfg.seed}"
 
 
 class Trainer:
     """Runs a config end to end. Pass ``policy``/``tokenizer``/``engine`` to reuse objects a notebook already built.
 
-    A run directory that already holds a run (``cfg.run_dir/run_name``, or ``run_dir``) is never overwritten
-    silently: continue it with :meth:`resume`, or pass ``overwrite=True`` to delete its run files and start again;
-    otherwise :class:`RunExistsError` names the directory before anything is loaded.
+    A run directory that already holds a run (``cfg.run_dir/run_name``, or ``run_dir``: a checkpoint, or metrics
+    of a trained step) is never overwritten silently: continue it with :meth:`resume`, or pass ``overwrite=True``
+    to move all its old files aside (and delete them) before anything new is written; otherwise
+    :class:`RunExistsError` names the directory before anything is loaded. What an attempt stopped before its first
+    checkpoint left is cleared without ``overwrite`` (with a notice). The directory's lock is taken first: a second
+    writer (another process, or a busy Trainer in this one) is refused naming the holder.
     """
 
     def __init__(self, cfg: Config, *, policy=None, tokenizer=None, engine: Optional[RolloutEngine] = None,
                  run_dir: str | Path | None = None, progress: bool = True,
                  callbacks: Sequence[Callable[["Trainer", dict], None]] = (), overwrite: bool = False,
-                 _resuming: bool = False):
+                 _resuming: bool = False, _lock: Optional[RunLock] = None):
         if not isinstance(overwrite, bool):
             raise ValueError(f"overwrite: got {overwrite!r}; allowed: True or False")
-        from brorl_lab.core.models import load_policy, make_reference, pick_device
-
         spec = resolve(cfg)  # names, tasks, model path: fail before the model loads and the run directory is touched
         _check_eval_sets(spec)
         check_trackers(cfg.report_to)
         path = Path(run_dir) if run_dir is not None else Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
-        if not (_resuming or overwrite) and RunDir.holds_run(path):
+        from brorl_lab.core.rundir import check_writable
+
+        check_writable(path, "run_dir")
+        self._lock = _lock or RunLock.acquire(path)
+        try:
+            self._setup(cfg, spec, path, policy, tokenizer, engine, progress, callbacks, overwrite, _resuming)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _setup(self, cfg, spec, path, policy, tokenizer, engine, progress, callbacks, overwrite, resuming) -> None:
+        from brorl_lab.core.models import load_policy, make_reference, pick_device
+
+        if not (resuming or overwrite) and RunDir.holds_run(path):
             raise RunExistsError(
-                f"run_dir: {path} already holds a run ({', '.join(RunDir.run_files_in(path))}); allowed: "
-                f"Trainer.resume({str(path)!r}) (CLI: train --resume) to continue it, overwrite=True (CLI: "
-                "--overwrite) to replace it, or another run_name / run_dir")
+                f"run_dir: {path} already holds a run ({', '.join(RunDir.run_files_in(path))}; status "
+                f"{RunDir(path).read_status()['status']}); allowed: Trainer.resume({str(path)!r}) (CLI: train "
+                "--resume) to continue it, overwrite=True (CLI: --overwrite) to replace it, or another run_name / "
+                "run_dir")
         self.cfg = cfg
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
@@ -218,9 +347,21 @@ class Trainer:
         self._own_engine = engine is None
         self.spec = spec.with_tokenizer(tokenizer)  # template 'auto' -> the tokenizer's
         self.template = self.spec.template
-        if overwrite and not _resuming:
-            RunDir.clear_run(path)
         self.run_dir = RunDir(path)
+        self.notices: list[str] = []  # what this Trainer did on its own and said on stderr
+        cleared: list[str] = []
+        if not resuming:
+            # a papermill run that trains into its own directory keeps its parameters, status and notebook
+            keep = ({*RunDir.NOTEBOOK_FILES, *(f.name for f in path.glob("*.ipynb"))}
+                    if lock_held(path, "notebook") else set())
+            cleared = RunDir.clear_run(path, keep=keep)
+        if self._lock.notice(path):
+            self._notice(self._lock.notice(path), event="lock_taken_over", previous=self._lock.took_over)
+        if cleared and not overwrite:
+            self._notice(f"notice: {path}: cleared what an attempt stopped before its first checkpoint left "
+                         f"({', '.join(cleared)})", event="cleared", files=cleared)
+        elif cleared:
+            self.run_dir.log_event("overwritten", files=cleared)
         self._checkpoint_step: Optional[int] = None  # step of the last checkpoint this process wrote or loaded
         self.progress = progress
         self.callbacks = list(callbacks)
@@ -233,6 +374,15 @@ class Trainer:
         self.stop_signal: Optional[int] = None  # SIGINT / SIGTERM that stopped the last run(), else None
         self.run_dir.write_config(cfg.to_dict())
         self.run_dir.write_environment()
+
+    def _notice(self, line: str, *, event: Optional[str] = None, **fields) -> None:
+        """Say ``line`` on stderr, in train.log and (as ``event``) in events.jsonl: what the run did on its own that
+        the user should know (a lock taken over, files cleared, a metrics or status file rebuilt)."""
+        self.notices.append(line)
+        print(line, file=sys.stderr, flush=True)
+        self.log(line)
+        if event:
+            self.run_dir.log_event(event, message=line, **fields)
 
     # ---- construction -----------------------------------------------------------------------------------------------
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -433,17 +583,51 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------------------------------------
     def run(self, steps: Optional[int] = None) -> pd.DataFrame:
         """Train until ``steps`` (default ``cfg.steps``) steps are done; returns the metrics DataFrame."""
+        c = self.cfg
+        total = c.steps if steps is None else steps
+        if not self._lock.held:  # closed, then run again: the directory's lock again (or a clear refusal)
+            self._lock = RunLock.acquire(self.run_dir.path)
+        self._lock.busy = True
+        beat = threading.Event()
+        threading.Thread(target=self._heartbeat, args=(beat,), daemon=True, name="brorl-heartbeat").start()
+        try:
+            return self._run(total)
+        except BaseException as e:  # Ctrl-C / SIGTERM outside the stoppable loop (the first evaluation, a second
+            if isinstance(e, KeyboardInterrupt):  # signal): the run dir says so; the CLI exits 130 / 143
+                signum = getattr(e, "signum", signal.SIGINT)
+                for record in (lambda: self.run_dir.write_status("interrupted", step=self.step_idx,
+                                                                 checkpoint_step=self._checkpoint_step),
+                               lambda: self.run_dir.log_event("interrupted", step=self.step_idx,
+                                                              signal=signum,
+                                                              checkpoint_step=self._checkpoint_step)):
+                    try:
+                        record()
+                    except OSError:
+                        pass
+            raise
+        finally:
+            beat.set()
+            self._lock.busy = False
+
+    def _heartbeat(self, stop: threading.Event) -> None:
+        """status.json's heartbeat every HEARTBEAT_S seconds while run() runs (a step may take minutes)."""
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                self.run_dir.heartbeat()
+            except OSError:
+                pass
+
+    def _run(self, total: int) -> pd.DataFrame:
         from tqdm.auto import tqdm
 
         c = self.cfg
-        total = c.steps if steps is None else steps
+        self.run_dir.write_status("running", step=self.step_idx, steps=total)
         if not self.rows and c.evaluates:  # row 0: where training starts from
             t0 = time.perf_counter()
             row = {"step": 0, **{f"cum_{k}": v for k, v in self.cum.items()}, **self.evaluate(0).metrics}
             row["time/eval"] = time.perf_counter() - t0
             self.rows.append(row)
             self._emit(row)
-        self.run_dir.write_status("running", step=self.step_idx, steps=total)
         # A terminal or a notebook gets a live bar; a batch job (stderr a file: Slurm, nohup, CI) gets plain lines
         # instead of a stream of carriage returns. Either way every step's line goes to <run>/train.log.
         live = self.progress and live_bars()
@@ -487,7 +671,7 @@ class Trainer:
                    "group, or non-finite; reasons in events.jsonl). Try more prompts_per_step, max_resample_rounds "
                    "or rollouts_per_prompt, or dynamic_sampling=False.")
             self.log("warning: " + msg, echo=False)
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)  # the caller of run()
         return self.metrics
 
     def log(self, line: str, *, echo: bool = False) -> None:
@@ -530,7 +714,7 @@ class Trainer:
 
         def handler(signum, frame):
             if self._stop.is_set():
-                raise KeyboardInterrupt
+                raise Interrupted(signum)
             self.stop_signal = signum
             self._stop.set()
 
@@ -591,14 +775,19 @@ class Trainer:
         return path
 
     def _keep_checkpoint(self) -> None:
-        """Copy policy/ to ``checkpoints/step_NNNNNN/``, then keep the last ``keep_checkpoints`` of those plus the
-        one whose step has the best held-out mean pass@1 (only checkpointed steps that were evaluated compete)."""
+        """Copy policy/ and state.pt to ``checkpoints/step_NNNNNN/`` (a Hugging Face model directory that
+        ``train --resume`` also continues from), then keep the last ``keep_checkpoints`` of those plus the one whose
+        step has the best held-out mean pass@1 (only checkpointed steps that were evaluated compete)."""
         import shutil
 
         root = self.run_dir.path / "checkpoints"
         kept = root / f"step_{self.step_idx:06d}"
         if not kept.exists():
-            atomic_copy_dir(self.run_dir.policy_dir, kept)
+            def copy(tmp: Path) -> None:
+                shutil.copytree(self.run_dir.policy_dir, tmp, dirs_exist_ok=True)
+                shutil.copyfile(self.run_dir.checkpoint_dir / CHECKPOINT_FILE, tmp / CHECKPOINT_FILE)
+
+            atomic_write_dir(kept, copy)
         steps = sorted(int(d.name[5:]) for d in root.glob("step_*") if d.name[5:].isdigit())
         score = {int(r["step"]): r[BEST_METRIC] for r in self.rows
                  if isinstance(r.get(BEST_METRIC), float) and math.isfinite(r[BEST_METRIC])}
@@ -652,34 +841,93 @@ class Trainer:
         S.sync(self.engine, self.policy)
 
     @classmethod
-    def resume(cls, run_dir: str | Path, **kwargs) -> "Trainer":
-        """Re-open a run directory and continue from its last complete checkpoint."""
-        if not Path(run_dir).is_dir():  # RunDir() would create it
-            raise UserError(f"run_dir: {run_dir} is not a directory; allowed: a run directory with a checkpoint")
-        run = RunDir(run_dir)
-        ckpt = run.checkpoint_dir / CHECKPOINT_FILE
-        if not ckpt.exists():
-            raise UserError(f"run_dir: {run.path} has no checkpoint ({ckpt} missing); nothing to resume")
+    def resume(cls, run_dir: str | Path, *, checkpoint: Optional[int | str | Path] = None,
+               steps: Optional[int] = None, **kwargs) -> "Trainer":
+        """Re-open a run directory and continue from its last complete checkpoint, or from a kept one
+        (``checkpoint``: its step, or its directory ``checkpoints/step_N``; ``run_dir`` may itself be that
+        directory). Kept checkpoints after the one resumed from are removed (they belong to the abandoned branch;
+        said in a notice). ``steps`` larger than the run's extends it (a finished run too): config.yaml gets the new
+        value and events.jsonl a ``config_changed`` event. A metrics.parquet or status.json that does not match the
+        checkpoint (damaged, or from later steps) is rebuilt from it, with a notice."""
+        from brorl_lab.core.validation import check_int
+
+        run_path, ckpt = _resume_target(Path(run_dir), checkpoint)
+        if steps is not None:
+            check_int("steps", steps, 1)
+        lock = RunLock.acquire(run_path)
         try:
-            config = run.read_config()
-        except Exception as e:  # noqa: BLE001 - missing or unparsable config.yaml
-            raise UserError(f"run_dir: {run.path / 'config.yaml'} could not be read ({type(e).__name__}: "
-                             f"{str(e).strip()[:200]}); allowed: a run directory written by Trainer") from e
-        cfg = Config.from_dict(config)
-        try:
-            state = torch.load(ckpt, weights_only=False)
-        except Exception as e:  # noqa: BLE001 - atomic writes make this a foreign or damaged file, not a torn one
-            raise UserError(f"run_dir: checkpoint {ckpt} could not be loaded ({type(e).__name__}: "
-                             f"{str(e).strip()[:200]}); allowed: a checkpoint written by Trainer") from e
-        trainer = cls(cfg, run_dir=run.path, _resuming=True, **kwargs)
-        trainer.load_state_dict(state)
-        run.log_event("resumed", step=trainer.step_idx)
+            run = RunDir(run_path)
+            try:
+                config = run.read_config()
+            except Exception as e:  # noqa: BLE001 - missing or unparsable config.yaml
+                raise UserError(f"run_dir: {run.path / 'config.yaml'} could not be read ({type(e).__name__}: "
+                                f"{str(e).strip()[:200]}); allowed: a run directory written by Trainer") from e
+            cfg = Config.from_dict(config)
+            state = load_state(ckpt)
+            change = None
+            if steps is not None and steps != cfg.steps:
+                if steps <= state["step"]:
+                    raise UserError(f"steps: got {steps}; allowed: more than the {state['step']} steps the checkpoint "
+                                    f"has done (to extend the run), or no --steps to continue to {cfg.steps}")
+                change = {"steps": [cfg.steps, steps]}
+                cfg = cfg.replace(steps=steps)
+            was = run.read_status()
+            trainer = cls(cfg, run_dir=run.path, _resuming=True, _lock=lock, **kwargs)
+        except BaseException:
+            lock.release()
+            raise
+        trainer._after_resume(state, ckpt, was, change)
         return trainer
 
+    def _after_resume(self, state: dict, ckpt: Path, was: dict, change: Optional[dict]) -> None:
+        """Load ``state``; report what resuming changed or rebuilt (see :meth:`resume`)."""
+        from brorl_lab.core.rundir import WRITER_GONE, RunFileError
+
+        run = self.run_dir
+        self.load_state_dict(state)
+        if change:
+            old, new = change["steps"]
+            sched = (f"; the {self.cfg.lr_scheduler_type} lr schedule now spans {new} steps"
+                     if self.cfg.lr_scheduler_type != "constant" else "")
+            self._notice(f"notice: {run.path}: steps {old} -> {new} (extending the run{sched})",
+                         event="config_changed", changes=change)
+        if was.get("status") == WRITER_GONE:
+            self._notice(f"notice: {run.path}: status said running, but its writer (pid {was.get('pid')} on "
+                         f"{was.get('host')}) is gone: interrupted (writer gone); continuing from step "
+                         f"{self.step_idx}", event="writer_gone", previous=was)
+        elif was.get("status") == "unreadable":
+            self._notice(f"notice: {run.path}: status.json was unreadable ({was.get('error')}); rewritten",
+                         event="rebuilt", file="status.json")
+            run.write_status("interrupted", step=self.step_idx)
+        try:
+            on_disk = run.read_metrics()
+            problem = None if len(on_disk) == len(self.rows) else f"{len(on_disk)} rows"
+        except RunFileError as e:
+            problem = str(e).split("(", 1)[1].split(")")[0]
+        if problem is not None and (self.rows or run.metrics_path.exists()):
+            run.write_metrics(self.rows)
+            self._notice(f"notice: {run.metrics_path} did not match the checkpoint ({problem}); rebuilt from it "
+                         f"({len(self.rows)} rows, up to step {self.step_idx})", event="rebuilt",
+                         file="metrics.parquet", was=problem)
+        if ckpt.parent != run.checkpoint_dir:  # a kept checkpoint: it becomes the last one, later ones go
+            later = sorted(d for d in (run.path / "checkpoints").glob("step_*")
+                           if d.name[5:].isdigit() and int(d.name[5:]) > self.step_idx)
+            self.save_checkpoint()
+            import shutil
+
+            for d in later:
+                shutil.rmtree(d, ignore_errors=True)
+            self._notice(f"notice: {run.path}: resuming from the kept checkpoint of step {self.step_idx}"
+                         + (f"; removed the later kept checkpoints ({', '.join(d.name for d in later)})" if later
+                            else ""), event="resumed_from_kept", removed=[d.name for d in later])
+        run.log_event("resumed", step=self.step_idx, checkpoint=str(ckpt))
+
     def close(self) -> None:
+        """Finish trackers, close an engine this Trainer made, release the run directory's lock (idempotent)."""
         self.close_trackers()
         if self._own_engine and self.engine is not None:
             self.engine.close()
+        self._lock.release()
 
     def __enter__(self):
         return self

@@ -299,7 +299,7 @@ class LocalFamily(MathVerifyFamily):
         return out
 
     def eval_file(self) -> Path:
-        key = _digest({"sha256": self.sha256, "config": self.config})
+        key = _digest({"sha256": self.sha256, "config": self.config, "name": self.name})  # items carry the name
         path = cache_dir() / "eval" / f"local_{Path(self.name).stem}-{key}.jsonl"
         if not path.is_file():
             items = [self._item(*r) for r in self.splits["eval"]]
