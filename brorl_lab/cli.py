@@ -554,16 +554,28 @@ def cmd_paid(args) -> int:
 
 
 def cmd_regime_map(args) -> int:
-    """The regime map headless: notebook 06 into ``--out`` (resumable per setting), then its regime.txt; with
-    ``--summarize`` only the reading, figure and crossover again from the table a run wrote."""
+    """The regime map headless: notebook 06 into ``--out`` (resumable per setting), then its regime.txt and a
+    provenance record beside each results file; with ``--summarize`` only the tables, reading and figure again from
+    the per-seed and branch-point files a run wrote."""
     if args.summarize:
         from brorl_lab.study import regime
 
         res = regime.write_outputs(Path(args.out), *regime.read_outputs(Path(args.out)))
         print(res["text"] + (f"\n{res['png_note']}" if res["png_note"] else ""))
         return 0
+    import time
+
+    from brorl_lab.study import regime
+    from brorl_lab.study.results import git_commit, provenance
+
     params = {**_params(args.param), **_jobs_params(args), **({"quick": True} if args.quick else {})}
-    return _run_study(REGIME_MAP, Path(args.out), params, "regime.txt")
+    commit, start = git_commit(), time.time()  # the code that ran: taken when the run starts
+    rc = _run_study(REGIME_MAP, Path(args.out), params, "regime.txt")
+    if rc == 0:  # a provenance record beside every results file the run wrote
+        record = provenance(_command_line(args), regime.checkpoints_of(Path(args.out)), time.time() - start,
+                            commit=commit)
+        regime.write_provenances(Path(args.out), record)
+    return rc
 
 
 def _jobs_params(args) -> dict:

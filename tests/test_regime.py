@@ -147,6 +147,11 @@ def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomp
     held = [json.loads(line)["uid"] for line in pool_eval_path(out / "pools" / "gcd_1_4_1.jsonl").read_text()
             .splitlines()]
     assert branch["uid"].tolist() == train and not set(train) & set(held)
+    from brorl_lab.study.results import PROVENANCE_KEYS, read_provenance
+
+    record = read_provenance(out / "regime_seeds.csv")  # beside every results file: how to make it again
+    assert set(PROVENANCE_KEYS) <= set(record) and record["command"].startswith("python -m brorl_lab regime-map")
+    assert set(record["checkpoints"]) == {"floor"} and (out / "regime_map.csv.provenance.json").is_file()
     reading = json.loads((out / "regime.json").read_text())
     assert set(reading) == {"rho", "rho_run"} and reading["rho"]["verdict"] in G.VERDICTS
     (out / "regime.txt").unlink()

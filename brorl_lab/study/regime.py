@@ -441,6 +441,21 @@ def write_outputs(out: Path, per_seed: pd.DataFrame, branch: pd.DataFrame, drift
     return {"table": table, "readings": readings, "power": power, "text": text, "figure": fig, "png_note": note}
 
 
+def checkpoints_of(out: Path) -> dict:
+    """{model: its checkpoint directory} for every branch point the run in ``out`` used (regime_branch.csv)."""
+    from brorl_lab.study.recipe import resolve_experiment_model
+
+    branch = pd.read_csv(Path(out) / OUTPUT_FILES["branch"], index_col=0)
+    return {str(m): resolve_experiment_model(str(m)) for m in dict.fromkeys(branch["model"])}
+
+
+def write_provenances(out: Path, record: Mapping) -> list[Path]:
+    """``record`` (:func:`brorl_lab.study.results.provenance`) beside every results file of the run in ``out``."""
+    from brorl_lab.study.results import write_provenance
+
+    return [write_provenance(Path(out) / name, record) for key, name in OUTPUT_FILES.items() if key != "text"]
+
+
 def read_outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(per_seed, branch, drift) as a run of notebook 06 wrote them into ``out``: what :func:`write_outputs`
     needs to redo the map."""
