@@ -11,7 +11,7 @@ TORCH_PIP_ARGS ?=
 PYTEST_ARGS ?=
 FILES ?= .
 
-.PHONY: env demo test test-fast lint format lab browser-deps bench clean-runs help
+.PHONY: env demo test test-fast lint format lab browser-deps bench book clean-runs help
 
 help:
 	@echo "make demo   - create .venv if needed, run the flagship experiment under papermill (outputs in runs/)"
@@ -20,6 +20,7 @@ help:
 	@echo "make lint   - ruff check (settings in pyproject.toml); make format rewrites files with ruff format"
 	@echo "make lab    - open JupyterLab on notebooks/"
 	@echo "make bench  - run the benchmarks (table + JSON in runs/bench/)"
+	@echo "make book   - execute every notebook (book sizes, cached) and build the offline book: build/book/html/index.html"
 
 env: $(STAMP)
 
@@ -35,7 +36,7 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/verl-hydra.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(BIN)/python -m pip install -q -c requirements/cpu-lock.txt -e '.[lab,dev,vllm,ray,bench,track]'
+	$(BIN)/python -m pip install -q -c requirements/cpu-lock.txt -e '.[lab,dev,vllm,ray,bench,track,book]'
 	-$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/python -m pip install -q --no-deps -c requirements/cpu-lock.txt verl==0.9.1 tensordict==0.10.0 \
 		codetiming==1.4.0 orjson==3.13.0 pyvers==0.1.0 omegaconf==2.4.0
@@ -71,6 +72,13 @@ lab: env
 
 bench: env
 	$(BIN)/python -m brorl_lab bench
+
+# The book: papermill executes each notebook at docs/book/presets.yml's "book" sizes (a notebook whose source,
+# parameters and brorl_lab code are unchanged is not run again), Sphinx + myst-nb renders them with the theory and
+# results pages into build/book/html. BOOK_ARGS="--force" re-executes all; "--preset tiny" builds in minutes.
+BOOK_ARGS ?=
+book: env
+	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR) $(BIN)/python docs/book/build_book.py $(BOOK_ARGS)
 
 clean-runs:
 	rm -rf runs/

@@ -23,7 +23,7 @@ def test_environment_yml_matches_pyproject():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = py["optional-dependencies"]
     expected = {_norm(r) for r in py["dependencies"] + extras["lab"] + extras["vllm"] + extras["ray"] + extras["dev"]
-                + extras["bench"] + extras["track"]}
+                + extras["bench"] + extras["track"] + extras["book"]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = {_norm(r) for r in pip if not r.startswith(("-", "--"))}

@@ -1,0 +1,186 @@
+"""The book (`make book`, docs/book/build_book.py): built small, offline, then read in a real browser.
+
+The build test runs the same command as `make book` with ``--preset tiny`` (every notebook executed under papermill
+at seconds-sized parameters, then Sphinx + myst-nb) into a tmp folder, once per module: executing the notebooks at
+the book's own sizes would take tens of minutes, and what is tested here (every notebook runs and is rendered with
+its outputs, text progress bars, figures drawn from the bundled plotly.js, links, no network) does not depend on the
+sizes. Headless Chromium then opens every page the build links, from disk, with every request that is not file://
+refused and recorded: each page loads without a script error, draws every plotly figure its notebook made, every
+link inside the book resolves (file and #anchor), and no request left the folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlparse
+
+import nbformat
+import pytest
+from test_browser import CHROMIUM, chromium, wait_for  # noqa: F401 - chromium: the shared browser fixture
+
+REPO = Path(__file__).resolve().parents[1]
+BUILDER = REPO / "docs" / "book" / "build_book.py"
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+TEXT_BAR = re.compile(r"100%\|[^\n]*\| *(\d+)/\1 ")  # tqdm's text bar at its end, e.g. "100%|####| 30/30 [..."
+
+
+def builder():
+    spec = importlib.util.spec_from_file_location("build_book", BUILDER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_notebook_has_a_preset_of_each_size_its_parameters_cell_declares():
+    book = builder()
+    for preset in ("book", "tiny"):
+        presets = book.load_presets(preset)  # raises on a missing notebook or an undeclared parameter
+        assert set(presets) == {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
+
+
+def test_a_bad_preset_is_one_line_naming_it_and_exit_2(tmp_path, capsys):
+    import yaml
+
+    book = builder()
+    presets = yaml.safe_load(book.PRESETS.read_text())
+    presets["tiny"]["01_mass_balance_theory"]["vocabulary"] = 10  # the notebook's parameter is `vocab`
+    bad = tmp_path / "presets.yml"
+    bad.write_text(yaml.safe_dump(presets))
+    out = tmp_path / "book"
+    for argv, needle in ((["--preset", "tiny", "--presets", str(bad)], "'vocabulary'"),
+                         (["--preset", "huge"], "allowed: book, tiny")):
+        assert book.main([*argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err, err
+    assert not out.exists()  # nothing executed, nothing written
+
+
+@pytest.fixture(scope="module")
+def tiny_book(tmp_path_factory):
+    """`make book` at the tiny preset: (build folder, seconds it took). The folder is a tmp one, or
+    $BRORL_BOOK_TEST_OUT: a folder kept between runs, where the builder's cache skips every notebook whose key has
+    not changed (a rerun then costs the Sphinx build, about 20 s)."""
+    out = Path(os.environ["BRORL_BOOK_TEST_OUT"]) if os.environ.get("BRORL_BOOK_TEST_OUT") \
+        else tmp_path_factory.mktemp("book")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(BUILDER), "--preset", "tiny", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(proc.stdout)
+    return out, time.monotonic() - t0
+
+
+def outputs(nb) -> list:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_the_tiny_book_executes_every_notebook_with_text_bars_and_caches_it(tiny_book):
+    out, seconds = tiny_book
+    executed = {p.stem: nbformat.read(p, as_version=4) for p in (out / "executed").glob("*.ipynb")}
+    assert set(executed) == {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
+    bars = {}
+    for stem, nb in executed.items():
+        outs = outputs(nb)
+        assert not [o for o in outs if o.output_type == "error"], stem
+        # no tqdm widget (it would be frozen at "0%" in a static page): tqdm.auto fell back to text
+        assert not [o for o in outs if WIDGET in o.get("data", {}) and "%|" in o.data.get("text/plain", "")], stem
+        stderr = "".join(o.text for o in outs if o.output_type == "stream" and o.name == "stderr")
+        bars[stem] = len(TEXT_BAR.findall(stderr))
+    assert sum(bars.values()) >= 3, bars  # 01's sweeps, 02's and 05's training runs print bars
+    # the staged page: the widget state and the inert 4.8 MB plotly.js copy are gone, plotly.js is loaded once
+    page = nbformat.read(out / "src" / "notebooks" / "01_mass_balance_theory.ipynb", as_version=4)
+    assert "widgets" not in page.metadata and not any('id="brorl-lab-plotly-js"' in o.get("data", {}).get("text/html", "")
+                                                     for o in outputs(page))
+    assert all(WIDGET not in o.get("data", {}) for o in outputs(page))
+    # a second build with nothing changed executes nothing (the keys match) and only re-renders
+    again = subprocess.run([sys.executable, str(BUILDER), "--preset", "tiny", "--out", str(out)], cwd=REPO,
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count(": cached") == len(executed) and "executing" not in again.stdout
+    print(f"tiny book: {seconds:.0f} s to build, bars per notebook {bars}")
+
+
+def local_target(url: str) -> tuple[Path, str] | None:
+    """(file, fragment) of a link inside the book, None for a link elsewhere (which must not exist)."""
+    base, fragment = urldefrag(url)
+    parsed = urlparse(base)
+    if parsed.scheme != "file":
+        return None
+    path = Path(unquote(parsed.path))
+    return (path / "index.html" if path.is_dir() else path), fragment
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)),
+                    reason=f"no Chromium executable at {CHROMIUM} (set BRORL_CHROMIUM to one)")
+def test_every_page_loads_offline_draws_its_figures_and_its_links_resolve(tiny_book, chromium):  # noqa: F811, C901 - one crawl
+    out, _ = tiny_book
+    html = out / "html"
+    figures = {stem: sum(PLOTLY in o.get("data", {}) for o in outputs(nbformat.read(p, as_version=4)))
+               for stem, p in ((p.stem, p) for p in (out / "executed").glob("*.ipynb"))}
+    todo, seen, links, remote, report = [html / "search.html", html / "index.html"], set(), [], [], {}
+    anchors: dict[Path, set[str]] = {}  # page -> its element ids
+    wanted: dict[Path, set[str]] = {}  # page -> the #fragments links point to
+    page = chromium.new_page(viewport={"width": 1300, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def route(r):
+        if r.request.url.startswith(("file:", "data:", "blob:")):
+            return r.continue_()
+        remote.append(r.request.url)
+        return r.abort()
+
+    page.route("**/*", route)
+    try:
+        while todo:
+            path = todo.pop()
+            if path in seen:
+                continue
+            seen.add(path)
+            page.goto(path.as_uri(), timeout=90_000)
+            page.wait_for_load_state("load")
+            plots = page.locator(".js-plotly-plot")
+            drawn = plots.filter(has=page.locator(".main-svg .trace"))
+            wait_for(lambda: drawn.count() == plots.count(), f"every plot of {path.name} to be drawn")
+            if path.parent.name == "notebooks":
+                assert drawn.count() == figures[path.stem], f"{path.name}: {drawn.count()} of {figures[path.stem]}"
+            if page.locator(".math").count():  # MathJax (local) typeset the page's maths
+                wait_for(lambda: page.locator(".MathJax, .MathJax_Display").count(), f"MathJax on {path.name}")
+            report[path.relative_to(html).as_posix()] = drawn.count()
+            hrefs = page.locator("a[href]").evaluate_all("els => els.map(e => e.href)")
+            anchors[path] = set(page.locator("[id]").evaluate_all("els => els.map(e => e.id)"))
+            for href in hrefs:
+                target = local_target(href)
+                if target is None:
+                    continue  # an http(s) link a reader may follow; no page loads anything from it (checked below)
+                file, fragment = target
+                links.append((path.name, href))
+                assert file.is_file(), f"{path.name} links to {href}, which does not exist"
+                if fragment and file.suffix == ".html":
+                    wanted.setdefault(file, set()).add(fragment)
+                if file.suffix == ".html" and file.is_relative_to(html) and file not in seen:
+                    todo.append(file)
+    finally:
+        page.close()
+    assert not errors, errors
+    for file, fragments in wanted.items():  # every linked page was opened: its ids are known
+        missing = fragments - anchors[file]
+        assert not missing, f"links to {file.relative_to(html)}#{sorted(missing)[0]}, which it does not hold"
+    assert not remote, f"requests that left file://: {remote[:5]}"
+    stems = {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
+    assert {f"notebooks/{s}.html" for s in stems} | {"docs/THEORY.html"} <= set(report), sorted(report)
+    assert sum(report.values()) == sum(figures.values()) > 0
+    print(json.dumps({"pages": len(report), "links": len(links), "plots": report}, indent=1))
