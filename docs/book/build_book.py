@@ -215,7 +215,7 @@ def stage(out: Path, stems: list[str]) -> Path:
         nb = nbformat.read(out / "executed" / f"{stem}.ipynb", as_version=4)
         nbformat.write(for_the_page(nb, PLOTLYJS_ID), src / "notebooks" / f"{stem}.ipynb")
     static = src / "_static"
-    static.mkdir()
+    shutil.copytree(BOOK / "_static", static)  # book.css
     (static / "plotly.min.js").write_text(get_plotlyjs())
     shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static", static / "mathjax")
     return src

@@ -29,6 +29,7 @@ mathjax2_config = {
 html_theme = "sphinx_book_theme"
 html_title = "brorl_lab: the book"
 html_static_path = ["_static"]
+html_css_files = ["book.css"]
 html_js_files = ["plotly.min.js"]  # once per page, before any figure's script runs
 html_theme_options = {"show_toc_level": 2, "navigation_with_keys": False}
 html_show_sourcelink = False
