@@ -5,8 +5,9 @@ at seconds-sized parameters, then Sphinx + myst-nb) into a tmp folder, once per 
 the book's own sizes would take tens of minutes, and what is tested here (every notebook runs and is rendered with
 its outputs, text progress bars, figures drawn from the bundled plotly.js, links, no network) does not depend on the
 sizes. Headless Chromium then opens every page the build links, from disk, with every request that is not file://
-refused and recorded: each page loads without a script error, draws every plotly figure its notebook made, every
-link inside the book resolves (file and #anchor), and no request left the folder.
+refused and recorded: each page loads without a script error, draws every plotly figure its notebook made, shows
+every image, typesets its maths (MathJax from the build), every link inside the book resolves (file and #anchor), and
+no request left the folder.
 """
 
 from __future__ import annotations
@@ -159,6 +160,10 @@ def test_every_page_loads_offline_draws_its_figures_and_its_links_resolve(tiny_b
                 assert drawn.count() == figures[path.stem], f"{path.name}: {drawn.count()} of {figures[path.stem]}"
             if page.locator(".math").count():  # MathJax (local) typeset the page's maths
                 wait_for(lambda: page.locator(".MathJax, .MathJax_Display").count(), f"MathJax on {path.name}")
+            page.locator("img").evaluate_all("els => els.forEach(e => e.loading = 'eager')")
+            broken = lambda: page.locator("img").evaluate_all(  # noqa: E731 - polled below
+                "els => els.filter(e => !(e.complete && e.naturalWidth > 0)).map(e => e.src)")
+            wait_for(lambda: not broken(), f"the images of {path.name} to load ({broken()[:3]})")
             report[path.relative_to(html).as_posix()] = drawn.count()
             hrefs = page.locator("a[href]").evaluate_all("els => els.map(e => e.href)")
             anchors[path] = set(page.locator("[id]").evaluate_all("els => els.map(e => e.id)"))

@@ -55,7 +55,10 @@ NOTEBOOKS = ROOT / "notebooks"
 sys.path.insert(0, str(ROOT))  # this checkout's brorl_lab, whichever copy the venv installed
 PRESETS = BOOK / "presets.yml"
 SOURCES = ("conf.py", "index.md")  # copied from docs/book/ into the Sphinx source folder
-PAGES = ("docs/THEORY.md", "docs/RECIPES.md", "docs/results", "docs/figures", "notebooks/figures")
+# the Markdown pages (every docs/*.md: the theory, the recipes, the study, the reference pages; the results pages; the
+# README), and the figures they show; at the same paths as in the repository, so their relative links resolve
+PAGES = ("README.md", "docs", "notebooks/figures")
+NOT_PAGES = ("book",)  # docs/book is the book's own sources
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_NOTE = ("*An interactive widget is drawn here when the notebook runs in JupyterLab (`make lab`); a static "
@@ -207,7 +210,8 @@ def stage(out: Path, stems: list[str]) -> Path:
         shutil.copy(BOOK / name, src / name)
     for rel in PAGES:
         if (ROOT / rel).is_dir():
-            shutil.copytree(ROOT / rel, src / rel, dirs_exist_ok=True)
+            shutil.copytree(ROOT / rel, src / rel, dirs_exist_ok=True, ignore=lambda d, names: [
+                n for n in names if n in NOT_PAGES and Path(d) == ROOT / rel])
         elif (ROOT / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / rel, src / rel)
