@@ -487,13 +487,22 @@ def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str =
 
 
 def cmd_reach(args) -> int:
+    import time
+
     from brorl_lab.study.plateau import reach_rates, reach_table_of, save_reach
 
     set_threads(args.threads)
+    t0 = time.perf_counter()
     rates = reach_rates(args.model, args.families, prompts=args.prompts)
     print(reach_table_of(rates).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.out:
+        from brorl_lab.study.recipe import resolve_experiment_model
+        from brorl_lab.study.results import provenance, write_provenance
+
         save_reach(args.out, args.model, rates, command=_command_line(args))
+        model = "default" if args.model == "default" else resolve_experiment_model(args.model)
+        write_provenance(Path(args.out) / "reach.json", provenance(_command_line(args), {"model": model},
+                                                                   time.perf_counter() - t0))
         print(f"written: {args.out}/branch_rates.csv (every prompt) and {args.out}/reach.json (table, p histogram)")
     return 0
 
