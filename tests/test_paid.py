@@ -161,3 +161,21 @@ def test_paid_arms_run_to_their_budget_and_are_measured_at_every_threshold(tmp_p
     text = PD.paid_text(rep)
     assert "beyond the no-training re-draw over 2 seeds" in text
     assert "At equal generated samples (64;" in text and "Collapsed (COLLAPSE rule" in text
+
+
+def test_a_run_written_before_a_config_field_existed_still_resumes(tmp_path):
+    """check_same_config reads a field missing from an older run's config.yaml as its default (e.g. max_samples,
+    added with the paid arms), and still refuses a real difference."""
+    import yaml
+
+    from brorl_lab.core.validation import UserError
+    from brorl_lab.study.recipe import check_same_config
+
+    cfg = recipe_config(model="default", tasks=["gcd"], run_dir=str(tmp_path))
+    run = tmp_path / "old"
+    run.mkdir()
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("max_samples", "eval_at_samples")}
+    (run / "config.yaml").write_text(yaml.safe_dump(old))
+    check_same_config(run, cfg)
+    with pytest.raises(UserError, match="max_samples"):
+        check_same_config(run, cfg.replace(max_samples=10))

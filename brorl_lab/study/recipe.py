@@ -143,6 +143,7 @@ def check_same_config(path: Path, cfg: Config) -> None:
         raise UserError(f"root: {path} holds a run whose config.yaml cannot be read ({e}); allowed: a fresh root "
                         "or one written by this function") from e
     want = cfg.to_dict()
+    saved = {**Config().to_dict(), **saved}  # a field added since the run was written reads as its default
     diff = sorted(k for k in want if k not in IGNORED_FIELDS and saved.get(k) != want[k])
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} there, {want[k]!r} asked" for k in diff[:4])
