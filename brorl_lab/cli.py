@@ -523,14 +523,12 @@ def cmd_paid(args) -> int:
     import json
     import time
 
-    import torch
-
     from brorl_lab.core.validation import check_seeds
     from brorl_lab.study import paid
     from brorl_lab.study.recipe import recipe_config, resolve_experiment_model
     from brorl_lab.study.results import provenance
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     seeds = check_seeds(args.seeds)
     lr = args.lr if args.lr is not None else paid.plateau_lr(args.model)
     over = {k: v for k, v in (("eval_prompts", args.eval_prompts), ("eval_samples", args.eval_samples),
