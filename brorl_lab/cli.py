@@ -182,7 +182,7 @@ def cmd_train(args) -> int:
     cfg = None if args.resume else config_from_args(args)  # validate before importing anything heavy
     if cfg is not None:
         _offline_if_unreachable(cfg.model)
-    from brorl_lab.rl.trainer import Trainer
+    from brorl_lab.rl.trainer import CheckpointError, Trainer
 
     trainer = None
     try:
@@ -196,6 +196,8 @@ def cmd_train(args) -> int:
     except KeyboardInterrupt as e:  # before the first step could finish (loading, the first evaluation), or a
         e.hint = _interrupt_hint(trainer)  # second Ctrl-C: one line (main) saying what is left
         raise
+    except CheckpointError as e:  # a full disk or quota mid-run: the file system said no; the message says what stays
+        raise UserError(str(e)) from e
     print(f"run directory: {trainer.run_dir.path}")
     print(f"metrics: {trainer.run_dir.metrics_path} ({len(df)} rows)")
     from brorl_lab.lab.report import try_write_report

@@ -933,3 +933,22 @@ def test_a_hub_id_with_no_network_fails_in_one_line_without_retry_cycles(tmp_pat
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     line = run_cli(["train", "--model", "someorg/no-such-model", "--run-dir", tmp_path, "--tasks", "gcd"], capsys)
     assert "'model'" in line and "someorg/no-such-model" in line
+
+
+def test_a_full_disk_mid_run_is_one_line_saying_what_stays(tiny_model, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import torch
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)  # the checkpoint's state.pt write hits a full disk
+    with pytest.raises(SystemExit) as e:  # mid-run: the step lines came first; the error is the one last line
+        cli.main([str(a) for a in ["train", "--quiet", "--run-dir", tmp_path, "--run-name", "full",
+                                   *small_args(tiny_model), "--eval-every", "0"]])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert "checkpoint at step 1 could not be written (ENOSPC" in line and "no earlier checkpoint" in line
+    assert RunDir(tmp_path / "full").read_status()["status"] == "failed"
