@@ -13,6 +13,8 @@ Figures (each a ratio against its peer, measured side by side in this run; see e
     long     long responses (a few-million-parameter model, fixed-length answers): rollout of   (bench_long)
              torch vs hf vs vllm, N=512/N=16, decode and update MFU with a decode profile, peak RSS
              N=512 vs N=16, one full step vs TRL
+    fusion   the per-token decode step fused by torch.compile vs eager, interleaved, with its   (bench_fusion)
+             numerical equality (greedy tokens, log-probs)
 After the figures: samples/s against N at short and long responses (``throughput_vs_n.html`` / ``.png`` beside
 the JSON, when a rollout figure ran; ``brorl_lab.lab.plots.throughput_vs_n_figure``).
 
@@ -34,8 +36,8 @@ from typing import Optional
 
 from .common import format_table, model_path, model_summary, row, set_threads
 
-FIGURES = ("hw", "rollout", "step", "memory", "theory", "long")  # run order: the matmul peak first, on a quiet process
-REGIMES = {"short": ("hw", "rollout", "step", "memory", "theory"), "long": ("long",)}
+FIGURES = ("hw", "rollout", "step", "memory", "theory", "long", "fusion")  # run order: the matmul peak first, on a quiet process
+REGIMES = {"short": ("hw", "rollout", "step", "memory", "theory"), "long": ("long", "fusion")}
 REGIME_TITLES = {"short": "short responses: the default model, answers of 3-4 tokens",
                  "long": "long responses: the default architecture at a few million parameters, fixed-length answers"}
 
@@ -55,7 +57,7 @@ def _runner(name: str) -> Callable[[bool, int], list]:
     if name == "theory":
         return _theory
     module = {"hw": "bench_hw", "rollout": "bench_rollout", "step": "bench_step_trl", "memory": "bench_memory",
-              "long": "bench_long"}[name]
+              "long": "bench_long", "fusion": "bench_fusion"}[name]
     import importlib
 
     return importlib.import_module(f"bench.{module}").run

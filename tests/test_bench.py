@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import common, run_all  # noqa: E402
 
-FIGURES = {"hw", "rollout", "step", "memory", "theory", "long"}
+FIGURES = {"hw", "rollout", "step", "memory", "theory", "long", "fusion"}
 HAS_TRL = importlib.util.find_spec("trl") is not None
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -118,6 +118,21 @@ def test_long_regime_has_every_figure(smoke):
     assert {p["regime"] for p in short} == {"short"} and len(short) == len(engines) * 2
     assert [Path(p).name for p in data["plots"]][:1] == ["throughput_vs_n.html"]
     assert all(Path(p).stat().st_size > 1000 for p in data["plots"])
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_fusion_figure_times_both_steps_and_checks_equality(smoke):
+    """The fused (torch.compile) decode step against the eager one: both timed, their ratio, the compile cost,
+    and the numerical equality the fused path must keep (no speed asserted)."""
+    data, _ = smoke
+    rows = {r["figure"]: r for r in data["figures"]["fusion"]["rows"]}
+    assert rows["fusion decode eager N=8 (8 tokens)"]["value"] > 0 and rows["fusion decode fused N=8 (8 tokens)"]["value"] > 0
+    assert rows["fusion decode fused/eager time N=8"]["value"] > 0
+    assert rows["fusion decode near-greedy tokens identical (6 tokens)"]["met"] is True
+    assert rows["fusion decode |log-prob fused - eager| max"]["met"] is True
+    assert "interleaved pair" in rows["fusion decode fused/eager time N=8"]["fairness"]
 
 
 # ---- the shared helpers (fast) ----------------------------------------------------------------------------------

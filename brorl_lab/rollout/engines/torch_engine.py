@@ -48,12 +48,46 @@ DECODE_GRAPHS = ("off", "cuda", "static")
 GRAPH_WIDTH = 64  # generated-KV columns per graph: attention reads at most this many masked columns in vain
 
 
+def _decode_step(decoder: PrefixDecoder, tok: torch.Tensor, pos: torch.Tensor, t: int, col: torch.Tensor,
+                 prefix: list, bias: torch.Tensor, gen: list, P: int) -> torch.Tensor:
+    """One shared-prefix decode step: logits [R, V] after feeding token ``tok`` [R] at positions ``pos`` [R] as
+    generated token ``t`` (``col`` = [t], long), its key/value written to column t of the generated-KV buffers
+    ``gen`` (per layer [R, H_kv, T, d]) before attention reads columns 0..t. A plain function of its inputs, so
+    ``torch.compile`` can fuse it (:data:`_FUSED_STEP`)."""
+    def append(i, k, v):  # k, v [R, H_kv, 1, d] -> the row's generated keys/values 0..t
+        gk, gv = gen[i]
+        gk.index_copy_(2, col, k)
+        gv.index_copy_(2, col, v)
+        return gk[:, :, : t + 1], gv[:, :, : t + 1]
+
+    grid = PrefixGrid(P, len(tok) // P)  # rows are [P, K] in order
+    return decoder.logits(tok[:, None], pos[:, None], prefix, bias, grid, own_kv=append)[:, 0]
+
+
+_FUSED_STEP = None  # torch.compile(_decode_step), built on first use (compiled graphs are shared by all engines)
+# Steps t < FUSED_FROM run eagerly: torch.compile specialises the sizes 0 and 1 (own-KV widths t + 1 = 1, 2), which
+# would cost two more compiles of the step for two tokens' worth of work.
+FUSED_FROM = 2
+
+
+def _fused_step():
+    global _FUSED_STEP
+    if _FUSED_STEP is None:
+        # dynamic=True: rows R, prompts P and the step t are symbols, so one compile serves every step and every
+        # compaction (sizes 0 and 1 are still specialised by torch.compile: P = 1 is its own graph)
+        _FUSED_STEP = torch.compile(_decode_step, dynamic=True)
+    return _FUSED_STEP
+
+
 class _SharedPrefixDecoder:
     """The decode step of :class:`~brorl_lab.core.prefix_attention.PrefixDecoder`: the prefill's KV is the shared prefix,
-    generated KV goes into preallocated [rows, H_kv, T, d] buffers (column t is written before it is read)."""
+    generated KV goes into preallocated [rows, H_kv, T, d] buffers (column t is written before it is read).
+    ``fused``: run steps t >= :data:`FUSED_FROM` through ``torch.compile`` (inductor), which fuses each step's norms,
+    RoPE, SwiGLU, residual adds and attention softmax and drops the per-op Python dispatch."""
 
-    def __init__(self, decoder: PrefixDecoder):
+    def __init__(self, decoder: PrefixDecoder, fused: bool = False):
         self.decoder = decoder
+        self.fused = fused
 
     def start(self, cache, prefix_mask: torch.Tensor, P: int, rows: int, T: int) -> None:
         """Take the prefill's KV (post-RoPE keys, float32) as the shared prefix and allocate the generated-KV
@@ -71,13 +105,9 @@ class _SharedPrefixDecoder:
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
         """Logits [R, V] after feeding token ``tok`` [R] at positions ``pos`` [R] as generated token ``t``."""
-        def append(i, k, v):  # k, v [R, H_kv, 1, d] -> the row's generated keys/values 0..t
-            gk, gv = self.gen[i]
-            gk[:, :, t], gv[:, :, t] = k[:, :, 0], v[:, :, 0]
-            return gk[:, :, : t + 1], gv[:, :, : t + 1]
-
-        grid = PrefixGrid(self.P, len(tok) // self.P)  # rows are [P, K] in order
-        return self.decoder.logits(tok[:, None], pos[:, None], self.prefix, self.bias, grid, own_kv=append)[:, 0]
+        fn = _fused_step() if self.fused and t >= FUSED_FROM else _decode_step
+        col = torch.full((1,), t, dtype=torch.long, device=tok.device)
+        return fn(self.decoder, tok, pos, t, col, self.prefix, self.bias, self.gen, self.P)
 
 
 class _StaticShapeDecoder(_SharedPrefixDecoder):
@@ -160,6 +190,33 @@ class _StaticShapeDecoder(_SharedPrefixDecoder):
         return graph, logits
 
 
+def _check_decode_options(device_type: str, kernel: str, decode_graphs: str, compile_decode: bool) -> None:
+    """The decode-step options against the kernel and device: one line naming the field and what is allowed."""
+    if decode_graphs == "cuda" and device_type != "cuda":
+        raise ValueError(f"decode_graphs: 'cuda' needs a CUDA device, this engine is on {device_type}; "
+                         "allowed: off, static")
+    if decode_graphs != "off" and kernel != "shared_prefix":
+        raise ValueError(f"decode_graphs: {decode_graphs!r} needs kernel='shared_prefix' (this engine's is "
+                         f"{kernel!r}); allowed: off")
+    if compile_decode and (kernel != "shared_prefix" or decode_graphs != "off"):
+        raise ValueError(f"compile_decode: True needs kernel='shared_prefix' and decode_graphs='off' (this "
+                         f"engine's: {kernel!r}, {decode_graphs!r}); allowed: False")
+    if compile_decode and device_type == "cpu":
+        _check_cpp_compiler()
+
+
+def _check_cpp_compiler() -> None:
+    """torch.compile's CPU backend (inductor) builds C++: fail at construction, in one line, if it has no compiler."""
+    from torch._inductor import config
+    from torch._inductor.cpp_builder import cpp_compiler_search
+
+    try:
+        cpp_compiler_search(tuple(config.cpp.cxx) if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,))
+    except Exception as e:  # inductor raises its own "no working C++ compiler" error
+        raise ValueError(f"compile_decode: True needs a C++ compiler for torch.compile on the CPU ({str(e).splitlines()[0]}); "
+                         "allowed: False, or install g++ (or set CXX)") from e
+
+
 class TorchEngine(ModuleEngine):
     """Batched KV-cache sampler.
 
@@ -171,18 +228,25 @@ class TorchEngine(ModuleEngine):
     copies the generated KV, so doing it for every finished row would cost more than it saves). ``decode_graphs``
     (shared-prefix kernel): ``"off"`` launches every kernel of a decode step from Python, ``"cuda"`` replays the
     step from CUDA graphs (CUDA devices only), ``"static"`` runs the graphs' fixed-shape step without capture on any
-    device (what the tests compare with ``"off"``).
+    device (what the tests compare with ``"off"``). ``compile_decode`` (shared-prefix kernel, ``decode_graphs="off"``):
+    run the decode step through ``torch.compile`` (inductor; on the CPU it needs a C++ compiler), which fuses each
+    step's norms, RoPE, SwiGLU, residual adds and attention softmax into a few kernels and drops the per-op Python
+    dispatch. Same tokens, log-probs within ~1e-6 (tests/test_fused_step.py); it costs a one-time compile per process
+    (tens of seconds on a 2-core CPU; inductor caches it on disk for the next process), so it pays on long
+    responses only: see docs/benchmarks.md for the interleaved measurement that sets the default.
     """
 
     name = "torch"
 
     def __init__(self, model="default", tokenizer=None, *, device: str = "auto", dtype: str = "auto",
                  chunk_sequences: int = 1024, kernel: str = "auto", drop_finished_fraction: float = 0.25,
-                 decode_graphs: str = "off"):
+                 decode_graphs: str = "off", compile_decode: bool = False):
         if kernel not in KERNELS:
             raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(KERNELS)}")
         if decode_graphs not in DECODE_GRAPHS:
             raise ValueError(f"decode_graphs: got {decode_graphs!r}; allowed: {', '.join(DECODE_GRAPHS)}")
+        if not isinstance(compile_decode, bool):
+            raise ValueError(f"compile_decode: got {compile_decode!r}; allowed: True or False")
         if not (isinstance(drop_finished_fraction, (int, float)) and 0 < drop_finished_fraction <= 1):
             raise ValueError(f"drop_finished_fraction: got {drop_finished_fraction!r}; allowed: a float in (0, 1]")
         super().__init__(model, tokenizer, device=device, dtype=dtype, chunk_sequences=chunk_sequences)
@@ -193,20 +257,19 @@ class TorchEngine(ModuleEngine):
                              f"(allowed: {', '.join(SHARED_PREFIX_MODEL_TYPES)} with full attention); use 'hf_cache'")
         self.kernel = kernel
         self.drop_finished_fraction = float(drop_finished_fraction)
-        if decode_graphs == "cuda" and self.device.type != "cuda":
-            raise ValueError(f"decode_graphs: 'cuda' needs a CUDA device, this engine is on {self.device.type}; "
-                             "allowed: off, static")
-        if decode_graphs != "off" and kernel != "shared_prefix":
-            raise ValueError(f"decode_graphs: {decode_graphs!r} needs kernel='shared_prefix' (this engine's is "
-                             f"{kernel!r}); allowed: off")
+        _check_decode_options(self.device.type, kernel, decode_graphs, compile_decode)
         self.decode_graphs = decode_graphs
+        self.compile_decode = compile_decode
+        # one decoder for the engine's life (its model is updated in place by sync_weights), so a compiled step's
+        # guards on it hold from chunk to chunk
+        self._prefix_decoder = PrefixDecoder(self.model) if kernel == "shared_prefix" else None
 
     def _sample_chunks(self, chunks, sampling):
         gen = make_generator(sampling.seed, self.device)
         return [self._generate_chunk(seqs, k, sampling, gen) for seqs, k in chunks]
 
     def _extra_meta(self) -> dict:
-        return {"kernel": self.kernel, "decode_graphs": self.decode_graphs}
+        return {"kernel": self.kernel, "decode_graphs": self.decode_graphs, "compile_decode": self.compile_decode}
 
     # ---- the sampler --------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -229,9 +292,9 @@ class TorchEngine(ModuleEngine):
         logits, next_pos = logits[row_prompt], pos[row_prompt, -1] + 1  # [R, V], [R]
         if self.kernel == "shared_prefix":
             if self.decode_graphs == "off":
-                decoder = _SharedPrefixDecoder(PrefixDecoder(model))
+                decoder = _SharedPrefixDecoder(self._prefix_decoder, fused=self.compile_decode)
             else:
-                decoder = _StaticShapeDecoder(PrefixDecoder(model), capture=self.decode_graphs == "cuda")
+                decoder = _StaticShapeDecoder(self._prefix_decoder, capture=self.decode_graphs == "cuda")
             decoder.start(cache, mask, P, R, T)
         else:
             cache.batch_select_indices(row_prompt)  # every sample row gets a copy of its prompt's prefix KV
