@@ -9,9 +9,15 @@ SwiGLU, residual adds and the attention softmax fused into C++ loops). Both engi
 (the fused one's first call pays the compile, reported on its own row), then timed A, B, A, B, ... so load from
 the other users of the machine lands on both alike; the figure is the median of the per-pair time ratios.
 
+Update: one update (reference and old log-probs, PPO-clip + KL, backward, AdamW; ``steps.update``) over P=1 x
+``update_rows`` responses of ``new_tokens`` tokens, ``Config(compile_step=False)`` against ``compile_step=True``
+(the model's RMSNorms and SwiGLU MLPs compiled, forward and backward: ``logprobs.fused_elementwise``), the same
+policy, batch and optimizer, interleaved the same way after one warm-up update each (the fused one compiles).
+
 Numerical equality, checked in the same run: near-greedy decoding (top_p = 1e-6 keeps only the argmax token) gives
 identical tokens, and the same seed gives the same sampled tokens with log-probs within 1e-5 (the rows say how far
-apart they are). The engine's default follows these rows (``docs/benchmarks.md``).
+apart they are); the trainer's log-probs of the update batch, fused against eager, within 1e-5. The default of
+``Config.compile_step`` follows these rows (``docs/BENCHMARKS.md``).
 """
 
 from __future__ import annotations
@@ -33,20 +39,47 @@ class Size:
     new_tokens: int  # every response's length
     repeats: int  # interleaved pairs (eager, fused)
     check_tokens: int  # length of the equality calls
+    update_rows: int  # rows of the update batch (P=1)
+    update_budget: int  # micro-batch token budget of the update (the long step's)
 
 
-FULL = Size(n=512, new_tokens=256, repeats=3, check_tokens=32)
-SMOKE = Size(n=8, new_tokens=8, repeats=1, check_tokens=6)
+FULL = Size(n=512, new_tokens=256, repeats=3, check_tokens=32, update_rows=64, update_budget=18432)
+SMOKE = Size(n=8, new_tokens=8, repeats=1, check_tokens=6, update_rows=4, update_budget=256)
 
 
 def run(smoke: bool = False, threads=None) -> list[dict]:
+    size = SMOKE if smoke else FULL
+    threads = set_threads(threads)
+    return decode_rows(size, threads, smoke) + update_rows(size, threads)
+
+
+def _alternate(cases: dict, repeats: int) -> dict:
+    """Wall seconds of each case over ``repeats`` rounds, A B then B A, ...: neither side always runs first."""
+    seconds = {k: [] for k in cases}
+    for i in range(repeats):
+        for name in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
+            t0 = time.perf_counter()
+            cases[name](i)
+            seconds[name].append(time.perf_counter() - t0)
+    return seconds
+
+
+def _ratio_rows(what: str, seconds: dict, fair: str) -> list[dict]:
+    pairs = [f / e for e, f in zip(seconds["eager"], seconds["fused"])]
+    rows = [row(GROUP, f"fusion {what} {name}", median(seconds[name]), "s", fairness=fair,
+                note="calls: " + ", ".join(f"{s:.3g}" for s in seconds[name])) for name in ("eager", "fused")]
+    rows.append(row(GROUP, f"fusion {what} fused/eager time", median(pairs), "x", fairness=fair,
+                    note="median of per-pair ratios " + ", ".join(f"{p:.3g}" for p in pairs)
+                         + "; < 1: the fused step is faster"))
+    return rows
+
+
+def decode_rows(size: Size, threads: int, smoke: bool) -> list[dict]:
     import torch
 
     from brorl_lab.rollout.engines import RolloutSampling
     from brorl_lab.rollout.engines.torch_engine import TorchEngine
 
-    size = SMOKE if smoke else FULL
-    threads = set_threads(threads)
     path = long_model_path(smoke)
     engines = {"eager": TorchEngine(path, device="cpu", dtype="float32"),
                "fused": TorchEngine(path, device="cpu", dtype="float32", compile_decode=True)}
@@ -68,30 +101,16 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     lp_diff = float((sampled["eager"].logprobs - sampled["fused"].logprobs).abs().max())
 
     load_before = os.getloadavg()[0]
-    seconds = {k: [] for k in engines}
-    for i in range(size.repeats):
-        order = list(engines) if i % 2 == 0 else list(engines)[::-1]  # A B, B A, ...: neither side always first
-        for name in order:
-            t0 = time.perf_counter()
-            engines[name].generate(prompts, size.n, sampling(size.new_tokens, 10 + i))
-            seconds[name].append(time.perf_counter() - t0)
+    seconds = _alternate({name: (lambda i, e=e: e.generate(prompts, size.n, sampling(size.new_tokens, 10 + i)))
+                          for name, e in engines.items()}, size.repeats)
     load_after = os.getloadavg()[0]
     for e in engines.values():
         e.close()
-
-    pairs = [f / e for e, f in zip(seconds["eager"], seconds["fused"])]
     fair = (f"long bench model, P=1 x N={size.n} rows x {size.new_tokens} tokens (EOS ignored), T=1.0, top_p=1, "
             f"fp32, {threads} torch threads, one process; {size.repeats} interleaved pair(s) (order alternating) "
             f"after a full-length warm-up call each; 1-min load average {load_before:.2f} before, "
             f"{load_after:.2f} after")
-    rows = []
-    for name in engines:
-        rows.append(row(GROUP, f"fusion decode {name} N={size.n} ({size.new_tokens} tokens)",
-                        median(seconds[name]), "s", fairness=fair,
-                        note="calls: " + ", ".join(f"{s:.3g}" for s in seconds[name])))
-    rows.append(row(GROUP, f"fusion decode fused/eager time N={size.n}", median(pairs), "x", fairness=fair,
-                    note="median of per-pair ratios " + ", ".join(f"{p:.3g}" for p in pairs)
-                         + "; < 1: the fused step is faster"))
+    rows = _ratio_rows(f"decode N={size.n} ({size.new_tokens} tokens)", seconds, fair)
     rows.append(row(GROUP, "fusion decode fused first call (compile) - eager first call",
                     first["fused"] - first["eager"], "s",
                     note=f"one-time per process: first calls {first['fused']:.3g} s fused, {first['eager']:.3g} s "
@@ -101,6 +120,39 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     rows.append(row(GROUP, f"fusion decode sampled tokens identical, same seed ({size.check_tokens} tokens)",
                     float(sampled_equal), "bool"))
     rows.append(row(GROUP, "fusion decode |log-prob fused - eager| max", lp_diff, "nats",
+                    target=f"<= {EQUAL_LOGPROBS}"))
+    return rows
+
+
+def update_rows(size: Size, threads: int) -> list[dict]:
+    from dataclasses import replace
+
+    import brorl_lab.rl.logprobs as LP
+
+    from .bench_update_attention import update_case
+
+    batch, policy, cfg, update = update_case(size.update_rows, size.new_tokens, size.update_budget)
+    configs = {"eager": cfg, "fused": replace(cfg, compile_step=True)}
+    first = {}
+    for name, c in configs.items():  # warm-up; the fused one compiles the norms and MLPs, forward and backward
+        t0 = time.perf_counter()
+        update(c)
+        first[name] = time.perf_counter() - t0
+    lp = {name: LP.compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=size.update_budget,
+                                    fused=name == "fused") for name in configs}
+    lp_diff = float((lp["eager"] - lp["fused"]).abs().max())
+    load_before = os.getloadavg()[0]
+    seconds = _alternate({name: (lambda i, c=c: update(c)) for name, c in configs.items()}, size.repeats)
+    load_after = os.getloadavg()[0]
+    fair = (f"long bench model, one update over P=1 x {size.update_rows} rows x {size.new_tokens} tokens, micro-batch "
+            f"{size.update_budget} tokens, kl_beta=1e-3, fp32, {threads} torch threads, one process, same policy and "
+            f"batch; {size.repeats} interleaved pair(s) (order alternating) after a warm-up update each; 1-min load "
+            f"average {load_before:.2f} before, {load_after:.2f} after")
+    rows = _ratio_rows(f"update N={size.update_rows} ({size.new_tokens} tokens)", seconds, fair)
+    rows.append(row(GROUP, "fusion update fused first update (compile) - eager first update",
+                    first["fused"] - first["eager"], "s",
+                    note=f"one-time per process: {first['fused']:.3g} s fused, {first['eager']:.3g} s eager"))
+    rows.append(row(GROUP, "fusion update |log-prob fused - eager| max (trainer's recomputation)", lp_diff, "nats",
                     target=f"<= {EQUAL_LOGPROBS}"))
     return rows
 

@@ -73,7 +73,7 @@ CHOICES = {  # string fields with a fixed or registered set of names
     "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
     "logprob_layout": ["auto", "shared_prefix", "packed"], "lr_scheduler_type": ["constant", "linear", "cosine"],
 }
-BOOLS = ["adv_std_norm", "dynamic_sampling", "reset_optimizer"]
+BOOLS = ["adv_std_norm", "dynamic_sampling", "reset_optimizer", "compile_step"]
 SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_prompts=4, eval_samples=4,
              eval_k=[1], torch_threads=1)
 

@@ -128,11 +128,13 @@ def test_fusion_figure_times_both_steps_and_checks_equality(smoke):
     and the numerical equality the fused path must keep (no speed asserted)."""
     data, _ = smoke
     rows = {r["figure"]: r for r in data["figures"]["fusion"]["rows"]}
-    assert rows["fusion decode eager N=8 (8 tokens)"]["value"] > 0 and rows["fusion decode fused N=8 (8 tokens)"]["value"] > 0
-    assert rows["fusion decode fused/eager time N=8"]["value"] > 0
+    for what in ("decode N=8 (8 tokens)", "update N=4 (8 tokens)"):
+        assert rows[f"fusion {what} eager"]["value"] > 0 and rows[f"fusion {what} fused"]["value"] > 0
+        assert rows[f"fusion {what} fused/eager time"]["value"] > 0
+        assert "interleaved pair" in rows[f"fusion {what} fused/eager time"]["fairness"]
     assert rows["fusion decode near-greedy tokens identical (6 tokens)"]["met"] is True
     assert rows["fusion decode |log-prob fused - eager| max"]["met"] is True
-    assert "interleaved pair" in rows["fusion decode fused/eager time N=8"]["fairness"]
+    assert rows["fusion update |log-prob fused - eager| max (trainer's recomputation)"]["met"] is True
 
 
 # ---- the shared helpers (fast) ----------------------------------------------------------------------------------

@@ -57,3 +57,43 @@ def test_compile_decode_bad_input(tiny):
         TorchEngine(model, tok, device="cpu", kernel="hf_cache", compile_decode=True)
     with pytest.raises(ValueError, match="compile_decode: True needs kernel='shared_prefix' and decode_graphs='off'"):
         TorchEngine(model, tok, device="cpu", decode_graphs="static", compile_decode=True)
+
+
+def test_fused_logprobs_match_eager_values_entropies_and_gradients(tiny):
+    """The trainer's recomputation with the norms and MLPs compiled (``fused=True``): log-probs to 1e-5, entropies
+    likewise, parameter gradients to 1e-4 relative; afterwards the modules are eager again (no compiled call left
+    on them for a deepcopy to carry)."""
+    from brorl_lab.rl.logprobs import fusable_modules, token_logprobs
+
+    model, tok = tiny
+    model = model.train()  # the update's mode
+    batch = TorchEngine(model, tok, device="cpu").generate(
+        PROMPTS, 4, RolloutSampling(temperature=1.0, max_new_tokens=8, seed=3))
+    rows = torch.arange(batch.size)
+    grads = {}
+    for fused in (False, True):
+        logp, ent = token_logprobs(model, batch, rows, temperature=1.0, with_entropy=True, fused=fused)
+        model.zero_grad()
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        grads[fused] = (logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()])
+    (la, ea, ga), (lb, eb, gb) = grads[False], grads[True]
+    assert float((la - lb).abs().max()) < 1e-5 and float((ea - eb).abs().max()) < 1e-5
+    for a, b in zip(ga, gb):
+        assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max()) + 1e-7
+    mods = fusable_modules(model)
+    assert len(mods) == 3 * len(model.get_decoder().layers) + 1
+    assert all(m._compiled_call_impl is None for m in mods)
+    model.zero_grad()
+    model.eval()
+
+
+def test_config_compile_step_reaches_the_engine(tmp_path):
+    """Config.compile_step=True builds the trainer's torch engine with the fused decode step (and False without)."""
+    from brorl_lab.core.config import Config
+    from brorl_lab.rl.trainer import Trainer
+
+    small = dict(tasks=["chain_sum"], rollouts_per_prompt=2, prompts_per_step=1, max_new_tokens=4, eval_every=0,
+                 torch_threads=1)
+    for on in (False, True):
+        with Trainer(Config(**small, compile_step=on, run_dir=str(tmp_path / str(on))), progress=False) as t:
+            assert t.engine.compile_decode is on

@@ -95,6 +95,11 @@ class Config:
     logprob_layout: str = knob("auto", "How the trainer lays rows out for its logprob forwards (brorl_lab.rl.logprobs): "
                                        "'shared_prefix' runs each prompt once per micro-batch, 'packed' once per row; "
                                        "same numbers. 'auto' shares when the model's KV cache allows. Not in the papers.")
+    compile_step: bool = knob(False, "torch.compile the per-token step (inductor; on the CPU it needs a C++ compiler): the "
+                                     "torch engine's decode step (TorchEngine compile_decode, Llama-family models) and the "
+                                     "trainer's RMSNorms and SwiGLU MLPs (logprobs.fused_elementwise). Same numbers "
+                                     "(log-probs within 1e-5); costs a one-time compile per process, so it pays on long "
+                                     "responses only (docs/benchmarks.md has the measurement). Not in the papers.")
     lr: float = knob(1e-4, "AdamW learning rate before scaling. ProRL v1: 2e-6 constant; ProRL v2 configs: 1e-6. "
                            "The tiny default model needs far more.")
     lr_scaling: str = knob("none", "BroRL's rule lr = lr * sqrt(B / B_0) (Sec. 5; the paper does not say which unit B "

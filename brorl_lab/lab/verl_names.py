@@ -119,6 +119,7 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "device": ("trainer.device", "cuda"),
     "rollout_chunk_sequences": ("-", "memory only: vllm batches itself"),
     "logprob_layout": ("-", "same numbers in every layout"),
+    "compile_step": ("-", "speed only, same numbers: verl's engines and actor bring their own fused kernels"),
     "torch_threads": ("-", "CPU threads of this process only"),
     "max_bad_steps": ("-", "verl has no non-finite-step guard"),
 }

@@ -163,7 +163,8 @@ def update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     if batch.size == 0:
         raise ValueError("batch: no samples to update on (all groups filtered?)")
     device = next(policy.parameters()).device
-    lp_options = dict(temperature=float(batch.meta.get("temperature", cfg.temperature)), layout=cfg.logprob_layout)
+    lp_options = dict(temperature=float(batch.meta.get("temperature", cfg.temperature)), layout=cfg.logprob_layout,
+                      fused=cfg.compile_step)
     mask = batch.response_mask  # [P*N, T]
     loss_fn = algo.POLICY_LOSSES[cfg.policy_loss]
 
@@ -257,7 +258,7 @@ def kl_in_reward(batch: RolloutBatch, policy: torch.nn.Module, reference: Option
         raise ValueError("reference: kl_placement='reward' with kl_beta > 0 needs a reference policy "
                          "(see models.make_reference)")
     lp = dict(temperature=float(batch.meta.get("temperature", cfg.temperature)),
-              micro_batch_tokens=cfg.train_micro_batch_tokens, layout=cfg.logprob_layout)
+              micro_batch_tokens=cfg.train_micro_batch_tokens, layout=cfg.logprob_layout, fused=cfg.compile_step)
     if logprobs is None:
         logprobs = compute_logprobs(policy, batch, **lp)
     ref = compute_logprobs(reference, batch, **lp)  # [P*N, T]

@@ -47,6 +47,7 @@ import torch
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.console import Interrupted, live_bars
+from brorl_lab.core.prefix_attention import supports_shared_prefix
 from brorl_lab.core.rundir import (
     HEARTBEAT_S,
     RunDir,
@@ -394,6 +395,8 @@ class Trainer:
         wrapped = c.ray_worker_engine if c.engine == "ray" else c.engine
         if wrapped in ("torch", "hf"):
             kw["chunk_sequences"] = c.rollout_chunk_sequences
+        if c.engine == "torch" and c.compile_step and supports_shared_prefix(self.policy):
+            kw["compile_decode"] = True  # the fused decode step needs the shared-prefix kernel
         if c.engine == "ray":
             kw.update(workers=c.ray_workers, worker_engine=c.ray_worker_engine, address=c.ray_address)
         return make_engine(c.engine, self.policy, self.tokenizer, **kw)
@@ -498,7 +501,7 @@ class Trainer:
             t0 = time.perf_counter()
             old = None if S.is_on_policy(c) else compute_logprobs(                          # 2. logprobs
                 self.policy, batch, temperature=c.temperature, micro_batch_tokens=c.train_micro_batch_tokens,
-                layout=c.logprob_layout)  # on-policy: update uses logp.detach()
+                layout=c.logprob_layout, fused=c.compile_step)  # on-policy: update uses logp.detach()
             batch, kl = S.kl_in_reward(batch, self.policy, self.reference, cfg=c, logprobs=old)  # kl_placement
             if kl is not None:
                 row["kl"] = kl
