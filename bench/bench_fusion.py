@@ -53,24 +53,34 @@ def run(smoke: bool = False, threads=None) -> list[dict]:
     return decode_rows(size, threads, smoke) + update_rows(size, threads)
 
 
-def _alternate(cases: dict, repeats: int) -> dict:
-    """Wall seconds of each case over ``repeats`` rounds, A B then B A, ...: neither side always runs first."""
+def _side_by_side(what: str, cases: dict, repeats: int, shape: str) -> list[dict]:
+    """Time ``cases`` ({"eager": fn(i), "fused": fn(i)}): one warm-up call each (the fused one compiles), then
+    ``repeats`` rounds A B, B A, ... (neither side always first). Rows: each side's median, the median of the
+    per-pair fused/eager ratios, and the fused side's one-time compile (its first call's extra seconds)."""
+    first = {}
+    for name, fn in cases.items():
+        t0 = time.perf_counter()
+        fn(0)
+        first[name] = time.perf_counter() - t0
+    load_before = os.getloadavg()[0]
     seconds = {k: [] for k in cases}
-    for i in range(repeats):
-        for name in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
+    for i in range(1, repeats + 1):
+        for name in (list(cases) if i % 2 else list(cases)[::-1]):
             t0 = time.perf_counter()
             cases[name](i)
             seconds[name].append(time.perf_counter() - t0)
-    return seconds
-
-
-def _ratio_rows(what: str, seconds: dict, fair: str) -> list[dict]:
+    fair = (f"{shape}; one process; {repeats} interleaved pair(s) (order alternating) after one warm-up call each; "
+            f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     pairs = [f / e for e, f in zip(seconds["eager"], seconds["fused"])]
     rows = [row(GROUP, f"fusion {what} {name}", median(seconds[name]), "s", fairness=fair,
-                note="calls: " + ", ".join(f"{s:.3g}" for s in seconds[name])) for name in ("eager", "fused")]
+                note="calls: " + ", ".join(f"{s:.3g}" for s in seconds[name])) for name in cases]
     rows.append(row(GROUP, f"fusion {what} fused/eager time", median(pairs), "x", fairness=fair,
                     note="median of per-pair ratios " + ", ".join(f"{p:.3g}" for p in pairs)
                          + "; < 1: the fused step is faster"))
+    rows.append(row(GROUP, f"fusion {what.split()[0]} fused first call (compile) - eager first call",
+                    first["fused"] - first["eager"], "s",
+                    note=f"one-time per process: first calls {first['fused']:.3g} s fused, {first['eager']:.3g} s "
+                         "eager (inductor's on-disk cache shortens a later process's compile)"))
     return rows
 
 
@@ -88,33 +98,19 @@ def decode_rows(size: Size, threads: int, smoke: bool) -> list[dict]:
     def sampling(tokens, seed, top_p=1.0):
         return RolloutSampling(temperature=1.0, top_p=top_p, max_new_tokens=tokens, seed=seed, ignore_eos=True)
 
-    first = {}
-    for name, engine in engines.items():  # warm-up; the fused engine's first call compiles its step
-        t0 = time.perf_counter()
-        engine.generate(prompts, size.n, sampling(size.new_tokens, 0))
-        first[name] = time.perf_counter() - t0
+    shape = (f"long bench model, P=1 x N={size.n} rows x {size.new_tokens} tokens (EOS ignored), T=1.0, top_p=1, "
+             f"fp32, {threads} torch threads")
+    rows = _side_by_side(f"decode N={size.n} ({size.new_tokens} tokens)",
+                         {name: (lambda i, e=e: e.generate(prompts, size.n, sampling(size.new_tokens, 10 + i)))
+                          for name, e in engines.items()}, size.repeats, shape)
     # equality: near-greedy tokens, and same-seed sampled tokens and log-probs
     greedy = {k: e.generate(prompts, size.n, sampling(size.check_tokens, 1, 1e-6)) for k, e in engines.items()}
     sampled = {k: e.generate(prompts, size.n, sampling(size.check_tokens, 2)) for k, e in engines.items()}
+    for e in engines.values():
+        e.close()
     greedy_equal = torch.equal(greedy["eager"].response_ids, greedy["fused"].response_ids)
     sampled_equal = torch.equal(sampled["eager"].response_ids, sampled["fused"].response_ids)
     lp_diff = float((sampled["eager"].logprobs - sampled["fused"].logprobs).abs().max())
-
-    load_before = os.getloadavg()[0]
-    seconds = _alternate({name: (lambda i, e=e: e.generate(prompts, size.n, sampling(size.new_tokens, 10 + i)))
-                          for name, e in engines.items()}, size.repeats)
-    load_after = os.getloadavg()[0]
-    for e in engines.values():
-        e.close()
-    fair = (f"long bench model, P=1 x N={size.n} rows x {size.new_tokens} tokens (EOS ignored), T=1.0, top_p=1, "
-            f"fp32, {threads} torch threads, one process; {size.repeats} interleaved pair(s) (order alternating) "
-            f"after a full-length warm-up call each; 1-min load average {load_before:.2f} before, "
-            f"{load_after:.2f} after")
-    rows = _ratio_rows(f"decode N={size.n} ({size.new_tokens} tokens)", seconds, fair)
-    rows.append(row(GROUP, "fusion decode fused first call (compile) - eager first call",
-                    first["fused"] - first["eager"], "s",
-                    note=f"one-time per process: first calls {first['fused']:.3g} s fused, {first['eager']:.3g} s "
-                         "eager (inductor's on-disk cache shortens later processes' compile)"))
     rows.append(row(GROUP, f"fusion decode near-greedy tokens identical ({size.check_tokens} tokens)",
                     float(greedy_equal), "bool", target=">= 1"))
     rows.append(row(GROUP, f"fusion decode sampled tokens identical, same seed ({size.check_tokens} tokens)",
@@ -133,25 +129,14 @@ def update_rows(size: Size, threads: int) -> list[dict]:
 
     batch, policy, cfg, update = update_case(size.update_rows, size.new_tokens, size.update_budget)
     configs = {"eager": cfg, "fused": replace(cfg, compile_step=True)}
-    first = {}
-    for name, c in configs.items():  # warm-up; the fused one compiles the norms and MLPs, forward and backward
-        t0 = time.perf_counter()
-        update(c)
-        first[name] = time.perf_counter() - t0
+    shape = (f"long bench model, one update over P=1 x {size.update_rows} rows x {size.new_tokens} tokens, "
+             f"micro-batch {size.update_budget} tokens, kl_beta=1e-3, fp32, {threads} torch threads, same policy and "
+             "batch")
+    rows = _side_by_side(f"update N={size.update_rows} ({size.new_tokens} tokens)",
+                         {name: (lambda i, c=c: update(c)) for name, c in configs.items()}, size.repeats, shape)
     lp = {name: LP.compute_logprobs(policy, batch, temperature=1.0, micro_batch_tokens=size.update_budget,
                                     fused=name == "fused") for name in configs}
     lp_diff = float((lp["eager"] - lp["fused"]).abs().max())
-    load_before = os.getloadavg()[0]
-    seconds = _alternate({name: (lambda i, c=c: update(c)) for name, c in configs.items()}, size.repeats)
-    load_after = os.getloadavg()[0]
-    fair = (f"long bench model, one update over P=1 x {size.update_rows} rows x {size.new_tokens} tokens, micro-batch "
-            f"{size.update_budget} tokens, kl_beta=1e-3, fp32, {threads} torch threads, one process, same policy and "
-            f"batch; {size.repeats} interleaved pair(s) (order alternating) after a warm-up update each; 1-min load "
-            f"average {load_before:.2f} before, {load_after:.2f} after")
-    rows = _ratio_rows(f"update N={size.update_rows} ({size.new_tokens} tokens)", seconds, fair)
-    rows.append(row(GROUP, "fusion update fused first update (compile) - eager first update",
-                    first["fused"] - first["eager"], "s",
-                    note=f"one-time per process: {first['fused']:.3g} s fused, {first['eager']:.3g} s eager"))
     rows.append(row(GROUP, "fusion update |log-prob fused - eager| max (trainer's recomputation)", lp_diff, "nats",
                     target=f"<= {EQUAL_LOGPROBS}"))
     return rows

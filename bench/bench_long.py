@@ -17,7 +17,10 @@ N in {16, 64, 512} at a fixed total of samples per call (P = total / N prompts).
     attention decode attention alone against its memory roofline: the profiled call's attention time against its KV
              bytes at the copy bandwidth, and the kernel alone at N=512 rows with candidate kernels beside it
              (``bench/bench_decode_attention.py``: engine, transposed keys, SDPA, a plain read of the same KV)
-    step     one full RL step at N=512, brorl_lab Trainer vs TRL GRPOTrainer (``bench_step_trl``, same config)
+    step     one full RL step at N=512, brorl_lab Trainer vs TRL GRPOTrainer (``bench_step_trl``, same config),
+             and the Trainer with ``Config(compile_step=True)`` beside them (issue 35)
+    fused    decode and its profile again with the torch engine's decode step compiled (``compile_decode=True``,
+             warmed up before the timed calls), timed round-robin with the rest (issue 35)
     update   one update (old + reference log-probs, PPO-clip + KL, backward, AdamW) at P=1 x N=16 and x N=512,
              each in a fresh subprocess (``bench_memory.child``): peak RSS (VmHWM) and the update's MFU
 
@@ -79,6 +82,7 @@ SMOKE = Size(total=16, ns=(4, 16), new_tokens=8, repeats=1, matmul_n=128, micro_
 
 # torch.profiler op names (self CPU time) -> what the decode time goes to
 PROFILE_CLASSES = (
+    ("fused kernels (torch.compile)", ("compiled",)),  # a compiled region's self time: its fused C++ loops
     ("weight matmuls", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_mkldnn", "mkldnn")),
     ("attention over the KV cache", ("attention", "aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::softmax")),
     ("KV and row copies", ("aten::copy_", "aten::cat", "aten::index", "aten::gather", "aten::clone",
@@ -169,8 +173,12 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
             return RolloutSampling(temperature=1.0, top_p=1.0, max_new_tokens=tokens, seed=next(seeds),
                                   ignore_eos=True)
 
+        from brorl_lab.rollout.engines import make_engine
+
+        built["torch-fused"] = make_engine("torch", path, device="cpu", dtype="float32", compile_decode=True)
         for engine in built.values():  # a short untimed warm-up each (a full-length one would double the figure)
             engine.generate(pool[:2], 2, sampling(4))
+        built["torch-fused"].generate(pool[:1], 2, sampling(4))  # torch.compile specialises P=1 (N=512's P)
         torch.set_num_threads(threads)
 
         def case(engine, n):
@@ -178,11 +186,14 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
 
         cases = {"matmul": matmul_round(size.matmul_n, 3), "stream": stream_round(size.stream_mib, 3)}
         cases.update({(name, n): case(built[name], n) for n in size.ns for name in names})
+        cases[("torch-fused", hi)] = case(built["torch-fused"], hi)
         seconds, results = interleave(cases, size.repeats, warmup=False)
         torch_model = built["torch"].model
         counts = param_counts(torch_model)
         prof_shares, prof_wall = profile_call(lambda: built["torch"].generate(pool[: size.total // hi], hi,
                                                                                sampling(size.profile_tokens)))
+        fused_shares, fused_wall = profile_call(lambda: built["torch-fused"].generate(
+            pool[: size.total // hi], hi, sampling(size.profile_tokens)))
         big_batch = results[("torch", hi)][-1]
     finally:
         for e in built.values():
@@ -239,10 +250,12 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
     decode_mfu = 100 * ratio(decode_flops(big_batch, counts) / decode_s, peak)
     rows.append(row(GROUP, f"long decode (torch engine rollout) N={hi} MFU", decode_mfu, "% peak", fairness=hw_fair,
                     note=f"bounded by {bound} ({100 * prof_shares[bound] / total_prof:.0f}% of the profiled call)"))
-    for name, sec in sorted(prof_shares.items(), key=lambda kv: -kv[1]):
-        rows.append(row(GROUP, f"long decode profile N={hi}: {name}", 100 * sec / total_prof, "% time",
-                        note=f"torch.profiler self CPU time, one call of {size.profile_tokens} tokens, "
-                             f"{prof_wall:.3g} s wall"))
+    for tag, shares, wall in (("", prof_shares, prof_wall), (" compile_decode", fused_shares, fused_wall)):
+        total = sum(shares.values())
+        for name, sec in sorted(shares.items(), key=lambda kv: -kv[1]):
+            rows.append(row(GROUP, f"long decode{tag} profile N={hi}: {name}", 100 * sec / total, "% time",
+                            note=f"torch.profiler self CPU time, one call of {size.profile_tokens} tokens, "
+                                 f"{wall:.3g} s wall"))
 
     # ---- the roofline: the least time this machine allows, and the ratios it caps ---------------------------------
     roof = decode_roofline(big_batch, cfg, counts, peak, bandwidth)
@@ -254,6 +267,11 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
                          f"of KV-cache reads at the copy bandwidth; the torch engine took {decode_s:.3g} s"))
     rows.append(row(GROUP, f"long decode torch engine speed / roofline N={hi}", 100 * roof["seconds"] / decode_s,
                     "% roofline", target=None if smoke else TARGETS["decode roofline"]))
+    fused_s = median(seconds[("torch-fused", hi)])
+    rows.append(row(GROUP, f"long decode torch engine compile_decode speed / roofline N={hi}",
+                    100 * roof["seconds"] / fused_s, "% roofline", target=None if smoke else TARGETS["decode roofline"],
+                    note=f"the decode step through torch.compile (compiled in the warm-up): {fused_s:.3g} s per call, "
+                         f"{fused_s / decode_s:.3g}x the eager engine's {decode_s:.3g} s in the same round-robin"))
     if hf_s:
         rows.append(row(GROUP, f"long rollout torch/hf N={hi} at the roofline", hf_s / roof["seconds"], "x",
                         note=f"hf's {hf_s:.3g} s over the roofline: the largest torch/hf any engine could reach here"))
@@ -308,7 +326,7 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
     # ---- one full RL step vs TRL at N=hi --------------------------------------------------------------------------
     step_size = bench_step_trl.Size(total=size.total, ns=(hi,), max_new_tokens=size.new_tokens,
                                     micro_batch=size.step_micro_batch, warmup=0, timed=1)
-    step_rows = bench_step_trl.run(smoke, threads, path=path, size=step_size, sides=("brorl", "trl"),
+    step_rows = bench_step_trl.run(smoke, threads, path=path, size=step_size, sides=("brorl", "fused", "trl"),
                                    fixed_length=True, group=GROUP, prefix="long ",
                                    target=None if smoke else TARGETS["step"])
     rows += step_rows

@@ -95,8 +95,10 @@ def brorl_child(p: dict, link) -> dict:
                  adam_betas=[0.9, 0.999], weight_decay=0.0, grad_clip=1.0, optimizer_steps_per_step=1,
                  train_micro_batch_tokens=p["micro_batch_tokens"], dynamic_sampling=False, eval_every=0,
                  checkpoint_every=0, steps=p["steps"], run_dir=p["tmp"], run_name="brorl", seed=p["seed"],
-                 torch_threads=p["threads"], logprob_layout=p["layout"])
+                 torch_threads=p["threads"], logprob_layout=p["layout"], compile_step=p["side"] == "fused")
     trainer = Trainer(cfg, progress=False)
+    if cfg.compile_step:
+        compile_warmup(trainer)
     hashes = []
     generate = trainer.engine.generate
 
@@ -114,6 +116,23 @@ def brorl_child(p: dict, link) -> dict:
         r = trainer.step()
         link.done(time.perf_counter() - t0, stages={k: r[k] for k in r if k.startswith("time/")})
     return {"prompt_hashes": hashes, "samples": r["samples"], "tokens": r["tokens"]}
+
+
+def compile_warmup(trainer) -> None:
+    """Compile ``Config.compile_step``'s graphs before the timed steps, without taking a step (the prompts, seeds
+    and weights of the steps are untouched): decode at one and at two prompts (torch.compile specialises a size of
+    1), and the trainer's log-probs without and with a backward, on a small batch."""
+    from brorl_lab.rl.logprobs import compute_logprobs, token_logprobs
+    from brorl_lab.rollout.engines import RolloutSampling
+
+    prompts = ["What is 12+7?", "Add 3 and 4:"]
+    sampling = RolloutSampling(temperature=1.0, max_new_tokens=8, seed=0, ignore_eos=True)
+    trainer.engine.generate(prompts[:1], 2, sampling)
+    batch = trainer.engine.generate(prompts, 2, sampling)
+    compute_logprobs(trainer.policy, batch, temperature=1.0, micro_batch_tokens=10**6, fused=True)
+    logp, _ = token_logprobs(trainer.policy, batch, range(batch.size), temperature=1.0, fused=True)
+    logp.sum().backward()
+    trainer.policy.zero_grad(set_to_none=True)
 
 
 def trl_child(p: dict, link) -> dict:
@@ -186,8 +205,12 @@ def longest_prompt_tokens(path: str, P: int, steps: int) -> int:
     return max(len(x) for x in tok(prompts)["input_ids"])
 
 
-LABEL = {"brorl": "brorl_lab", "trl": "TRL GRPOTrainer", "packed": "brorl_lab-packed"}
-LAYOUT = {"brorl": "auto", "packed": "packed"}
+LABEL = {"brorl": "brorl_lab", "trl": "TRL GRPOTrainer", "packed": "brorl_lab-packed",
+         "fused": "brorl_lab-compile_step"}
+LAYOUT = {"brorl": "auto", "packed": "packed", "fused": "auto"}
+NOTES = {"packed": "logprob_layout='packed': the layout before issue 7's fix (no target)",
+         "fused": "Config(compile_step=True): decode step and norms/MLPs through torch.compile, compiled before the "
+                  "first step (bench_step_trl.compile_warmup)"}
 
 
 def run(smoke: bool = False, threads=None, *, path=None, size=None, sides=None, fixed_length: bool = False,
@@ -241,11 +264,11 @@ def run(smoke: bool = False, threads=None, *, path=None, size=None, sides=None, 
             rows.append(row(group, f"{prefix}step {LABEL[side]} {where}", step_s[side], "s/step", note=note))
             rows.append(row(group, f"{prefix}step {LABEL[side]} {where} peak RSS", peak[side], "MiB",
                             note=f"{base[side]:.0f} MiB before the first step"))
-        for side in tuple(s for s in ("brorl", "packed") if s in sides) if trl else ():
+        for side in tuple(s for s in ("brorl", "fused", "packed") if s in sides) if trl else ():
             tag = LABEL[side]
-            note = "" if side == "brorl" else "logprob_layout='packed': the layout before issue 7's fix (no target)"
+            note = NOTES.get(side, "")
             rows.append(row(group, f"{prefix}step time {tag}/TRL {where}", ratio(step_s[side], step_s["trl"]),
-                            "x", target=target if n == 512 and side == "brorl" else None, fairness=fair,
+                            "x", target=target if n == 512 and side in ("brorl", "fused") else None, fairness=fair,
                             note=note if same_prompts else "PROMPTS DIFFERED"))
             grow = ratio(peak[side] - base[side], peak["trl"] - base["trl"])
             rows.append(row(group, f"{prefix}step peak RSS {tag}/TRL {where}", ratio(peak[side], peak["trl"]), "x",
