@@ -1,6 +1,7 @@
 """The per-token step fused by ``torch.compile`` (inductor) against the eager step, side by side in one process.
 
     .venv/bin/python -m bench.run_all --only fusion [--smoke] [--json PATH]
+    .venv/bin/python -m bench.bench_fusion --part update [--smoke] [--json PATH]     # one half alone
 
 Decode: the torch engine's shared-prefix rollout on the long bench's model (``bench/long_model.py``) at P=1 x N
 rows of ``new_tokens`` fixed-length tokens, ``TorchEngine(compile_decode=False)`` (eager: every op of the step
@@ -47,10 +48,11 @@ FULL = Size(n=512, new_tokens=256, repeats=3, check_tokens=32, update_rows=64, u
 SMOKE = Size(n=8, new_tokens=8, repeats=1, check_tokens=6, update_rows=4, update_budget=256)
 
 
-def run(smoke: bool = False, threads=None) -> list[dict]:
+def run(smoke: bool = False, threads=None, parts=("decode", "update")) -> list[dict]:
     size = SMOKE if smoke else FULL
     threads = set_threads(threads)
-    return decode_rows(size, threads, smoke) + update_rows(size, threads)
+    return ((decode_rows(size, threads, smoke) if "decode" in parts else [])
+            + (update_rows(size, threads) if "update" in parts else []))
 
 
 def _side_by_side(what: str, cases: dict, repeats: int, shape: str) -> list[dict]:
@@ -142,7 +144,35 @@ def update_rows(size: Size, threads: int) -> list[dict]:
     return rows
 
 
-if __name__ == "__main__":
-    from .common import format_table
+def main(argv=None) -> None:
+    """One half of the figure alone, written as run_all writes a figure (rows, machine, load before and after)."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
 
-    print(format_table(run()))
+    from .common import format_table
+    from .run_all import command_line, machine_info
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", nargs="+", choices=("decode", "update"), default=["decode", "update"])
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default="runs/bench/bench_fusion.json")
+    a = ap.parse_args(argv)
+    threads = set_threads(a.threads)
+    machine = machine_info(threads)
+    t0 = time.perf_counter()
+    rows = run(a.smoke, threads, tuple(a.part))
+    print(format_table(rows))
+    out = {"command": command_line(sys.argv), "args": vars(a), "machine": machine,
+           "figures": {GROUP: {"rows": rows, "seconds": time.perf_counter() - t0,
+                               "loadavg_before": machine["loadavg_start"],
+                               "loadavg_after": [round(x, 2) for x in os.getloadavg()]}}, "rows": rows}
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(out, indent=2, default=str))
+    print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
