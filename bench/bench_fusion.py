@@ -152,7 +152,7 @@ def main(argv=None) -> None:
     from pathlib import Path
 
     from .common import format_table
-    from .run_all import command_line, machine_info
+    from .run_all import machine_info
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", nargs="+", choices=("decode", "update"), default=["decode", "update"])
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     rows = run(a.smoke, threads, tuple(a.part))
     print(format_table(rows))
-    out = {"command": command_line(sys.argv), "args": vars(a), "machine": machine,
+    out = {"command": "python -m bench.bench_fusion " + " ".join(sys.argv[1:]), "args": vars(a), "machine": machine,
            "figures": {GROUP: {"rows": rows, "seconds": time.perf_counter() - t0,
                                "loadavg_before": machine["loadavg_start"],
                                "loadavg_after": [round(x, 2) for x in os.getloadavg()]}}, "rows": rows}
