@@ -181,15 +181,16 @@ def test_a_run_written_before_a_config_field_existed_still_resumes(tmp_path):
         check_same_config(run, cfg.replace(max_samples=10))
 
 
-def test_the_shipped_pilots_headline_is_recomputed_from_its_per_seed_file():
+@pytest.mark.parametrize("pilot", ["takeoff", "learned"])
+def test_the_shipped_pilots_headline_is_recomputed_from_its_per_seed_file(pilot):
     """docs/results/paid.md's interval at equal generated samples, from notebooks/figures/paid_takeoff_pilot_points.csv
     alone (every arm, seed, axis and mark), equals the verdict the run wrote."""
     import json
     from pathlib import Path
 
     figs = Path(__file__).resolve().parent.parent / "notebooks" / "figures"
-    pts = pd.read_csv(figs / "paid_takeoff_pilot_points.csv")
-    verdict = json.loads((figs / "paid_takeoff_pilot_verdict.json").read_text())
+    pts = pd.read_csv(figs / f"paid_{pilot}_pilot_points.csv")
+    verdict = json.loads((figs / f"paid_{pilot}_pilot_verdict.json").read_text())
     head = verdict["headline"]
     got = PD.paired_at_grid(pts[pts["axis"] == "cum_samples"]).set_index("mark").loc[head["mark"]]
     for k in ("n", "gap", "lo", "hi", "sd"):
