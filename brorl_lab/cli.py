@@ -961,7 +961,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     args.argv = None if argv is None else list(argv)
     where = f"{parser.prog} {args.command}"
-    raise_on_sigterm()
+    previous = raise_on_sigterm()
     try:
         return args.func(args)
     except UserError as e:  # bad input: one line. Anything else is a bug and keeps its traceback.
@@ -980,6 +980,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         parser.exit(2, f"{where}: error: {e.filename}: {e.strerror} ({errno.errorcode[e.errno]}); nothing more was "
                        "written; allowed: a path you can write to, with space\n")
+    finally:
+        if previous is not None:  # main() called in-process (tests, notebooks): SIGTERM as it was
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -37,14 +37,17 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def raise_on_sigterm() -> None:
+def raise_on_sigterm():
     """Make SIGTERM raise :class:`Interrupted` (as SIGINT raises KeyboardInterrupt) in the main thread, so that a
-    terminated command unwinds: status says interrupted, locks are released, the exit status is 143."""
+    terminated command unwinds: status says interrupted, locks are released, the exit status is 143. Returns the
+    handler it replaced (to put back when the command is done), or None outside the main thread."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread():
-        def handler(signum, frame):
-            raise Interrupted(signum)
+    if threading.current_thread() is not threading.main_thread():
+        return None
 
-        signal.signal(signal.SIGTERM, handler)
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    return signal.signal(signal.SIGTERM, handler)
