@@ -3,6 +3,7 @@ one run, and how much each run slows down when it shares the cores.
 
     python -m bench.bench_jobs                                  # seeds 0 1, both headline arms, configs 1x1 2x1
     python -m bench.bench_jobs --configs 1x1 2x1 1x2 --json bench/results/jobs_DATE.json
+    python -m bench.bench_jobs --steps 2 --rounds 2             # the first 2 of 8 BroRL-arm steps, twice, alternating
     python -m bench.bench_jobs --smoke                          # tiny sizes (what the test runs)
 
 The slice: the flagship's ProRL (N=16 x 64 prompts, 64 steps) and BroRL (N=512 x 16 prompts, 8 steps) arms for
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Optional
 
 from .common import REPO
-from .run_all import command_line
 
 TARGET = 1.7  # seeds per hour at --jobs 2 over --jobs 1 (issue 35)
 FULL_SIZE = dict(recipe="prorl_v2", model="plateau", steps=8, eval_every=1, optimizer_steps_per_step=2, lr=3e-4,
@@ -45,11 +45,12 @@ SMOKE = dict(recipe="prorl_v2", model="default", tasks=["gcd"], steps=2, eval_ev
 SMOKE_ARMS = dict(n_small=2, n_large=8, prompts_small=2, prompts_large=2)
 
 
-def flagship_slice(smoke: bool = False):
-    """``(base config, arm options)``: notebook 02's full-size flagship (or tiny sizes for ``smoke``)."""
+def flagship_slice(smoke: bool = False, steps: Optional[int] = None):
+    """``(base config, arm options)``: notebook 02's full-size flagship (or tiny sizes for ``smoke``), its first
+    ``steps`` BroRL-arm steps when given (the ProRL arm: 8x as many)."""
     from brorl_lab.study.recipe import recipe_config
 
-    settings = dict(SMOKE if smoke else FULL_SIZE)
+    settings = dict(SMOKE if smoke else FULL_SIZE) | ({"steps": steps} if steps else {})
     recipe = settings.pop("recipe")
     base = recipe_config(recipe, checkpoint_every=settings["eval_every"], **settings)
     return base, dict(SMOKE_ARMS if smoke else FULL_ARMS)
@@ -81,11 +82,11 @@ class LoadSampler:
                 "min_1min": round(min(s), 2), "samples": len(s), "end_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
-def run_config(jobs: int, threads: int, seeds: list[int], root: Path, smoke: bool) -> dict:
+def run_config(jobs: int, threads: int, seeds: list[int], root: Path, smoke: bool, steps: Optional[int]) -> dict:
     """The slice at ``jobs`` x ``threads`` from scratch in ``root``: wall time, per-run times, load."""
     from brorl_lab.study.arms import run_rollout_scaling
 
-    base, arms = flagship_slice(smoke)
+    base, arms = flagship_slice(smoke, steps)
     shutil.rmtree(root, ignore_errors=True)
     with LoadSampler() as load:
         t0 = time.perf_counter()
@@ -102,6 +103,17 @@ def run_config(jobs: int, threads: int, seeds: list[int], root: Path, smoke: boo
             "load": load.summary()}
 
 
+def summarise(name: str, rounds: list[dict]) -> dict:
+    """One config over its rounds: median wall time (and the seeds per hour it gives), each run's median own time,
+    the mean load; the rounds themselves kept."""
+    wall = statistics.median(r["wall_s"] for r in rounds)
+    runs = rounds[0]["runs"]
+    return {"config": name, "jobs": rounds[0]["jobs"], "threads": rounds[0]["threads"], "seeds": rounds[0]["seeds"],
+            "wall_s": round(wall, 2), "seeds_per_hour": round(3600 * rounds[0]["seeds"] / wall, 3),
+            "run_s": {run: round(statistics.median(r["runs"][run]["run_s"] for r in rounds), 2) for run in runs},
+            "load_mean_1min": round(statistics.fmean(r["load"]["mean_1min"] for r in rounds), 2), "rounds": rounds}
+
+
 def provenance(argv) -> dict:
     def git(*args: str) -> str:
         try:
@@ -115,7 +127,7 @@ def provenance(argv) -> dict:
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return {"command": command_line(argv), "commit": git("rev-parse", "--short", "HEAD"),
+    return {"command": " ".join(["python -m bench.bench_jobs", *argv]), "commit": git("rev-parse", "--short", "HEAD"),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
             "machine": {"cpu": cpu, "logical_cpus": os.cpu_count(), "physical_cores": physical_cores(),
@@ -130,30 +142,40 @@ def main(argv: Optional[list[str]] = None) -> dict:
                     help="JOBSxTHREADS, run in this order; the first is the baseline (default 1x1 2x1)")
     ap.add_argument("--json", default=None, help="where to write the result (default: print only)")
     ap.add_argument("--root", default=str(REPO / "runs" / "bench_jobs"), help="scratch directory for the runs")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="the slice's BroRL-arm steps (default: the full size's 8; the ProRL arm runs 8x as many)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the configs this many times, alternating (a drifting load hits every config alike); "
+                         "each config's numbers are medians over its rounds")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (the test)")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or (args.steps is not None and args.steps < 1):
+        ap.error("--rounds and --steps: allowed: integers >= 1")
     configs = []
     for c in args.configs:
         j, _, t = c.partition("x")
         if not (j.isdigit() and t.isdigit() and int(j) >= 1 and int(t) >= 1):
             ap.error(f"--configs: got {c!r}; allowed: JOBSxTHREADS with both integers >= 1, e.g. 2x1")
         configs.append((int(j), int(t)))
+    settings = (SMOKE if args.smoke else FULL_SIZE) | ({"steps": args.steps} if args.steps else {})
     out = {"what": "a fixed slice of the full-size flagship (headline arms x seeds) at each JOBSxTHREADS",
-           "slice": {"seeds": args.seeds, "arms": ["prorl", "brorl"], "smoke": args.smoke,
-                     "settings": SMOKE if args.smoke else FULL_SIZE, "arm_options": SMOKE_ARMS if args.smoke else FULL_ARMS},
-           "target": f"seeds per hour >= {TARGET}x the first config", **provenance(sys.argv if argv is None else
-                                                                                ["bench/bench_jobs.py", *argv])}
-    results = []
-    for jobs, threads in configs:
-        r = run_config(jobs, threads, args.seeds, Path(args.root) / f"{jobs}x{threads}", args.smoke)
-        results.append(r)
-        print(f"{r['config']}: {r['wall_s']:.0f} s, {r['seeds_per_hour']:.2f} seeds/h, load {r['load']['mean_1min']}",
-              flush=True)
+           "slice": {"seeds": args.seeds, "arms": ["prorl", "brorl"], "smoke": args.smoke, "settings": settings,
+                     "arm_options": SMOKE_ARMS if args.smoke else FULL_ARMS},
+           "target": f"seeds per hour >= {TARGET}x the first config",
+           **provenance(sys.argv[1:] if argv is None else argv)}
+    rounds: dict[str, list[dict]] = {f"{j}x{t}": [] for j, t in configs}
+    for k in range(args.rounds):
+        for jobs, threads in configs:
+            r = run_config(jobs, threads, args.seeds, Path(args.root) / f"{jobs}x{threads}", args.smoke, args.steps)
+            rounds[r["config"]].append(r)
+            print(f"round {k + 1}: {r['config']}: {r['wall_s']:.0f} s, {r['seeds_per_hour']:.2f} seeds/h, load "
+                  f"{r['load']['mean_1min']}", flush=True)
+    results = [summarise(name, rs) for name, rs in rounds.items()]
     first = results[0]
     for r in results:
         r["speedup_vs_first"] = round(r["seeds_per_hour"] / first["seeds_per_hour"], 3)
-        r["run_slowdown_vs_first"] = {run: round(v["run_s"] / first["runs"][run]["run_s"], 3)
-                                      for run, v in r["runs"].items() if first["runs"].get(run, {}).get("run_s")}
+        r["run_slowdown_vs_first"] = {run: round(v / first["run_s"][run], 3) for run, v in r["run_s"].items()
+                                      if first["run_s"].get(run)}
         r["median_run_slowdown"] = round(statistics.median(r["run_slowdown_vs_first"].values()), 3) \
             if r["run_slowdown_vs_first"] else None
     out["results"] = results
@@ -162,7 +184,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     print(f"{'config':>7} {'wall s':>8} {'seeds/h':>8} {'speed-up':>8} {'run slowdown':>12} {'load mean':>9}")
     for r in results:
         print(f"{r['config']:>7} {r['wall_s']:8.0f} {r['seeds_per_hour']:8.2f} {r['speedup_vs_first']:8.2f} "
-              f"{r['median_run_slowdown'] or float('nan'):12.2f} {r['load']['mean_1min']:9.2f}")
+              f"{r['median_run_slowdown'] or float('nan'):12.2f} {r['load_mean_1min']:9.2f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
