@@ -684,7 +684,7 @@ def _literal(s: str) -> Any:
 
 # ---- parser ---------------------------------------------------------------------------------------------------------
 def add_jobs_options(parser: argparse.ArgumentParser) -> None:
-    """A study's runs as independent jobs (brorl_lab.lab.jobs, docs/scaling-out.md)."""
+    """A study's runs as independent jobs (brorl_lab.lab.jobs, docs/study-jobs.md)."""
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs side by side on this machine, each in its own process and run directory (default: "
                              "one per physical core; 1: one after another). Same numbers at any --jobs for the same "

@@ -89,7 +89,7 @@ ablation_advantages = ["grpo"]                  # estimators tried on both arms 
 full_size = False               # True: 8 paired seeds and the middle arm N 64 (python -m brorl_lab scaling --full-size)
 run_dir = None                  # metrics, figures, verdict and the arm runs go here; None: runs/rollout_scaling/
 jobs = None                     # arm runs side by side (None: one per physical core; 1: one after another here)
-ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/scaling-out.md)
+ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/study-jobs.md)
 torch_threads = None            # torch threads per arm run (None: physical cores // jobs; 1 per Ray task)
 export_png = True               # write the figures as PNG into run_dir (needs Chromium; skipped with a note if absent)
 

@@ -76,7 +76,7 @@ pool_candidates = 512           # constructed settings: training prompts measure
 eval_candidates = 256           # "candidates" / "eval_candidates" override); held-out prompts measured, likewise
 run_dir = None                  # tables, figure, pools and each setting's arm runs go here; None: runs/regime_map/
 jobs = None                     # arm runs side by side, over all settings (None: one per physical core; 1: one at a time)
-ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/scaling-out.md)
+ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/study-jobs.md)
 torch_threads = None            # torch threads per arm run (None: physical cores // jobs; 1 per Ray task)
 export_png = True               # write the figure as PNG into run_dir (needs Chromium)
 

@@ -340,9 +340,11 @@ def test_ctrl_c_with_ray_cancels_the_tasks_which_stop_at_a_checkpoint_and_resume
 
     def interrupt_when_running():  # SIGINT to this process once both tasks are training: the runner's handler takes it
         deadline = time.monotonic() + 300
-        while not all(_step(root / n) >= 2 for n in ("a", "b")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGINT)
+        while time.monotonic() < deadline:
+            if all(_step(root / n) >= 2 for n in ("a", "b")):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.2)  # never there: no signal (the assertions below fail instead)
 
     watcher = threading.Thread(target=interrupt_when_running, daemon=True)
     watcher.start()
