@@ -22,6 +22,12 @@ a text bar that writes one line when it closes ("N sweep: 100%|##########| 2/2 [
 static page shows frozen at 0%. Interactive widgets (the explorers, the live dashboard) need a
 kernel: the page says so where a widget was displayed.
 
+How long (measured 2026-12-06 on the shared 2-core machine while other jobs kept its load average at 8 to 15, so a
+quiet machine takes less): the tiny preset, every notebook executed, 324 s at load 8 and 791 to 855 s at load 14;
+the book preset, per notebook: 00 39 s, 01 345 s, 01b 149 s, 02 2,798 s (47 min: the flagship's arms, 2 seeds),
+03 64 s, 05 53 s, then 06 and 04; Sphinx alone 10 to 18 s. A rebuild with nothing changed executes nothing
+(about 20 s); a change under brorl_lab/ re-executes every notebook.
+
 Why the committed notebooks stay without outputs and the book is where they are read executed: an executed notebook
 carries each plotly figure twice (its JSON and an HTML twin) plus the 4.8 MB plotly.js, 5 to 20 MB per notebook
 even at the tiny sizes (01: 20 MB, 15 MB of it its explorer widgets' state), rewritten on every run (diff noise,
