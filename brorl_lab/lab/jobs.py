@@ -27,8 +27,10 @@ it. ``run_dir`` paths must be absolute (workers do not share the driver's workin
 
 **Stopping.** The first Ctrl-C (SIGINT) or SIGTERM starts nothing new and passes the signal on, once, to every
 running job (local workers run in their own process group, so a terminal's Ctrl-C reaches them only through the
-runner; a Ray task is cancelled, which raises the same interrupt in it): a Trainer finishes its step, checkpoints
-and returns. A second signal is passed on again (a Trainer then stops at once, keeping its last checkpoint). A
+runner): a Trainer finishes its step, checkpoints and returns. On Ray the tasks are cancelled (``ray.cancel``): one
+not yet started never starts, but a running one may run to its end (Ray executes it off the worker's main thread,
+where a Trainer cannot take the interrupt); either way its run directory holds a checkpoint to resume from.
+A second signal is passed on again (a Trainer then stops at once, keeping its last checkpoint). A
 job that returns a value for which ``stop_if(value)`` is true (a Trainer run that was interrupted) stops the
 others the same way, and so does a job that raises; the error is raised, naming the job, once the rest have
 stopped. A worker whose parent dies stops itself the same way. Call again to resume: finished runs are read back,
