@@ -51,7 +51,7 @@ INT_MIN = {  # integer fields and their smallest allowed value
                      "optimizer_steps_per_step", "train_micro_batch_tokens", "steps", "eval_samples",
                      "eval_prompts", "lr_reference_samples", "lr_reference_prompts", "ray_workers", "max_bad_steps"], 1),
     **dict.fromkeys(["eval_every", "checkpoint_every", "keep_checkpoints", "reset_every", "reset_every_samples",
-                     "lr_warmup_steps", "max_resample_rounds", "torch_threads", "seed"], 0),
+                     "lr_warmup_steps", "max_resample_rounds", "torch_threads", "seed", "max_samples"], 0),
 }
 # float fields: (low, low_inclusive, high, high_inclusive); None = unbounded (but always finite)
 FLOAT_RANGE = {
@@ -81,7 +81,7 @@ SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_p
 def test_the_specification_covers_every_field():
     covered = set(INT_MIN) | set(FLOAT_RANGE) | set(CHOICES) | set(BOOLS) | {
         "model", "ray_address", "tasks", "eval_tasks", "task_configs", "adam_betas", "eval_k", "run_dir", "run_name",
-        "report_to", "eval_at_steps"}
+        "report_to", "eval_at_steps", "eval_at_samples"}
     assert covered == set(FIELDS), f"new fields need a bad-input spec here: {set(FIELDS) - covered}"
 
 
@@ -141,7 +141,8 @@ def bad_field(draw, python_objects: bool = True):  # noqa: C901 - one branch per
         name = draw(st.sampled_from(BOOLS))
         value = draw(st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats()))
     elif kind == "list":
-        name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k", "report_to", "eval_at_steps"]))
+        name = draw(st.sampled_from(["tasks", "eval_tasks", "adam_betas", "eval_k", "report_to", "eval_at_steps",
+                                            "eval_at_samples"]))
         if name == "report_to":  # tracker names: [] is fine (no tracker), unknown / repeated names and non-lists not
             known = names_of("tracker")
             value = draw(st.one_of(
@@ -154,7 +155,7 @@ def bad_field(draw, python_objects: bool = True):  # noqa: C901 - one branch per
                 st.just([]), st.lists(_unknown_name(known), min_size=1, max_size=3),
                 st.lists(st.sampled_from(known), min_size=2, max_size=4).filter(lambda v: len(set(v)) < len(v)),
                 st.lists(st.integers(), min_size=1, max_size=2), st.text(max_size=6), st.integers()))
-        elif name == "eval_at_steps":  # training steps (>= 1) to evaluate after; [] is fine
+        elif name in ("eval_at_steps", "eval_at_samples"):  # steps / generated samples (>= 1); [] is fine
             value = draw(st.one_of(st.lists(st.integers(max_value=0), min_size=1, max_size=3),
                                    st.lists(st.floats(allow_nan=True), min_size=1, max_size=2), st.integers(1, 4),
                                    st.text(max_size=4)))
