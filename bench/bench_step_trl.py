@@ -94,7 +94,7 @@ def brorl_child(p: dict, link) -> dict:
                  loss_agg="token_mean", advantage="grpo", adv_std_norm=True, lr=p["lr"], lr_scaling="none",
                  adam_betas=[0.9, 0.999], weight_decay=0.0, grad_clip=1.0, optimizer_steps_per_step=1,
                  train_micro_batch_tokens=p["micro_batch_tokens"], dynamic_sampling=False, eval_every=0,
-                 checkpoint_every=0, steps=p["steps"], run_dir=p["tmp"], run_name="brorl", seed=p["seed"],
+                 checkpoint_every=0, steps=p["steps"], run_dir=p["tmp"], run_name=f"brorl-{p['side']}", seed=p["seed"],
                  torch_threads=p["threads"], logprob_layout=p["layout"], compile_step=p["side"] == "fused")
     trainer = Trainer(cfg, progress=False)
     if cfg.compile_step:
