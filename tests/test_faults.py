@@ -690,3 +690,36 @@ def test_a_second_sweep_into_the_same_directory_is_refused(failing_notebook, tmp
     assert not out.exists() or not any(out.iterdir())
     assert sweep.run_sweep(failing_notebook, [{"mode": "ok", "x": 1}], out=out, progress=False).status.tolist() == [
         "finished"]
+
+
+def test_metrics_read_while_a_live_run_replaces_them_is_never_torn(tmp_path):
+    """A reader polling metrics.parquet (report, the runs index, a notebook) while the Trainer replaces it
+    atomically must see one whole version. pyarrow's path reader opens the file twice (footer, then pages) and mixed
+    two versions ("Page was smaller than expected", ~1% of reads under a busy writer); RunDir reads it once."""
+    import threading
+
+    from brorl_lab.core.rundir import atomic_write
+
+    run = RunDir(tmp_path / "run")
+    stop = threading.Event()
+
+    def writer():
+        rows = 1
+        while not stop.is_set():
+            df = pd.DataFrame({"step": range(rows), "loss": [float(i) for i in range(rows)]})
+            atomic_write(run.metrics_path, lambda f, df=df: df.to_parquet(f, index=False))
+            rows = rows % 50 + 1
+
+    atomic_write(run.metrics_path, lambda f: pd.DataFrame({"step": [0], "loss": [0.0]}).to_parquet(f, index=False))
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        reads, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < 3:
+            df = run.read_metrics()  # raises RunFileError on a torn read
+            assert list(df["step"]) == list(range(len(df)))
+            reads += 1
+    finally:
+        stop.set()
+        thread.join()
+    assert reads > 100

@@ -27,6 +27,7 @@ One writer at a time: a Trainer holds the directory's lock (:mod:`brorl_lab.core
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -116,6 +117,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
             os.unlink(tmp)
         raise
     return path
+
+
+def read_parquet_once(path: str | os.PathLike, **kwargs) -> pd.DataFrame:
+    """Read a parquet file that a live run may be replacing (:func:`atomic_write`): its bytes are read through one
+    open file, so footer and pages come from the same version. (pyarrow's path reader opens the file more than once;
+    a replace in between mixed two versions: "Page was smaller than expected".)"""
+    return pd.read_parquet(io.BytesIO(Path(path).read_bytes()), **kwargs)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -295,7 +303,7 @@ class RunDir:
         if not metrics.is_file():
             return False
         try:
-            steps = pd.read_parquet(metrics, columns=["step"])["step"]
+            steps = read_parquet_once(metrics, columns=["step"])["step"]
         except Exception:  # noqa: BLE001 - unreadable metrics: keep them (the user decides with --overwrite)
             return True
         return bool((steps >= 1).any())
@@ -360,7 +368,7 @@ class RunDir:
         if not self.metrics_path.exists():
             return pd.DataFrame()
         try:
-            return pd.read_parquet(self.metrics_path)
+            return read_parquet_once(self.metrics_path)
         except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, ...: one line naming the file
             raise RunFileError(f"run_dir: {self.metrics_path} could not be read ({type(e).__name__}: "
                                f"{' '.join(str(e).split())[:160]}); allowed: a metrics file written by train "
