@@ -76,7 +76,7 @@ bench: env
 # The book: papermill executes each notebook at docs/book/presets.yml's "book" sizes (a notebook whose source,
 # parameters and brorl_lab code are unchanged is not run again), Sphinx + myst-nb renders them with the theory and
 # results pages into build/book/html. BOOK_ARGS="--force" re-executes all; "--preset tiny" builds in minutes.
-# Measured on the shared 2-core machine (load 14): over an hour from scratch, 47 min of it notebook 02; ~20 s cached.
+# Measured on the shared 2-core machine (load 14): 70 min from scratch, 47 min of it notebook 02; ~20 s cached.
 BOOK_ARGS ?=
 book: env
 	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR) $(BIN)/python docs/book/build_book.py $(BOOK_ARGS)

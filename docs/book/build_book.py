@@ -25,7 +25,8 @@ kernel: the page says so where a widget was displayed.
 How long (measured 2026-12-06 on the shared 2-core machine while other jobs kept its load average at 8 to 15, so a
 quiet machine takes less): the tiny preset, every notebook executed, 324 s at load 8 and 791 to 855 s at load 14;
 the book preset, per notebook: 00 39 s, 01 345 s, 01b 149 s, 02 2,798 s (47 min: the flagship's arms, 2 seeds),
-03 64 s, 05 53 s, then 06 and 04; Sphinx alone 10 to 18 s. A rebuild with nothing changed executes nothing
+03 64 s, 05 53 s, 06 728 s (a 3-setting preset since replaced by its quick preset), 04 10 s: 4,204 s (70 min) in
+all; Sphinx alone 8 to 18 s. A rebuild with nothing changed executes nothing
 (about 20 s); a change under brorl_lab/ re-executes every notebook.
 
 Why the committed notebooks stay without outputs and the book is where they are read executed: an executed notebook
