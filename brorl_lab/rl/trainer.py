@@ -87,6 +87,16 @@ class CheckpointError(RuntimeError):
         self.errno, self.kept = errno_, kept
 
 
+def _best_effort(*records: Callable[[], object]) -> None:
+    """Write each record of a run that is already failing or stopping (status, event, metrics); a full or
+    read-only disk must not hide the original error behind an OSError."""
+    for record in records:
+        try:
+            record()
+        except OSError:
+            pass
+
+
 def _check_eval_sets(spec: RunSpec) -> None:
     """Check every evaluated task has a frozen eval set (the run's user-named tasks build theirs into the cache
     here, on first use, for the run's task_configs)."""
@@ -598,15 +608,10 @@ class Trainer:
         except BaseException as e:  # Ctrl-C / SIGTERM outside the stoppable loop (the first evaluation, a second
             if isinstance(e, KeyboardInterrupt):  # signal): the run dir says so; the CLI exits 130 / 143
                 signum = getattr(e, "signum", signal.SIGINT)
-                for record in (lambda: self.run_dir.write_status("interrupted", step=self.step_idx,
-                                                                 checkpoint_step=self._checkpoint_step),
-                               lambda: self.run_dir.log_event("interrupted", step=self.step_idx,
-                                                              signal=signum,
-                                                              checkpoint_step=self._checkpoint_step)):
-                    try:
-                        record()
-                    except OSError:
-                        pass
+                _best_effort(lambda: self.run_dir.write_status("interrupted", step=self.step_idx,
+                                                               checkpoint_step=self._checkpoint_step),
+                             lambda: self.run_dir.log_event("interrupted", step=self.step_idx, signal=signum,
+                                                            checkpoint_step=self._checkpoint_step))
             raise
         finally:
             beat.set()
@@ -653,13 +658,9 @@ class Trainer:
             self.save_checkpoint()
         except Exception as e:  # e.g. max_bad_steps, a full disk: the run dir says so, not only the traceback
             error = f"{type(e).__name__}: {e}"
-            for record in (lambda: self.run_dir.write_metrics(self.rows),  # best effort: the disk may be full
-                           lambda: self.run_dir.write_status("failed", step=self.step_idx, error=error),
-                           lambda: self.run_dir.log_event("failed", step=self.step_idx, error=error)):
-                try:
-                    record()
-                except OSError:
-                    pass
+            _best_effort(lambda: self.run_dir.write_metrics(self.rows),
+                         lambda: self.run_dir.write_status("failed", step=self.step_idx, error=error),
+                         lambda: self.run_dir.log_event("failed", step=self.step_idx, error=error))
             raise
         finally:
             bar.close()
