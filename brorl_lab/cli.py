@@ -954,7 +954,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import errno
     import signal
 
-    from brorl_lab.core.console import raise_on_sigterm
+    from brorl_lab.core.console import PLAIN_PROGRESS_ENV, raise_on_sigterm
 
     quiet_third_party()
     parser = build_parser()
@@ -962,6 +962,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.argv = None if argv is None else list(argv)
     where = f"{parser.prog} {args.command}"
     previous = raise_on_sigterm()
+    plain = os.environ.get(PLAIN_PROGRESS_ENV)
     try:
         return args.func(args)
     except UserError as e:  # bad input: one line. Anything else is a bug and keeps its traceback.
@@ -983,6 +984,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if previous is not None:  # main() called in-process (tests, notebooks): SIGTERM as it was
             signal.signal(signal.SIGTERM, previous)
+        if plain is None:  # and the plain-progress flag a papermill command set for its kernels (_stream_kernels)
+            os.environ.pop(PLAIN_PROGRESS_ENV, None)
+        else:
+            os.environ[PLAIN_PROGRESS_ENV] = plain
     return 0
 
 

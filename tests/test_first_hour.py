@@ -144,3 +144,24 @@ def test_papermill_commands_stream_what_cells_print_and_a_batch_log_gets_no_carr
         assert f"[{name[:24]}] live bars False" in log
         assert f"[{name[:24]}] cell step {steps}/{steps}" in log
     assert "sweep sw: 2/2 runs done" in log
+
+
+def test_a_papermill_command_run_in_process_leaves_the_plain_progress_flag_as_it_was(tmp_path, monkeypatch):
+    """`demo`/`sweep` set BRORL_PLAIN_PROGRESS for the kernels they start; main() called in-process (a test, a
+    notebook) must put it back, or every later kernel of that process prints plain lines instead of its widget bar
+    (the full suite's demo test made the bar test above fail)."""
+    from brorl_lab import cli
+    from brorl_lab.core.console import PLAIN_PROGRESS_ENV
+    from brorl_lab.lab import sweep
+
+    monkeypatch.delenv(PLAIN_PROGRESS_ENV, raising=False)
+    seen = {}
+
+    def fake_run(nb, out, params, *, progress, stream):  # records what the kernels would see; runs nothing
+        seen["flag"] = os.environ.get(PLAIN_PROGRESS_ENV)
+        return {"status": "finished"}
+
+    monkeypatch.setattr(sweep, "run_notebook", fake_run)
+    cli.main(["demo", "--out", str(tmp_path / "demo")])
+    assert seen["flag"] == "1"  # the kernels got plain lines
+    assert PLAIN_PROGRESS_ENV not in os.environ  # and the process is as it was
