@@ -8,6 +8,12 @@ from brorl_lab.core.config import Config
 from brorl_lab.rl.trainer import Trainer
 
 
+def run_names(root: Path) -> list[str]:
+    """The run directories under ``root``, sorted, without their one-writer locks (``.<run>.lock`` beside each run,
+    brorl_lab.core.runlock)."""
+    return sorted(p.name for p in Path(root).iterdir() if not p.name.startswith("."))
+
+
 def tiny_config(root: Path, name: str, **kw) -> Config:
     base = dict(tasks=["gcd"], rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=8, steps=2, eval_every=1,
                 eval_prompts=8, eval_samples=4, eval_k=[1, 2, 4], checkpoint_every=0, max_resample_rounds=1,

@@ -11,7 +11,7 @@ import nbformat
 import numpy as np
 import pytest
 from helpers_notebooks import assert_notebook_pair_in_sync
-from helpers_runs import make_tiny_runs
+from helpers_runs import make_tiny_runs, run_names
 
 from brorl_lab.lab import tracking
 
@@ -77,7 +77,7 @@ def test_03_trains_every_arm_and_draws_the_ablations(tmp_path, monkeypatch):
     assert len(marks) == 4 and all(arr(tr["x"]) == [1, 2] for tr in marks)  # reset_every=1: × at both steps, 4 panels
     assert {tr["name"] for tr in titled(figs, "Clip-higher")["data"]} == {"baseline", "symmetric clip"}
     # every arm really trained, into its own run directory under run_dir (not into the repo)
-    dirs = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))  # run locks (.<run>.lock) aside
+    dirs = run_names(run_dir)
     assert dirs == sorted(f"{a.replace(' ', '_')}-seed0" for a in ARMS)
     assert all((run_dir / d / "metrics.parquet").exists() for d in dirs)
     summary = next(o for o in outputs if o.output_type == "execute_result" and "late entropy" in o.data["text/plain"])

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers_notebooks import assert_notebook_pair_in_sync
+from helpers_runs import run_names
 
 from brorl_lab.study import rare
 from brorl_lab.study import regime as G
@@ -158,8 +159,7 @@ def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomp
     assert main(["regime-map", "--out", str(out), "--summarize"]) == 0  # the map again, from the files alone
     assert (out / "regime.txt").read_text().startswith(table.index[0] + ": rho")
     for name in ("gcd", "chain_sum"):  # each setting's arms ran on the shared grid in its own root
-        runs = sorted(p.name for p in (out / name / "arms").iterdir() if not p.name.startswith("."))  # no locks
-        assert runs == ["brorl_s0", "brorl_s1", "prorl_s0", "prorl_s1"]
+        assert run_names(out / name / "arms") == ["brorl_s0", "brorl_s1", "prorl_s0", "prorl_s1"]
 
 
 def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share):

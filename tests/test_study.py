@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers_runs import run_names
 
 from brorl_lab.core.config import Config
 from brorl_lab.lab.analysis import iso_compute_summary
@@ -61,18 +62,13 @@ def test_variant_arms_bad_input(tmp_path, variant, name):
         A.variant_arms(tiny_base(tmp_path, steps=2, eval_every=1), variant, **ARMS, prompts_large=2)
 
 
-def _run_names(root):
-    """The run directories under ``root``, without their one-writer locks (``.<run>.lock``, core.runlock)."""
-    return sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
-
-
 def test_run_ablations_shares_identical_runs_and_tables_three_budgets(tmp_path):
     base = tiny_base(tmp_path, steps=2, eval_every=2, checkpoint_every=2)  # the wider variant: 1 step, eval every 1
     root = tmp_path / "arms"
     main = AR.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
     variants = A.ablation_grid(lr_rules=("none",), prompts=(2, 4), advantages=(), main_prompts=2)
     df = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
-    runs = _run_names(root)
+    runs = run_names(root)
     assert {"prorl_s0", "brorl_s0"} <= set(runs)
     assert len(runs) == 4  # the main arms were reused; the wider variant's two arms (its own grid) are new
     assert set(df["variant"]) == {"main", "prompts_large=4"}
@@ -88,7 +84,7 @@ def test_run_ablations_shares_identical_runs_and_tables_three_budgets(tmp_path):
         assert gap.tolist() == pytest.approx((100 * (table[f"{ax}: brorl"] - table[f"{ax}: prorl"])).tolist())
     # resumable: a second call runs nothing new and returns the same numbers
     again = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
-    assert _run_names(root) == runs
+    assert run_names(root) == runs
     pd.testing.assert_frame_equal(A.ablation_table(again), table)
 
 
