@@ -157,20 +157,39 @@ def _stop_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _ray_node(cmd: list[str], env: dict, log: Path, ready, attempts: int = 3) -> subprocess.Popen:
-    """``ray start ... --block`` in its own process group, until ``ready()``; a start that dies (under load Ray's
-    raylet can miss its agents' start-up deadline and abort) is retried, up to ``attempts`` times."""
+def _ray_logs(log: Path, temp_dir: Path) -> str:
+    """The start command's output and the tail of the GCS and raylet logs: what a failed start leaves to read."""
+    parts = [f"--- {log.name}\n{log.read_text()[-1500:] if log.is_file() else '(none)'}"]
+    for name in ("gcs_server.out", "gcs_server.err", "raylet.out", "raylet.err"):
+        for f in sorted(temp_dir.glob(f"session_*/logs/{name}"))[-1:]:
+            parts.append(f"--- {name}\n{f.read_text(errors='replace')[-1000:]}")
+    return "\n".join(parts)
+
+
+def _ray_node(cmd: list[str], env: dict, log: Path, ready, temp_dir: Path, attempts: int = 2,
+              wait_s: float = 120) -> subprocess.Popen:
+    """``ray start ... --block`` in its own process group, until ``ready()``; a start that dies or is not ready in
+    ``wait_s`` (under load Ray's raylet can miss its agents' start-up deadline and abort) is stopped and retried, up
+    to ``attempts`` times, so a cluster that cannot start fails in minutes with Ray's own logs, never at the timeout."""
     for attempt in range(1, attempts + 1):
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + wait_s
         while proc.poll() is None and time.monotonic() < deadline:
             if ready():
                 return proc
             time.sleep(1)
         _stop_group(proc)
         if attempt == attempts:
-            raise AssertionError(f"{' '.join(cmd[1:3])} did not start {attempts} times:\n{log.read_text()[-2000:]}")
+            raise AssertionError(f"{' '.join(cmd[1:3])} did not start {attempts} times:\n{_ray_logs(log, temp_dir)}")
     raise AssertionError("unreachable")
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -188,23 +207,31 @@ def two_node_cluster(tmp_path_factory):
     temp_dir = Path("/tmp") / f"ray-jobs-{os.getpid()}"  # Ray's socket paths must stay short
     port = _free_port()
     address = f"127.0.0.1:{port}"
+    # Token auth off on both sides, said explicitly: `ray start` turns it on by itself once ~/.ray/auth_token exists
+    # (any local ray.init() writes it, the Ray engine's tests included), while ray.init(address=...) never does, so
+    # the driver was refused ("Authentication token is missing") and the fixture waited until the test timed out.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-           "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+           "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
+    auth_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # this process is the driver of every test that uses the cluster
     common = ["--num-cpus", "1", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
 
     def connected() -> bool:
+        if not _listening(port):  # ray.init against a GCS that is not up retries for ~20 s per call
+            return False
         try:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, _node_ip_address="127.0.0.1")
             return True
         except Exception:  # noqa: BLE001 - the head is still starting
+            ray.shutdown()  # a failed init can leave a half-connected driver behind; the next try starts clean
             return False
 
     procs = []
     try:
         procs.append(_ray_node([str(ray_bin), "start", "--head", "--port", str(port), "--include-dashboard=false",
-                                f"--temp-dir={temp_dir}", *common], env, tmp / "head.log", connected))
+                                f"--temp-dir={temp_dir}", *common], env, tmp / "head.log", connected, temp_dir))
         procs.append(_ray_node([str(ray_bin), "start", "--address", address, *common], env, tmp / "node.log",
-                               lambda: len([n for n in ray.nodes() if n.get("Alive")]) >= 2))
+                               lambda: len([n for n in ray.nodes() if n.get("Alive")]) >= 2, temp_dir))
         ray.shutdown()
         yield address
     finally:
@@ -212,6 +239,10 @@ def two_node_cluster(tmp_path_factory):
         for p in reversed(procs):
             _stop_group(p)
         shutil.rmtree(temp_dir, ignore_errors=True)
+        if auth_mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth_mode
 
 
 @pytest.mark.ray
@@ -266,12 +297,16 @@ KILLED_STUDY = """
 import sys
 sys.path[:0] = {paths!r}
 from pathlib import Path
-from test_jobs import ARM_OPTIONS, tiny_base
+from test_jobs import KILL_OPTIONS, KILL_STEPS, tiny_base
 from brorl_lab.study.arms import run_rollout_scaling
 
-run_rollout_scaling(tiny_base(Path({root!r}), steps=6), seeds=[0], root=Path({root!r}) / "arms", progress=False,
-                    jobs=2, threads=1, **ARM_OPTIONS)
+run_rollout_scaling(tiny_base(Path({root!r}), steps=KILL_STEPS), seeds=[0], root=Path({root!r}) / "arms",
+                    progress=False, jobs=2, threads=1, **KILL_OPTIONS)
 """
+# BroRL 16 x 2 samples for 4 steps, ProRL 2 x 1 for 64 steps: ProRL is far from done when BroRL finishes, so the
+# kill below lands mid-run however fast the machine (with ARM_OPTIONS' ratio of 4 a fast CI machine finished ProRL).
+KILL_OPTIONS = dict(ARM_OPTIONS, n_small=2, prompts_small=1, n_large=16)
+KILL_STEPS = 4
 
 
 @pytest.mark.timeout(600)
@@ -288,7 +323,8 @@ def test_a_killed_study_resumes_finished_runs_skipped_partial_runs_from_their_ch
                             text=True)
     arms = root / "arms"
     deadline = time.monotonic() + 300
-    while not (_status(arms / "brorl_s0") == "finished" and _step(arms / "prorl_s0") >= 3):  # BroRL: 6 steps, ProRL: 24
+    prorl_steps = KILL_STEPS * 16
+    while not (_status(arms / "brorl_s0") == "finished" and _step(arms / "prorl_s0") >= 3):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the study never got there"
         time.sleep(0.2)
@@ -297,16 +333,17 @@ def test_a_killed_study_resumes_finished_runs_skipped_partial_runs_from_their_ch
     while _status(arms / "prorl_s0") == "running":  # the orphaned worker checkpoints and exits by itself
         assert time.monotonic() < deadline + 120, "the orphaned worker kept running"
         time.sleep(0.5)
-    assert _status(arms / "prorl_s0") == "interrupted" and _step(arms / "prorl_s0") < 24
+    assert _status(arms / "prorl_s0") == "interrupted" and _step(arms / "prorl_s0") < prorl_steps
     finished = {p: p.stat().st_mtime_ns for p in (arms / "brorl_s0").rglob("*") if p.is_file()}
 
-    base = tiny_base(root, steps=6)
-    resumed = run_rollout_scaling(base, seeds=[0], root=arms, progress=False, jobs=2, threads=1, **ARM_OPTIONS)
+    base = tiny_base(root, steps=KILL_STEPS)
+    resumed = run_rollout_scaling(base, seeds=[0], root=arms, progress=False, jobs=2, threads=1, **KILL_OPTIONS)
     assert {p: p.stat().st_mtime_ns for p in (arms / "brorl_s0").rglob("*") if p.is_file()} == finished
     events = [json.loads(line) for line in (arms / "prorl_s0" / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("resumed") == 1
-    fresh = run_rollout_scaling(tiny_base(tmp_path / "fresh", steps=6), seeds=[0], root=tmp_path / "fresh" / "arms",
-                                progress=False, jobs=1, threads=1, **ARM_OPTIONS)
+    fresh = run_rollout_scaling(tiny_base(tmp_path / "fresh", steps=KILL_STEPS), seeds=[0],
+                                root=tmp_path / "fresh" / "arms", progress=False, jobs=1, threads=1, **KILL_OPTIONS)
+    assert fresh.loc[fresh["arm"] == "prorl", "step"].max() == prorl_steps
     pd.testing.assert_frame_equal(_comparable(fresh), _comparable(resumed))
 
 
