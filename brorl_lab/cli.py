@@ -526,26 +526,32 @@ def cmd_paid(args) -> int:
     import time
 
     from brorl_lab.core.validation import check_seeds
+    from brorl_lab.lab.jobs import physical_cores
     from brorl_lab.study import paid
     from brorl_lab.study.recipe import recipe_config, resolve_experiment_model
     from brorl_lab.study.results import provenance
 
-    set_threads(args.threads)
+    p = _jobs_params(args)
     seeds = check_seeds(args.seeds)
     lr = args.lr if args.lr is not None else paid.plateau_lr(args.model)
     over = {k: v for k, v in (("eval_prompts", args.eval_prompts), ("eval_samples", args.eval_samples),
                               ("tasks", args.families)) if v is not None}
-    base = recipe_config(model=args.model, lr=lr, torch_threads=args.threads, **over)
+    base = recipe_config(model=args.model, lr=lr, torch_threads=p["torch_threads"], **over)
     arms = paid.paid_arm_configs(base, budget=args.budget, points=args.points, middle=not args.no_middle,
                                  lr_factor=args.brorl_lr_factor)
     out = Path(args.out)
     t0 = time.perf_counter()
-    df = paid.run_paid(arms, seeds=seeds, root=out / "arms", progress=True)
+    df = paid.run_paid(arms, seeds=seeds, root=out / "arms", progress=True, jobs=p["jobs"], ray=p["ray"],
+                       threads=p["torch_threads"])
+    if not df.groupby("run")["cum_samples"].max().ge(args.budget).all() or df["run"].nunique() < len(arms) * len(seeds):
+        print("stopped before every arm spent its budget: run the same command again to resume", file=sys.stderr)
+        return 130
     metric = f"eval/{args.takeoff_family}/pass@1" if args.takeoff_family else paid.METRIC
     report = paid.paid_report(df, budget=args.budget, points=args.points, metric=metric,
                               takeoff_level=args.takeoff_level)
     tables = {"points": report.pop("points")}
     if args.mechanism:  # the mechanism against its no-training re-draw (128 prompts x 512 draws per policy)
+        set_threads(physical_cores())  # measured here, after the runs: every core
         gaps = paid.measure_mechanism(arms, seeds=seeds, root=out / "arms", branch=resolve_experiment_model(args.model))
         tables["mechanism"] = gaps
         report["mechanism"] = paid.control_summary(gaps).to_dict(orient="records")
@@ -862,7 +868,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the 'only N=512' prompts re-drawn at the branch point, and after every headline arm and seed")
     pa.add_argument("--takeoff-family", default=None, help="the family the race and the grid read (default: mean)")
     pa.add_argument("--out", default="runs/paid")
-    pa.add_argument("--threads", type=int, default=1)
+    add_jobs_options(pa)
     pa.set_defaults(func=cmd_paid)
 
     s = sub.add_parser("scaling", help="the flagship study headless (notebook 02): arms on the shared grid, paired "

@@ -7,6 +7,14 @@ from pathlib import Path
 from brorl_lab.core.config import Config
 from brorl_lab.rl.trainer import Trainer
 
+# Columns that time a run (wall clock): everything else in a run's metrics is a function of its seed and settings.
+TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
+
+
+def without_timing(df):
+    """``df`` without its :data:`TIMING` columns and with a fresh index: what two runs of one seed must share."""
+    return df[[c for c in df.columns if not c.startswith(TIMING)]].reset_index(drop=True)
+
 
 def run_names(root: Path) -> list[str]:
     """The run directories under ``root``, sorted, without their one-writer locks (``.<run>.lock`` beside each run,

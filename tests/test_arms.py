@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers_runs import TIMING
 
 from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.validation import UserError
@@ -17,8 +18,6 @@ from brorl_lab.study import arms as AR
 from brorl_lab.study import compare as C
 from brorl_lab.study import plateau as P
 from brorl_lab.study import recipe as RC
-
-TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
 
 
 def tiny_base(tmp_path, **kw) -> Config:

@@ -24,6 +24,7 @@ import pytest
 import torch
 from helpers_models import save_tiny
 from helpers_notebooks import write_notebook
+from helpers_runs import TIMING
 
 from brorl_lab.core.config import Config
 from brorl_lab.lab import sweep
@@ -36,7 +37,6 @@ from brorl_lab.rollout.tasks.gym import GYM_FAMILIES, GymFamily
 
 ROOT = Path(__file__).resolve().parent.parent
 # Columns that measure time differ between two runs of the same computation; everything else must match exactly.
-TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
 # A tiny run whose every step changes the weights (entropy bonus and KL give gradients even when the random model
 # earns no reward), so resuming from the wrong state would show in the metrics.
 TINY = dict(tasks=["chain_sum"], template="plain", rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4,

@@ -17,13 +17,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers_jobs import failing_job, matmul_job, sleeping_job, train_job
-from helpers_runs import tiny_config
+from helpers_runs import TIMING, tiny_config, without_timing
 
 from brorl_lab.core.validation import UserError
 from brorl_lab.lab.jobs import NOT_RUN, Job, JobError, run_jobs, split_threads
 
 REPO = Path(__file__).resolve().parents[1]
-TIMING = ("time/", "step_wall_s", "cum_wall_s", "samples_per_s", "tokens_per_s")
 
 
 def matmul_jobs(root: Path, seeds=(0, 1, 2, 3)) -> list[Job]:
@@ -276,10 +275,6 @@ def tiny_base(root: Path, **kw):
     return recipe_config(**d)
 
 
-def _comparable(df: pd.DataFrame) -> pd.DataFrame:
-    return df[[c for c in df.columns if not c.startswith(TIMING)]].reset_index(drop=True)
-
-
 @pytest.mark.timeout(600)
 def test_the_arms_at_two_jobs_equal_the_arms_one_after_another(tmp_path):
     from brorl_lab.study.arms import run_rollout_scaling
@@ -290,7 +285,7 @@ def test_the_arms_at_two_jobs_equal_the_arms_one_after_another(tmp_path):
     two = run_rollout_scaling(base, seeds=[0, 1], root=tmp_path / "two", progress=False, jobs=2, threads=1,
                               **ARM_OPTIONS)
     assert list(two["run"].unique()) == ["prorl_s0", "brorl_s0", "prorl_s1", "brorl_s1"]  # the sequential order
-    pd.testing.assert_frame_equal(_comparable(one), _comparable(two))  # bit-equal metrics, run by run
+    pd.testing.assert_frame_equal(without_timing(one), without_timing(two))  # bit-equal metrics, run by run
 
 
 KILLED_STUDY = """
@@ -344,7 +339,7 @@ def test_a_killed_study_resumes_finished_runs_skipped_partial_runs_from_their_ch
     fresh = run_rollout_scaling(tiny_base(tmp_path / "fresh", steps=KILL_STEPS), seeds=[0],
                                 root=tmp_path / "fresh" / "arms", progress=False, jobs=1, threads=1, **KILL_OPTIONS)
     assert fresh.loc[fresh["arm"] == "prorl", "step"].max() == prorl_steps
-    pd.testing.assert_frame_equal(_comparable(fresh), _comparable(resumed))
+    pd.testing.assert_frame_equal(without_timing(fresh), without_timing(resumed))
 
 
 def _status(run: Path) -> str:

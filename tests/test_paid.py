@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from helpers_runs import without_timing
 
 from brorl_lab.lab.stats import change_bound, seeds_for_power, t_quantile
 from brorl_lab.study import paid as PD
@@ -142,8 +143,11 @@ def test_paid_arms_run_to_their_budget_and_are_measured_at_every_threshold(tmp_p
     pts = PD.grid_points(df, PD.thresholds(64, 2))
     assert pts["value"].notna().all() and (pts["x"] >= pts["mark"]).all()
     assert (df["cum_trained_samples"] <= df["cum_samples"]).all()
-    again = PD.run_paid(arms, seeds=[0, 1], root=tmp_path / "paid")  # seed 0 is read back, not re-run
+    again = PD.run_paid(arms, seeds=[0, 1], root=tmp_path / "paid", jobs=2, threads=1)  # seed 0 read back, not re-run
     assert again[again["seed"] == 0]["cum_samples"].tolist() == df["cum_samples"].tolist()
+    assert list(again["run"].unique()) == ["prorl_s0", "brorl_s0", "prorl_s1", "brorl_s1"]
+    alone = PD.run_paid(arms, seeds=[1], root=tmp_path / "alone")  # the same seed one after another: the same numbers
+    pd.testing.assert_frame_equal(without_timing(again[again["seed"] == 1]), without_timing(alone))
     rep = PD.paid_report(again, budget=64, points=2, takeoff_level=0.5)
     assert rep["race"]["n"] == 2 and rep["race"]["reached_prorl"] + rep["race"]["reached_brorl"] <= 4
     assert "Takeoff race (+50 points" in PD.paid_text(rep)
@@ -196,3 +200,10 @@ def test_the_shipped_pilots_headline_is_recomputed_from_its_per_seed_file(pilot)
     for k in ("n", "gap", "lo", "hi", "sd"):
         assert got[k] == pytest.approx(head[k]), k
     assert verdict["sizing"]["seeds"] == seeds_for_power(got["sd"], PD.SIZING_EFFECT)
+
+
+@pytest.mark.parametrize("lo, hi, word", [(0.001, 0.02, "BroRL ahead"), (-0.02, -0.001, "BroRL behind"),
+                                          (-0.01, 0.02, "not resolved: the gap is between -1.00 and +2.00 points")])
+def test_the_headline_reading_follows_the_interval_only(lo, hi, word):
+    assert PD.headline_reading({"n": 10, "gap": (lo + hi) / 2, "lo": lo, "hi": hi}).startswith(word)
+    assert PD.headline_reading({"n": 1, "gap": 0.0, "lo": lo, "hi": hi}).startswith("no reading")

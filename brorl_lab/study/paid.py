@@ -36,10 +36,10 @@ import numpy as np
 import pandas as pd
 
 from brorl_lab.core.config import Config
-from brorl_lab.core.validation import check_int, is_number
+from brorl_lab.core.validation import check_int, check_seeds, is_number
 from brorl_lab.lab.analysis import MEAN, PASS1
 from brorl_lab.lab.stats import change_bound, paired_t_interval, seeds_for_power, t_interval
-from brorl_lab.study.arms import arm_configs, label_arm, run_arm
+from brorl_lab.study.arms import arm_configs, run_plans
 from brorl_lab.study.compare import COLLAPSE, collapse_flags  # noqa: F401 (COLLAPSE: part of this module's readings)
 from brorl_lab.study.recipe import resolve_experiment_model
 
@@ -93,20 +93,19 @@ def paid_arm_configs(base: Config, *, budget: int, points: int = GRID_POINTS, lr
     return out
 
 
-def run_paid(arms: Mapping[str, Config], *, seeds: Sequence[int], root: str | Path,
-             progress: bool = False) -> pd.DataFrame:
+def run_paid(arms: Mapping[str, Config], *, seeds: Sequence[int], root: str | Path, progress: bool = False,
+             jobs: Optional[int] = 1, ray: Optional[str] = None, threads: Optional[int] = None) -> pd.DataFrame:
     """Run every arm of :func:`paid_arm_configs` for each seed (headline arms first, every seed; then the middle
     arm) in ``root/<arm>_s<seed>``, resumably (:func:`brorl_lab.study.arms.run_arm`: finished arms are read back);
-    returns the long table (:func:`brorl_lab.study.arms.label_arm`'s columns)."""
+    returns the long table (:func:`brorl_lab.study.arms.label_arm`'s columns). The runs are independent jobs
+    (:func:`brorl_lab.study.arms.run_plans`): ``jobs`` at a time here (default 1: one after another) or Ray tasks
+    at ``ray``, at ``threads`` torch threads each; a run's numbers depend on its seed and threads only."""
+    seeds = check_seeds(seeds)
     order = [(a, s) for s in seeds for a in arms if a != "middle"] + [("middle", s) for s in seeds if "middle" in arms]
-    frames = []
-    for arm, seed in order:
-        cfg = arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")
-        df, finished = run_arm(cfg, progress=progress)
-        frames.append(label_arm(df, arm, seed, cfg))
-        if not finished:
-            break
-    return pd.concat(frames, ignore_index=True)
+    root = Path(root).resolve()  # absolute: worker processes and Ray nodes do not share this working directory
+    plan = [(arm, seed, arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}"))
+            for arm, seed in order]
+    return run_plans({None: plan}, jobs=jobs, ray=ray, threads=threads, progress=progress)[None]
 
 
 # ---- the shared grid --------------------------------------------------------------------------------------------------
@@ -322,6 +321,20 @@ def paid_report(df: pd.DataFrame, *, budget: int, points: int = GRID_POINTS, met
             "sizing": sizing, "points": pd.concat(long, ignore_index=True) if long else pd.DataFrame()}
 
 
+def headline_reading(head: Mapping) -> str:
+    """The headline's reading, fixed before the run: the paired 95% interval of BroRL - ProRL at the budget either
+    lies above 0 ("BroRL ahead": BroRL revives the plateau at equal generated samples), below 0 ("BroRL behind"), or
+    contains 0 ("not resolved", with the largest gap in either direction the interval allows)."""
+    if not head or not (head.get("n", 0) >= 2):
+        return "no reading: fewer than 2 paired seeds"
+    lo, hi = 100 * head["lo"], 100 * head["hi"]
+    if lo > 0:
+        return f"BroRL ahead: the interval lies above 0 (at least {lo:+.2f} points)"
+    if hi < 0:
+        return f"BroRL behind: the interval lies below 0 (at least {-hi:.2f} points behind)"
+    return f"not resolved: the gap is between {lo:+.2f} and {hi:+.2f} points"
+
+
 def paid_text(report: dict) -> str:
     """The report in words: only what each interval supports."""
     h, lines = report["headline"], []
@@ -330,6 +343,7 @@ def paid_text(report: dict) -> str:
                      f"BroRL, {h.get('x_prorl', np.nan):,.0f} ProRL): BroRL - ProRL held-out pass@1 "
                      f"{100 * h['gap']:+.2f} [{100 * h['lo']:+.2f}, {100 * h['hi']:+.2f}] points over {h['n']} seeds "
                      f"(per seed: {', '.join(f'{100 * v:+.2f}' for v in h['per_seed'].values())}).")
+        lines.append(f"Reading (fixed before the run, study.paid.headline_reading): {headline_reading(h)}.")
     for b in report["bounds"]:
         lines.append(f"{b['arm']}: held-out pass@1 changed {100 * b['change']:+.2f} [{100 * b['lo']:+.2f}, "
                      f"{100 * b['hi']:+.2f}] points: by at most {100 * b['bound']:.2f} points either way.")
