@@ -238,6 +238,22 @@ def test_the_readme_headline_table_quotes_its_pages_files():
         assert checked >= 1 and bad == [], f"README row {row[:60]}...: {bad} not in the files of {page}"
 
 
+BENCH = re.compile(r"<!--\s*bench:\s*(.*?)\s*-->", re.S)
+
+
+def test_the_readme_speed_table_quotes_its_benchmark_files():
+    """The README's speed block (between ``<!-- bench: files -->`` and ``<!-- /bench -->``) is held to the number
+    rule against the benchmark JSON files it names, each tracked and carrying its command, commit and machine."""
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("<!-- bench:"):readme.index("<!-- /bench -->")]
+    names = declared(block, BENCH)
+    assert names and all(n in tracked() for n in names), names
+    files = [load(REPO / n) for n in names]
+    assert all(f.get("command") and f.get("machine") for f in files)
+    bad, checked = check_page(block, [v for f in files for v in file_values(f)])
+    assert checked >= 8 and bad == [], f"README speed block: {bad} in none of {names}"
+
+
 def test_a_provenance_record_names_the_commit_and_hashes_the_checkpoint(tmp_path):
     from brorl_lab.core.paths import DEFAULT_MODEL_DIR
     from brorl_lab.study.results import provenance, provenance_path, write_provenance
