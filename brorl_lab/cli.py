@@ -529,7 +529,7 @@ def cmd_paid(args) -> int:
     from brorl_lab.lab.jobs import physical_cores
     from brorl_lab.study import paid
     from brorl_lab.study.recipe import recipe_config, resolve_experiment_model
-    from brorl_lab.study.results import provenance
+    from brorl_lab.study.results import provenance, write_provenance
 
     p = _jobs_params(args)
     seeds = check_seeds(args.seeds)
@@ -556,11 +556,13 @@ def cmd_paid(args) -> int:
         tables["mechanism"] = gaps
         report["mechanism"] = paid.control_summary(gaps).to_dict(orient="records")
     df.to_parquet(out / "metrics.parquet")
-    paid.write_per_seed(out, tables)
+    written = paid.write_per_seed(out, tables) + [out / "metrics.parquet"]
     record = provenance(_command_line(args), {"branch": resolve_experiment_model(args.model)},
                         time.perf_counter() - t0, seeds=seeds, budget=args.budget, lr=lr,
                         collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
                                                           for a, c in arms.items()})
+    for path in written:  # every per-seed file carries its provenance: shippable as it is
+        write_provenance(path, record)
     (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
     text = paid.paid_text(report)
     (out / "verdict.txt").write_text(text + "\n")

@@ -57,6 +57,7 @@ settings = {                    # name -> tasks, optional model (its branch poin
     "gcd@takeoff (1/64,1/16]": {"tasks": ["gcd"], "model": "takeoff", "band": "(1/64,1/16]"},
     "products_2d (0,1/64]": {"tasks": ["products_2d"], "band": "(0,1/64]"},
     "spell_backward@takeoff (0,1/64]": {"tasks": ["spell_backward"], "model": "takeoff", "band": "(0,1/64]"},
+    "spell_backward+gcd@learned": {"tasks": ["spell_backward", "gcd"], "model": "learned"},  # the learned plateau
 }
 recipe = "prorl_v2"             # the arms' recipe (study.recipe.RECIPES)
 steps = 4                       # BroRL-arm steps (the ProRL arm: 8x as many)

@@ -207,3 +207,31 @@ def test_the_shipped_pilots_headline_is_recomputed_from_its_per_seed_file(pilot)
 def test_the_headline_reading_follows_the_interval_only(lo, hi, word):
     assert PD.headline_reading({"n": 10, "gap": (lo + hi) / 2, "lo": lo, "hi": hi}).startswith(word)
     assert PD.headline_reading({"n": 1, "gap": 0.0, "lo": lo, "hi": hi}).startswith("no reading")
+
+
+def test_the_grid_table_and_figure_rebuild_the_shipped_pilot_from_its_per_seed_file():
+    """From the shipped per-seed points alone: the table's last row at equal generated samples is the verdict's
+    headline interval, and the figure carries a dot per seed beside each interval."""
+    import json
+    from pathlib import Path
+
+    figures = Path(__file__).resolve().parent.parent / "notebooks" / "figures"
+    points = pd.read_csv(figures / "paid_learned_pilot_points.csv")
+    verdict = json.loads((figures / "paid_learned_pilot_verdict.json").read_text())
+    h = verdict["headline"]
+    last = PD.grid_table(points, "cum_samples").splitlines()[-1]
+    assert last.startswith(f"| {h['mark']:,.0f} | {h['n']} |")
+    assert last.endswith(f"{100 * h['gap']:+.2f} [{100 * h['lo']:+.2f}, {100 * h['hi']:+.2f}] |")
+    fig = PD.paid_figure(verdict)
+    dots = [t for t in fig.data if t.name == "one seed"]
+    assert len(dots) == len(verdict["grids"]) and all(len(t.y) == h["n"] * len(verdict["grids"][x])
+                                                      for t, x in zip(dots, verdict["grids"]))
+
+
+def test_a_race_where_every_seed_is_censored_is_reported_as_not_resolved():
+    rep = {"headline": {}, "bounds": [], "collapse": [], "sizing": {"seeds": None},
+           "race": {"level": 0.1, "metric": "eval/x/pass@1", "budget": 100, "n": 3, "reached_brorl": 0,
+                    "reached_prorl": 0, "first_brorl": 0, "first_prorl": 0, "ties": 3, "restricted_mean_gap": 0.0,
+                    "lo": 0.0, "hi": 0.0}}
+    text = PD.paid_text(rep)
+    assert "not resolved: neither arm reached the level in any of 3 seeds" in text and "+0 [+0, +0]" not in text

@@ -90,7 +90,9 @@ def leaves(obj) -> list[float]:
 
 
 def load(path: Path):
-    return json.loads(path.read_text()) if path.suffix == ".json" else pd.read_csv(path)
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
 
 
 def file_values(data) -> list[float]:
@@ -141,7 +143,24 @@ def derive_theorem(files: dict) -> list[float]:
     return list(g.min().to_numpy(float).ravel()) + list(g.max().to_numpy(float).ravel())
 
 
-DERIVE = {"flagship.md": derive_flagship, "regime_map.md": derive_regime, "theorem.md": derive_theorem}
+def derive_paid(files: dict) -> list[float]:
+    """What docs/results/flagship.md reads from each run's points.csv (each arm's mean value and x per axis and mark)
+    and metrics.parquet, per arm: the mean dynamic-sampling pass rate over training steps, the mean over seeds of
+    the last step, updates and trained samples, and the largest KL."""
+    out = []
+    for name, df in files.items():
+        if name.endswith("points.csv"):  # the grid tables' arm means (study.paid.grid_table)
+            out += list(df.groupby(["axis", "mark", "arm"])[["value", "x"]].mean().to_numpy().ravel())
+        if not name.endswith("metrics.parquet"):
+            continue
+        last = df.sort_values("step").groupby(["arm", "seed"]).tail(1).groupby("arm")
+        out += list(df[df["step"] > 0].groupby("arm")["ds_pass_rate"].mean())
+        out += [v for c in ("step", "cum_updates", "cum_trained_samples") for v in last[c].mean()]
+        out += list(df.groupby("arm")["kl"].max())
+    return [float(v) for v in out]
+
+
+DERIVE = {"flagship.md": derive_paid, "floor.md": derive_flagship, "regime_map.md": derive_regime, "theorem.md": derive_theorem}
 
 
 def page_values(page: Path) -> tuple[list[float], list[str]]:
@@ -300,8 +319,16 @@ def theorem_tables(summary: pd.DataFrame, theory: pd.DataFrame) -> list[str]:
     return [theorem_table(summary, theory)]
 
 
+def paid_tables(files: dict) -> list[str]:
+    """The flagship page's shared-grid tables, rebuilt from the per-seed points (study.paid.grid_table)."""
+    from brorl_lab.study.paid import grid_table
+
+    return [grid_table(files[f"notebooks/figures/paid_{run}_points.csv"], "cum_samples") for run in ("learned", "takeoff")]
+
+
 TABLES = {
-    "flagship.md": lambda f: flagship_tables(f["notebooks/figures/flagship_verdict.json"]),
+    "flagship.md": paid_tables,
+    "floor.md": lambda f: flagship_tables(f["notebooks/figures/flagship_verdict.json"]),
     "theorem.md": lambda f: theorem_tables(f["notebooks/figures/theorem_on_the_model_summary.csv"],
                                            f["notebooks/figures/theorem_on_the_model_theory.csv"]),
 }

@@ -350,7 +350,11 @@ def paid_text(report: dict) -> str:
     bad = [f"{c['arm']} seed {c['seed']} ({c['reason']})" for c in report["collapse"] if c["collapsed"]]
     lines.append("Collapsed (COLLAPSE rule, kept in every table): " + ("; ".join(bad) if bad else "none") + ".")
     r = report.get("race")
-    if r:
+    if r and r["reached_brorl"] == 0 and r["reached_prorl"] == 0:
+        lines.append(f"Takeoff race (+{100 * r['level']:g} points of {r['metric']}, budget {r['budget']:,.0f} generated "
+                     f"samples): not resolved: neither arm reached the level in any of {r['n']} seeds (all censored "
+                     "at the budget), so the race cannot order them.")
+    elif r:
         lines.append(f"Takeoff race (+{100 * r['level']:g} points of {r['metric']}, budget {r['budget']:,.0f} generated "
                      f"samples): reached by BroRL in {r['reached_brorl']} and ProRL in {r['reached_prorl']} of {r['n']} "
                      f"seeds (the rest censored at the budget); first: BroRL {r['first_brorl']}, ProRL {r['first_prorl']}, "
@@ -366,3 +370,53 @@ def paid_text(report: dict) -> str:
                      f"{z['seeds']} paired seeds detect a {100 * z['effect']:g}-point gap with 80% power "
                      "(lab.stats.seeds_for_power, t at every n).")
     return "\n".join(lines)
+
+
+# ---- the report's table and figure (the results page and the test build them from the shipped files) -------------
+def grid_table(points: pd.DataFrame, axis: str = "cum_samples", a: str = "brorl", b: str = "prorl") -> str:
+    """A markdown table of one axis of the shipped per-seed points (:func:`paid_report`'s ``points``): per mark, the
+    paired seeds, each arm's mean measured x and mean held-out pass@1, and the paired gap (points) with its 95% t
+    interval, recomputed from the per-seed values (``lab.stats.paired_t_interval``)."""
+    pts = points[points["axis"] == axis] if "axis" in points else points
+    rows = ["| mark | seeds | x BroRL | x ProRL | BroRL | ProRL | gap [95% interval] (points) |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    for m, g in pts.groupby("mark", sort=True):
+        w = g.pivot_table(index="seed", columns="arm", values="value").dropna(subset=[a, b])
+        xs = g[g["seed"].isin(w.index)].groupby("arm")["x"].mean()
+        r = paired_t_interval(w[a].to_numpy(), w[b].to_numpy())
+        mark = f"{m:,.0f}" if m >= 100 else f"{m:.3g}"  # updates and seconds: small marks keep their digits
+        rows.append(f"| {mark} | {r['n']} | {xs[a]:,.0f} | {xs[b]:,.0f} | {w[a].mean():.4f} | {w[b].mean():.4f} | "
+                    f"{100 * r['mean']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] |")
+    return "\n".join(rows)
+
+
+def paid_figure(report: Mapping, *, title: Optional[str] = None):
+    """One panel per comparison axis: the paired gap BroRL - ProRL (points of held-out pass@1) at every mark, its 95%
+    t interval as an error bar and a dot per seed beside it, a line at 0."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from brorl_lab.lab.plots import X_AXES
+
+    names = {**X_AXES, "cum_trained_samples": "samples trained on"}
+    axes = [x for x in AXES if x in report["grids"]]
+    fig = make_subplots(rows=1, cols=len(axes), subplot_titles=[f"at equal {names[x]}" for x in axes])
+    for j, x in enumerate(axes):
+        g = pd.DataFrame(report["grids"][x])
+        fig.add_trace(go.Scatter(
+            name="mean gap, 95% t interval", legendgroup="mean", showlegend=j == 0, x=g["mark"], y=100 * g["gap"],
+            mode="markers", marker=dict(color="black", size=9),
+            error_y=dict(type="data", symmetric=False, array=100 * (g["hi"] - g["gap"]),
+                         arrayminus=100 * (g["gap"] - g["lo"]))), row=1, col=j + 1)
+        span = float(g["mark"].max()) / max(len(g), 1)
+        dots = [(m + 0.18 * span, 100 * v) for m, ps in zip(g["mark"], g["per_seed"]) for v in dict(ps).values()]
+        fig.add_trace(go.Scatter(name="one seed", legendgroup="seed", showlegend=j == 0, x=[d[0] for d in dots],
+                                 y=[d[1] for d in dots], mode="markers",
+                                 marker=dict(color="rgba(31,119,180,0.55)", size=5)), row=1, col=j + 1)
+        fig.add_hline(y=0, line_color="grey", line_width=1, row=1, col=j + 1)
+        fig.update_xaxes(title_text=names[x], row=1, col=j + 1)
+    fig.update_yaxes(title_text="BroRL - ProRL (points of pass@1)", row=1, col=1)
+    fig.update_layout(title_text=title or "Paid in generated samples: the paired gap per seed and its interval",
+                      height=420, width=360 * len(axes), legend=dict(orientation="h", y=-0.25),
+                      margin=dict(t=80, b=40, l=60, r=20))
+    return fig
