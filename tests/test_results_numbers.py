@@ -341,3 +341,18 @@ def test_a_results_table_is_the_one_its_files_build(name):
     files = {n: load(REPO / n) for n in declared(text, RESULTS)}
     for table in TABLES[name](files):
         assert table in text, f"{name}: its table is not the one built from its files:\n{table}"
+
+
+def test_the_readme_headline_interval_is_recomputed_from_the_shipped_per_seed_file():
+    """The README's first headline row: BroRL - ProRL at the budget of generated samples, recomputed here from the
+    per-seed points alone (a paired t interval over seeds), must be the interval the row quotes."""
+    from brorl_lab.lab.stats import paired_t_interval
+
+    pts = pd.read_csv(REPO / "notebooks" / "figures" / "paid_learned_points.csv")
+    last = pts[(pts["axis"] == "cum_samples") & (pts["mark"] == pts["mark"].max())]
+    w = last.pivot_table(index="seed", columns="arm", values="value")
+    r = paired_t_interval(w["brorl"].to_numpy(), w["prorl"].to_numpy())
+    assert r["n"] >= 10
+    quoted = f"{100 * r['mean']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] points"
+    first_row = headline_rows((REPO / "README.md").read_text())[0][0]
+    assert quoted in first_row, (quoted, first_row)
