@@ -190,18 +190,26 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
 def plan_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str | Path = DEFAULT_ROOT,
                          middle_seeds: Optional[Iterable[int]] = None, **arm_options) -> list[tuple[str, int, Config]]:
     """The runs of :func:`run_rollout_scaling` in order, as ``(arm, seed, config)``, every name checked."""
+    return plan_arms(arm_configs(base, **arm_options), seeds=seeds, root=root, middle_seeds=middle_seeds)
+
+
+def plan_arms(arms: Mapping[str, Config], *, seeds: Iterable[int], root: str | Path,
+              middle_seeds: Optional[Iterable[int]] = None) -> list[tuple[str, int, Config]]:
+    """The runs of ``arms`` ({arm: Config}, e.g. :func:`arm_configs`) in order, as ``(arm, seed, config)`` with the
+    config in ``root/<arm>_s<seed>``: the headline arms for every seed first, then the middle arm for
+    ``middle_seeds`` (default ``seeds``), so a run cut short has the headline comparison complete first. Every
+    name is checked before any arm runs."""
     from brorl_lab.rl.spec import check  # imports torch: only when arms run
 
     seeds = check_seeds(seeds)
     if not isinstance(root, (str, Path)) or not str(root).strip():
         raise ValueError(f"root: got {root!r}; allowed: a directory path")
     middle_seeds = seeds if middle_seeds is None else check_seeds(middle_seeds)
-    arms = arm_configs(base, **arm_options)
     order = [(arm, seed) for seed in seeds for arm in arms if arm != "middle"]
     order += [("middle", seed) for seed in middle_seeds if "middle" in arms]
     root = Path(root).resolve()  # absolute: worker processes and Ray nodes do not share this working directory
     return [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")))
-            for arm, seed in order]  # every name checked before any arm runs
+            for arm, seed in order]
 
 
 def run_plans(plans: Mapping, *, jobs: Optional[int] = 1, ray: Optional[str] = None,

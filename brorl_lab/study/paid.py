@@ -36,10 +36,10 @@ import numpy as np
 import pandas as pd
 
 from brorl_lab.core.config import Config
-from brorl_lab.core.validation import check_int, check_seeds, is_number
+from brorl_lab.core.validation import check_int, is_number
 from brorl_lab.lab.analysis import MEAN, PASS1
 from brorl_lab.lab.stats import change_bound, paired_t_interval, seeds_for_power, t_interval
-from brorl_lab.study.arms import arm_configs, run_plans
+from brorl_lab.study.arms import arm_configs, plan_arms, run_plans
 from brorl_lab.study.compare import COLLAPSE, collapse_flags  # noqa: F401 (COLLAPSE: part of this module's readings)
 from brorl_lab.study.recipe import resolve_experiment_model
 
@@ -100,11 +100,7 @@ def run_paid(arms: Mapping[str, Config], *, seeds: Sequence[int], root: str | Pa
     returns the long table (:func:`brorl_lab.study.arms.label_arm`'s columns). The runs are independent jobs
     (:func:`brorl_lab.study.arms.run_plans`): ``jobs`` at a time here (default 1: one after another) or Ray tasks
     at ``ray``, at ``threads`` torch threads each; a run's numbers depend on its seed and threads only."""
-    seeds = check_seeds(seeds)
-    order = [(a, s) for s in seeds for a in arms if a != "middle"] + [("middle", s) for s in seeds if "middle" in arms]
-    root = Path(root).resolve()  # absolute: worker processes and Ray nodes do not share this working directory
-    plan = [(arm, seed, arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}"))
-            for arm, seed in order]
+    plan = plan_arms(arms, seeds=seeds, root=root)
     return run_plans({None: plan}, jobs=jobs, ray=ray, threads=threads, progress=progress)[None]
 
 
@@ -132,8 +128,8 @@ def grid_points(df: pd.DataFrame, marks: Sequence[float], *, x: str = "cum_sampl
 
 def paired_at_grid(points: pd.DataFrame, a: str = "brorl", b: str = "prorl") -> pd.DataFrame:
     """Per mark: arm ``a`` minus arm ``b`` on the seeds where both were measured (each seed's gap listed in
-    ``per_seed``, so every interval comes with its dots), the paired t interval (n, mean, lo, hi, mde) and both
-    arms' mean measured x (how far past the mark each crossing landed)."""
+    ``per_seed``, so every interval comes with its dots), the paired t interval (n, mean, lo, hi, mde), both arms'
+    mean measured x (how far past the mark each crossing landed) and both arms' mean value on the paired seeds."""
     rows = []
     for m, g in points.groupby("mark", sort=True):
         w = g.pivot_table(index="seed", columns="arm", values="value")
@@ -144,6 +140,7 @@ def paired_at_grid(points: pd.DataFrame, a: str = "brorl", b: str = "prorl") -> 
         r = paired_t_interval(w[a].to_numpy(), w[b].to_numpy())
         rows.append({"mark": m, "n": r["n"], "gap": r["mean"], "lo": r["lo"], "hi": r["hi"], "mde": r["mde"],
                      "sd": r["sd"], f"x_{a}": xs.get(a, np.nan), f"x_{b}": xs.get(b, np.nan),
+                     f"value_{a}": float(w[a].mean()), f"value_{b}": float(w[b].mean()),
                      "per_seed": (w[a] - w[b]).round(6).to_dict()})
     return pd.DataFrame(rows)
 
@@ -376,17 +373,15 @@ def paid_text(report: dict) -> str:
 def grid_table(points: pd.DataFrame, axis: str = "cum_samples", a: str = "brorl", b: str = "prorl") -> str:
     """A markdown table of one axis of the shipped per-seed points (:func:`paid_report`'s ``points``): per mark, the
     paired seeds, each arm's mean measured x and mean held-out pass@1, and the paired gap (points) with its 95% t
-    interval, recomputed from the per-seed values (``lab.stats.paired_t_interval``)."""
+    interval, recomputed from the per-seed values (:func:`paired_at_grid`)."""
     pts = points[points["axis"] == axis] if "axis" in points else points
     rows = ["| mark | seeds | x BroRL | x ProRL | BroRL | ProRL | gap [95% interval] (points) |",
             "|---:|---:|---:|---:|---:|---:|---:|"]
-    for m, g in pts.groupby("mark", sort=True):
-        w = g.pivot_table(index="seed", columns="arm", values="value").dropna(subset=[a, b])
-        xs = g[g["seed"].isin(w.index)].groupby("arm")["x"].mean()
-        r = paired_t_interval(w[a].to_numpy(), w[b].to_numpy())
+    for r in paired_at_grid(pts, a, b).to_dict(orient="records"):
+        m = r["mark"]
         mark = f"{m:,.0f}" if m >= 100 else f"{m:.3g}"  # updates and seconds: small marks keep their digits
-        rows.append(f"| {mark} | {r['n']} | {xs[a]:,.0f} | {xs[b]:,.0f} | {w[a].mean():.4f} | {w[b].mean():.4f} | "
-                    f"{100 * r['mean']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] |")
+        rows.append(f"| {mark} | {r['n']} | {r[f'x_{a}']:,.0f} | {r[f'x_{b}']:,.0f} | {r[f'value_{a}']:.4f} | "
+                    f"{r[f'value_{b}']:.4f} | {100 * r['gap']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] |")
     return "\n".join(rows)
 
 
