@@ -32,15 +32,18 @@ def sleeping_job(seconds: float) -> float:
     return seconds
 
 
-def train_job(cfg: Config) -> tuple:
-    """One Trainer run to cfg.steps, resumed from its checkpoint when it has one: (metrics, finished)."""
+def train_job(cfg: Config, pause_s: float = 0.0) -> tuple:
+    """One Trainer run to cfg.steps, resumed from its checkpoint when it has one: (metrics, finished). ``pause_s``
+    sleeps after each step (it changes no number): it paces a test's runs so that a signal sent at step 2 lands
+    mid-run however fast the machine, and however far apart the two workers started."""
     from brorl_lab.rl.trainer import CHECKPOINT_FILE, Trainer
 
     path = Path(cfg.run_dir) / cfg.run_name
+    pace = [lambda _trainer, _row: time.sleep(pause_s)] if pause_s else []
     if (path / "checkpoint" / CHECKPOINT_FILE).is_file():
-        trainer = Trainer.resume(path, progress=False)
+        trainer = Trainer.resume(path, progress=False, callbacks=pace)
     else:
-        trainer = Trainer(cfg, progress=False, overwrite=True)
+        trainer = Trainer(cfg, progress=False, overwrite=True, callbacks=pace)
     with trainer:
         df = trainer.run()
         return df, trainer.step_idx >= cfg.steps

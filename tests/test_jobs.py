@@ -67,10 +67,10 @@ def test_bad_arguments_are_one_clear_error():
         run_jobs([Job(sleeping_job, (0,), name="x", run_dir=Path("relative"))], ray="127.0.0.1:1")
 
 
-def _train_jobs(root: Path, names=("a", "b", "c"), steps: int = 12) -> list[Job]:
+def _train_jobs(root: Path, names=("a", "b", "c"), steps: int = 12, pause_s: float = 0.0) -> list[Job]:
     cfgs = [tiny_config(root, name, seed=i, steps=steps, eval_every=0, checkpoint_every=1)
             for i, name in enumerate(names)]
-    return [Job(train_job, (c,), name=c.run_name, run_dir=root / c.run_name) for c in cfgs]
+    return [Job(train_job, (c, pause_s), name=c.run_name, run_dir=root / c.run_name) for c in cfgs]
 
 
 STUDY_SCRIPT = """
@@ -80,7 +80,7 @@ from pathlib import Path
 from test_jobs import _train_jobs
 from brorl_lab.lab.jobs import NOT_RUN, run_jobs
 
-res = run_jobs(_train_jobs(Path({root!r})), workers=2, threads=1, progress=False,
+res = run_jobs(_train_jobs(Path({root!r}), pause_s=0.5), workers=2, threads=1, progress=False,
                stop_if=lambda r: not r[1])
 print(json.dumps({{"stopped": res.stopped,
                    "finished": [None if r is NOT_RUN else bool(r[1]) for r in res]}}))
