@@ -162,11 +162,13 @@ def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomp
         assert run_names(out / name / "arms") == ["brorl_s0", "brorl_s1", "prorl_s0", "prorl_s1"]
 
 
-def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share):
-    """One arm's metrics rows: evaluated at step 0 and at the end; dropped groups drifting to all-correct."""
+def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share, redraw=1.0):
+    """One arm's metrics rows: evaluated at step 0 and at the end; dropped groups drifting to all-correct; ``redraw``
+    generated samples per nominal one (dynamic sampling's re-draws)."""
     rows = []
     for step in range(steps + 1):
-        row = {"arm": arm, "seed": seed, "step": step, "cum_nominal_samples": step * per_step, "kl": 0.01}
+        row = {"arm": arm, "seed": seed, "step": step, "cum_nominal_samples": step * per_step,
+               "cum_samples": step * per_step * redraw, "kl": 0.01}
         if step in (0, steps):
             row["eval/mean/pass@1"] = start if step == 0 else end
         if step:
@@ -180,8 +182,8 @@ def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share):
 def test_per_seed_rows_drift_and_the_setting_interval_recomputed_from_them():
     rows = []
     for seed, (pro, bro) in enumerate([(0.30, 0.33), (0.31, 0.32), (0.29, 0.35)]):
-        rows += _arm_frame("prorl", seed, steps=8, per_step=100, start=0.3, end=pro, correct_share=0.4)
-        rows += _arm_frame("brorl", seed, steps=1, per_step=800, start=0.3, end=bro, correct_share=0.0)
+        rows += _arm_frame("prorl", seed, steps=8, per_step=100, start=0.3, end=pro, correct_share=0.4, redraw=1.5)
+        rows += _arm_frame("brorl", seed, steps=1, per_step=800, start=0.3, end=bro, correct_share=0.0, redraw=1.2)
     df = pd.DataFrame(rows)
     df.loc[(df["arm"] == "brorl") & (df["seed"] == 2) & (df["step"] == 1), "kl"] = 0.9  # one collapsed seed
     per = G.per_seed_rows(df, "s")
@@ -192,6 +194,8 @@ def test_per_seed_rows_drift_and_the_setting_interval_recomputed_from_them():
 
     ci = t_interval([0.03, 0.01, 0.06])
     assert table.loc["s", ["gap", "lo", "hi"]].tolist() == pytest.approx([ci["mean"], ci["lo"], ci["hi"]])
+    assert per["generated_prorl"].tolist() == [1200.0] * 3 and per["generated_brorl"].tolist() == [960.0] * 3
+    assert table.loc["s", "generated_ratio"] == pytest.approx(0.8)  # the nominal basis paid ProRL 25% more
     assert table.loc["s", "collapsed_brorl"] == 1 and table.loc["s", "rho_run"] == pytest.approx(
         per["ds_brorl"].mean() / per["ds_prorl"].mean())
     drift = G.drift_table(df, "s").set_index(["arm", "part"])
