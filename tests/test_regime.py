@@ -141,6 +141,10 @@ def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomp
     shares = seeds["all_correct_prorl"] + seeds["all_wrong_prorl"]
     assert np.allclose(shares, 1 - seeds["ds_prorl"], atol=0.35)  # dropped + kept groups cover what was generated
     assert table["rho_run"].tolist() == pytest.approx((table["ds_brorl"] / table["ds_prorl"]).tolist())
+    assert seeds["prorl_at_updates"].notna().all() and (seeds["generated_prorl_at_updates"]
+                                                         < seeds["generated_prorl"]).all()  # ProRL at BroRL's updates
+    md = G.markdown_table(table)  # the results page's table: a row per setting
+    assert md.count("\n") == len(table) + 1 and all(f"| {name} | floor |" in md for name in table.index)
     pool = json.loads((out / "pools" / "gcd_1_4_1.pool.json").read_text())
     assert pool["band_p"] == [0.25, 1.0] and pool["train_prompts"] >= 1 and pool["eval_prompts"] >= 1
     branch = pd.read_csv(out / "branch" / "gcd_1_4_1.csv")  # the pool re-drawn: fresh samples of its own prompts
@@ -168,9 +172,9 @@ def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share, redraw=
     rows = []
     for step in range(steps + 1):
         row = {"arm": arm, "seed": seed, "step": step, "cum_nominal_samples": step * per_step,
-               "cum_samples": step * per_step * redraw, "kl": 0.01}
-        if step in (0, steps):
-            row["eval/mean/pass@1"] = start if step == 0 else end
+               "cum_nominal_updates": 2 * step, "cum_samples": step * per_step * redraw, "kl": 0.01}
+        if step in (0, 1, steps):  # step 1: the shared grid's equal-updates point (BroRL's one step)
+            row["eval/mean/pass@1"] = start if step == 0 else end if step == steps else start + 0.01
         if step:
             ac = correct_share * step / steps  # all-correct share grows over training
             row.update(ds_pass_rate=1 - ac - 0.1, ds_generated_groups=100, ds_all_correct_groups=round(100 * ac),
@@ -196,6 +200,11 @@ def test_per_seed_rows_drift_and_the_setting_interval_recomputed_from_them():
     assert table.loc["s", ["gap", "lo", "hi"]].tolist() == pytest.approx([ci["mean"], ci["lo"], ci["hi"]])
     assert per["generated_prorl"].tolist() == [1200.0] * 3 and per["generated_brorl"].tolist() == [960.0] * 3
     assert table.loc["s", "generated_ratio"] == pytest.approx(0.8)  # the nominal basis paid ProRL 25% more
+    assert per["gap_updates"].round(6).tolist() == [0.02, 0.01, 0.04]  # BroRL's end against ProRL's step 1
+    ci_u = t_interval([0.02, 0.01, 0.04])
+    assert table.loc["s", ["gap_updates", "lo_updates", "hi_updates"]].tolist() == pytest.approx(
+        [ci_u["mean"], ci_u["lo"], ci_u["hi"]])
+    assert table.loc["s", "generated_ratio_updates"] == pytest.approx(960 / 150)
     assert table.loc["s", "collapsed_brorl"] == 1 and table.loc["s", "rho_run"] == pytest.approx(
         per["ds_brorl"].mean() / per["ds_prorl"].mean())
     drift = G.drift_table(df, "s").set_index(["arm", "part"])
