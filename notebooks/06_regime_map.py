@@ -210,3 +210,25 @@ result["table"].round(3)
 # %%
 fig_map = result["figure"]
 fig_map
+
+# %% [markdown]
+# ## 4 · The shipped run, read back
+#
+# The run behind [docs/results/regime_map.md](../docs/results/regime_map.md) shipped its outputs in
+# `notebooks/figures/regime_*` (each file with its provenance beside it: command, commit, checkpoints, machine,
+# wall time). The cell reads them back: the reading as the run wrote it, and the map with one grey dot per paired
+# seed beside each setting's interval. It reads the files; it runs nothing.
+
+# %%
+from brorl_lab.core.paths import NOTEBOOK_DIR
+
+shipped = NOTEBOOK_DIR / "figures"
+if (shipped / regime.OUTPUT_FILES["table"]).is_file():
+    print((shipped / regime.OUTPUT_FILES["text"]).read_text())
+    shipped_seeds = pd.read_csv(shipped / regime.OUTPUT_FILES["per_seed"])
+    shipped_map = pd.read_csv(shipped / regime.OUTPUT_FILES["table"], index_col="setting")
+    fig_shipped = regime.regime_figure(shipped_map, shipped_seeds, title="The shipped run: gap at equal samples")
+else:
+    fig_shipped = None
+    print(f"no shipped run in {shipped} (an installed package carries none)")
+fig_shipped
