@@ -172,7 +172,8 @@ def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share, redraw=
     rows = []
     for step in range(steps + 1):
         row = {"arm": arm, "seed": seed, "step": step, "cum_nominal_samples": step * per_step,
-               "cum_nominal_updates": 2 * step, "cum_samples": step * per_step * redraw, "kl": 0.01}
+               "cum_nominal_updates": 2 * step, "cum_samples": step * per_step * redraw, "cum_wall_s": 3.0 * step,
+               "kl": 0.01}
         if step in (0, 1, steps):  # step 1: the shared grid's equal-updates point (BroRL's one step)
             row["eval/mean/pass@1"] = start if step == 0 else end if step == steps else start + 0.01
         if step:
@@ -200,6 +201,7 @@ def test_per_seed_rows_drift_and_the_setting_interval_recomputed_from_them():
     assert table.loc["s", ["gap", "lo", "hi"]].tolist() == pytest.approx([ci["mean"], ci["lo"], ci["hi"]])
     assert per["generated_prorl"].tolist() == [1200.0] * 3 and per["generated_brorl"].tolist() == [960.0] * 3
     assert table.loc["s", "generated_ratio"] == pytest.approx(0.8)  # the nominal basis paid ProRL 25% more
+    assert table.loc["s", "wall_ratio"] == pytest.approx(3 / 24)  # 1 BroRL step against 8 ProRL steps
     assert per["gap_updates"].round(6).tolist() == [0.02, 0.01, 0.04]  # BroRL's end against ProRL's step 1
     ci_u = t_interval([0.02, 0.01, 0.04])
     assert table.loc["s", ["gap_updates", "lo_updates", "hi_updates"]].tolist() == pytest.approx(
