@@ -520,30 +520,35 @@ def read_outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 def regime_figure(table: pd.DataFrame, per_seed: Optional[pd.DataFrame] = None, *, title: Optional[str] = None):
     """The gap (points, 95% t interval over paired seeds) against each axis on a log scale: branch-point rho
-    (left) and in-run rho (right), one marker per setting, each paired seed's gap as a grey dot beside it
-    (``per_seed``, spread a little along x so they do not hide each other), the rule's rho as a dotted line."""
+    (left) and in-run rho (right), one colour per setting (named in the legend), each paired seed's gap as a dot of
+    its colour beside it (``per_seed``, spread a little to the right so they do not hide each other), the rule's
+    rho as a dotted line."""
     import plotly.graph_objects as go
+    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=list(AXES.values()), shared_yaxes=True)
+    colours = qualitative.Dark24
     for j, axis in enumerate(AXES, start=1):
         if axis not in table:
             continue
-        if per_seed is not None and len(per_seed):
-            x = per_seed["setting"].map(table[axis]).to_numpy(float)
-            jitter = 1.04 + 0.02 * (per_seed.groupby("setting").cumcount().to_numpy() % 5)  # to the marker's right
-            fig.add_trace(go.Scatter(x=x * jitter, y=100 * per_seed["gap"], mode="markers", name="one paired seed",
-                                     marker=dict(color="grey", size=4, opacity=0.6), showlegend=j == 1,
-                                     text=per_seed["setting"] + ", seed " + per_seed["seed"].astype(str),
-                                     hoverinfo="text+y"), row=1, col=j)
-        fig.add_trace(go.Scatter(x=table[axis], y=100 * table["gap"], mode="markers+text", text=list(table.index),
-                                 textposition="top center", name="gap (95% t interval)", showlegend=j == 1,
-                                 error_y=dict(type="data", symmetric=False, array=100 * (table["hi"] - table["gap"]),
-                                              arrayminus=100 * (table["gap"] - table["lo"]))), row=1, col=j)
-        fig.add_vline(x=RHO_RULE, line_dash="dot", annotation_text=f"rho = {RHO_RULE:g}", row=1, col=j)
+        for k, (name, r) in enumerate(table.iterrows()):
+            colour = colours[k % len(colours)]
+            if per_seed is not None and len(per_seed):
+                g = per_seed[per_seed["setting"] == name]
+                jitter = 1.05 + 0.03 * (np.arange(len(g)) % 4)  # to the interval's right, multiplicative on log x
+                fig.add_trace(go.Scatter(x=r[axis] * jitter, y=100 * g["gap"], mode="markers", legendgroup=name,
+                                         showlegend=False, marker=dict(color=colour, size=4, opacity=0.45),
+                                         hovertext=[f"{name}, seed {s}" for s in g["seed"]]), row=1, col=j)
+            fig.add_trace(go.Scatter(x=[r[axis]], y=[100 * r["gap"]], mode="markers", name=str(name),
+                                     legendgroup=name, showlegend=j == 1, marker=dict(color=colour, size=9),
+                                     error_y=dict(type="data", symmetric=False, array=[100 * (r["hi"] - r["gap"])],
+                                                  arrayminus=[100 * (r["gap"] - r["lo"])])), row=1, col=j)
+        fig.add_vline(x=RHO_RULE, line_dash="dot", row=1, col=j)
         fig.add_hline(y=0, line_color="black", line_width=1, row=1, col=j)
-        fig.update_xaxes(type="log", title_text=axis, row=1, col=j)
+        fig.update_xaxes(type="log", title_text=f"{axis} (dotted: the rule's {RHO_RULE:g})", row=1, col=j)
     fig.update_yaxes(title_text="BroRL - ProRL (points of mean pass@1)", row=1, col=1)
-    fig.update_layout(title_text=title or "The regime map: where broadening pays", height=460,
-                      legend=dict(orientation="h", y=-0.25), margin=dict(t=80, b=40, l=60, r=20))
+    fig.update_layout(title_text=title or "The regime map: where broadening pays (a dot per paired seed)",
+                      height=520, legend=dict(orientation="h", y=-0.2, font=dict(size=10)),
+                      margin=dict(t=80, b=40, l=60, r=20))
     return fig
