@@ -119,20 +119,18 @@ def derive_flagship(files: dict) -> list[float]:
 
 
 def derive_regime(files: dict) -> list[float]:
-    """The regime map's weighted line of the gap against the rare-success share and its zero crossing
-    (study.regime.fit_line, weights 1 / s.e.^2), the rank correlation of gap and rho, the BroRL/ProRL ratio per
-    setting, and each setting's in-run rho (measured DS pass rate at N=512 over N=16)."""
-    from scipy import stats
-
-    from brorl_lab.study.regime import fit_line
-
-    raw = files["notebooks/figures/regime_map.csv"]
-    t = raw.set_index(raw.columns[0])
-    fit = fit_line(t["rare_success"], t["gap"], t["se"])
-    rs = stats.spearmanr(t["rho"], t["gap"])
-    rho_run = list(t["ds measured N=512"] / t["ds measured N=16"])  # the in-run rho the reading by today's rule uses
-    return ([v for v in fit.values() if isinstance(v, float)] + [rs.statistic, rs.pvalue] + list(t["brorl"] / t["prorl"])
-            + rho_run)
+    """What docs/results/regime_map.md counts and sums from the regime map's files: settings behind / not resolved
+    at equal samples, the fits per axis and how many resolve the gap rising, collapsed seeds per arm, ProRL's
+    generated samples over BroRL's, and the arms' training hours summed over runs."""
+    t, s = files["notebooks/figures/regime_map.csv"], files["notebooks/figures/regime_seeds.csv"]
+    out = [float((t["hi"] < 0).sum()), float(((t["lo"] <= 0) & (t["hi"] >= 0)).sum())]
+    for rd in files["notebooks/figures/regime.json"].values():
+        fits = pd.DataFrame(rd["fits"])
+        out += [float(len(fits)), float((fits["b_lo"] > 0).sum())]
+    out += [float(s["collapsed_prorl"].sum()), float(s["collapsed_brorl"].sum())]
+    out += list(1 / t["generated_ratio"])
+    hours = [s["wall_prorl"].sum() / 3600, s["wall_brorl"].sum() / 3600]
+    return out + hours + [sum(hours)]
 
 
 def derive_theorem(files: dict) -> list[float]:
@@ -160,7 +158,8 @@ def derive_paid(files: dict) -> list[float]:
     return [float(v) for v in out]
 
 
-DERIVE = {"flagship.md": derive_paid, "floor.md": derive_flagship, "regime_map.md": derive_regime, "theorem.md": derive_theorem}
+DERIVE = {"flagship.md": derive_paid, "floor.md": derive_flagship, "regime_map.md": derive_regime,
+          "theorem.md": derive_theorem}
 
 
 def page_values(page: Path) -> tuple[list[float], list[str]]:
@@ -326,8 +325,16 @@ def paid_tables(files: dict) -> list[str]:
     return [grid_table(files[f"notebooks/figures/paid_{run}_points.csv"], "cum_samples") for run in ("learned", "takeoff")]
 
 
+def regime_tables(files: dict) -> list[str]:
+    """The regime map page's table, rebuilt from the per-setting file (study.regime.markdown_table)."""
+    from brorl_lab.study.regime import markdown_table
+
+    return [markdown_table(files["notebooks/figures/regime_map.csv"].set_index("setting"))]
+
+
 TABLES = {
     "flagship.md": paid_tables,
+    "regime_map.md": regime_tables,
     "floor.md": lambda f: flagship_tables(f["notebooks/figures/flagship_verdict.json"]),
     "theorem.md": lambda f: theorem_tables(f["notebooks/figures/theorem_on_the_model_summary.csv"],
                                            f["notebooks/figures/theorem_on_the_model_theory.csv"]),
@@ -356,3 +363,19 @@ def test_the_readme_headline_interval_is_recomputed_from_the_shipped_per_seed_fi
     quoted = f"{100 * r['mean']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] points"
     first_row = headline_rows((REPO / "README.md").read_text())[0][0]
     assert quoted in first_row, (quoted, first_row)
+
+
+def test_every_regime_setting_interval_is_recomputed_from_the_shipped_per_seed_file():
+    """The powered regime map: each setting's gap interval in the shipped table is the t interval over its paired
+    seeds in the shipped per-seed file (gap = BroRL - ProRL per seed), every setting has at least 8 of them, and at
+    least one reaches the rule's rho at the branch point."""
+    from brorl_lab.lab.stats import t_interval
+    from brorl_lab.study.regime import RHO_RULE
+
+    seeds = pd.read_csv(REPO / "notebooks" / "figures" / "regime_seeds.csv")
+    table = pd.read_csv(REPO / "notebooks" / "figures" / "regime_map.csv", index_col="setting")
+    assert set(seeds["setting"]) == set(table.index) and (table["rho"] >= RHO_RULE).any()
+    for name, g in seeds.groupby("setting"):
+        r = t_interval((g["brorl"] - g["prorl"]).to_numpy(float))
+        assert r["n"] >= 8 and r["n"] == table.loc[name, "n"], name
+        assert np.allclose([r["mean"], r["lo"], r["hi"]], table.loc[name, ["gap", "lo", "hi"]].to_numpy(float)), name
