@@ -184,8 +184,10 @@ branch.round(3)
 # dynamic-sampling pass rate, its dropped groups by kind and the collapse rule's flag.
 
 # %%
-plans = {name: arms_.plan_rollout_scaling(base, seeds=seeds, root=arms_.experiment_root(base, out / name, **arm_options),
-                                         **arm_options) for name, base in bases.items()}
+# each setting's runs under its slug, as its pool and branch files: "gcd (1/4,1)" -> gcd_1_4_1, not nested folders
+plans = {name: arms_.plan_rollout_scaling(base, seeds=seeds, **arm_options,
+                                         root=arms_.experiment_root(base, out / slug(name), **arm_options))
+         for name, base in bases.items()}
 frames = arms_.run_plans(plans, jobs=jobs, ray=ray, threads=torch_threads)  # every setting's runs share the cores
 per_seed = pd.concat([regime.per_seed_rows(df, name) for name, df in frames.items()], ignore_index=True)
 drift = pd.concat([regime.drift_table(df, name) for name, df in frames.items()], ignore_index=True)

@@ -162,7 +162,7 @@ def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomp
     (out / "regime.txt").unlink()
     assert main(["regime-map", "--out", str(out), "--summarize"]) == 0  # the map again, from the files alone
     assert (out / "regime.txt").read_text().startswith(table.index[0] + ": rho")
-    for name in ("gcd", "chain_sum"):  # each setting's arms ran on the shared grid in its own root
+    for name in ("gcd", "chain_sum", "gcd_1_4_1"):  # each setting's arms on the shared grid in its own root (slug)
         assert run_names(out / name / "arms") == ["brorl_s0", "brorl_s1", "prorl_s0", "prorl_s1"]
 
 

@@ -277,3 +277,30 @@ def test_a_pool_trains_on_its_items_and_holds_out_its_eval_file_scoring_each_by_
         build_tasks([f"pool:{path}"])
     with pytest.raises(ValueError, match="does not exist or is not .jsonl"):
         build_tasks([f"pool:{tmp_path / 'none.jsonl'}"])
+
+
+def test_a_pool_or_local_file_samples_by_its_content_not_its_path(tmp_path):
+    """The same pool (or local file) at two paths draws the same items in the same order: the draws are seeded by
+    the content. They used to be seeded by the path, so the regime map's constructed settings gave other numbers
+    whenever the run directory moved."""
+    from brorl_lab.rollout.tasks.sets import write_items
+    from brorl_lab.rollout.tasks.user import pool_eval_path
+
+    train, held = sample_items(["gcd"], 12, seed=3), sample_items(["gcd"], 4, seed=4, split="eval")
+    draws = []
+    for where in ("a", "b/deeper"):
+        (tmp_path / where).mkdir(parents=True)
+        path = write_items(train, tmp_path / where / "band.jsonl")
+        write_items(held, pool_eval_path(path))
+        fam = build_tasks([f"pool:{path}"])[f"pool:{path}"]
+        draws.append([it.uid for it in fam.sample(20, seed=7)])
+    assert draws[0] == draws[1] and draws[0][:12] != [it.uid for it in train]  # the same shuffle, not the file order
+    shuffled = build_tasks([f"pool:{tmp_path / 'a' / 'band.jsonl'}"])[f"pool:{tmp_path / 'a' / 'band.jsonl'}"]
+    assert [it.uid for it in shuffled.sample(20, seed=8)] != draws[0]  # another seed, another order
+    rows = []
+    for where in ("x", "y"):
+        (tmp_path / where).mkdir()
+        name = f"local:{write_sums(tmp_path / where / 'qa.jsonl')}"
+        fam = build_tasks([name])[name]
+        rows.append([it.meta["row"] for it in fam.sample(30, seed=5)])
+    assert rows[0] == rows[1]

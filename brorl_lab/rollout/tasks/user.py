@@ -287,11 +287,12 @@ class LocalFamily(MathVerifyFamily):
                         meta={"row": row})
 
     def sample(self, count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
-        """``count`` rows of ``split``, deterministic in (file, seed, split): the rows in an order shuffled by the
-        seed, reshuffled each time they are used up (so a step sees each row at most once while it has enough)."""
+        """``count`` rows of ``split``, deterministic in (the file's content, seed, split), wherever the file lies:
+        the rows in an order shuffled by the seed, reshuffled each time they are used up (so a step sees each row at
+        most once while it has enough)."""
         check_sample_args(count, seed, split)
         rows = self.splits[split]
-        rng = random.Random(f"{self.name}|{split}|{seed}")
+        rng = random.Random(f"local|{self.sha256}|{split}|{seed}")  # the file's content, never its path
         out: list[TaskItem] = []
         while len(out) < count:
             order = rng.sample(range(len(rows)), len(rows))
@@ -374,11 +375,14 @@ class PoolFamily(TaskFamily):
         self.description = f"{len(items)} items of {', '.join(fams)} from {spec}, held out: {held.name}"
 
     def sample(self, count: int, *, seed: int, split: str = "train") -> list[TaskItem]:
-        """``count`` pool items (``split`` 'eval': the held-out ones), deterministic in (pool, seed, split), each
-        used once before any repeats (as ``local:``)."""
+        """``count`` pool items (``split`` 'eval': the held-out ones), deterministic in (the pool's items, seed,
+        split) wherever its file lies, each used once before any repeats (as ``local:``)."""
         check_sample_args(count, seed, split)
         rows = self.items if split == "train" else _read_pool(self.held, "eval_file")
-        rng = random.Random(f"{self.name}|{split}|{seed}")
+        # seeded by the items, never the pool's path: a pool copied elsewhere (another run directory, a fresh
+        # clone) draws the same order
+        content = hashlib.sha256("\n".join(it.uid for it in rows).encode()).hexdigest()
+        rng = random.Random(f"pool|{content}|{split}|{seed}")
         out: list[TaskItem] = []
         while len(out) < count:
             order = rng.sample(range(len(rows)), len(rows))
