@@ -189,19 +189,20 @@ def per_seed_rows(df: pd.DataFrame, setting: str, *, x: str = "cum_nominal_sampl
     rows = []
     for seed in sorted(set(df.loc[df["arm"] == "prorl", "seed"]) & set(df.loc[df["arm"] == "brorl", "seed"])):
         row = {"setting": setting, "seed": int(seed), "budget": budget}
+        evals = {}
         for arm in ("prorl", "brorl"):
             g = df[(df["arm"] == arm) & (df["seed"] == seed)]
-            ev = g[g[METRIC].notna()]
-            start, end = ev.loc[ev[x] == 0, METRIC], ev.loc[ev[x] == budget, METRIC]
+            ev = evals[arm] = g[g[METRIC].notna()]
+            start, end = ev[ev[x] == 0], ev[ev[x] == budget]
             if start.empty or end.empty:
                 raise ValueError(f"df: the {arm} arm of seed {seed} ({setting}) has no {METRIC} at {x} = 0 or "
                                  f"{budget:g}; allowed: arms of one arm_configs plan, evaluated at step 0")
+            end = end.iloc[0]
             steps = g[g["step"] > 0]
             gen = steps["ds_generated_groups"].sum() if "ds_generated_groups" in g else np.nan
-            row.update({f"{arm}_0": float(start.iloc[0]), arm: float(end.iloc[0]),
-                        f"generated_{arm}": float(ev.loc[ev[x] == budget, "cum_samples"].iloc[0]),
-                        f"wall_{arm}": float(ev.loc[ev[x] == budget, "cum_wall_s"].iloc[0])
-                        if "cum_wall_s" in ev else np.nan,
+            row.update({f"{arm}_0": float(start[METRIC].iloc[0]), arm: float(end[METRIC]),
+                        f"generated_{arm}": float(end["cum_samples"]),
+                        f"wall_{arm}": float(end["cum_wall_s"]) if "cum_wall_s" in ev else np.nan,
                         f"ds_{arm}": float(steps["ds_pass_rate"].mean()),
                         f"all_correct_{arm}": float(steps["ds_all_correct_groups"].sum() / gen) if gen else np.nan,
                         f"all_wrong_{arm}": float(steps["ds_all_wrong_groups"].sum() / gen) if gen else np.nan,
@@ -210,8 +211,8 @@ def per_seed_rows(df: pd.DataFrame, setting: str, *, x: str = "cum_nominal_sampl
         row["gap"] = row["brorl"] - row["prorl"]
         # ProRL where it had taken BroRL's updates (8x fewer samples): with the budget's ProRL point, it brackets
         # ProRL at BroRL's generated samples, which lie between the two (the arms' grid evaluates no point there)
-        g = df[(df["arm"] == "prorl") & (df["seed"] == seed) & df[METRIC].notna()]
-        at = g[g["cum_nominal_updates"] == updates] if "cum_nominal_updates" in g else g.iloc[:0]
+        ev = evals["prorl"]
+        at = ev[ev["cum_nominal_updates"] == updates] if "cum_nominal_updates" in ev else ev.iloc[:0]
         row["prorl_at_updates"] = float(at[METRIC].iloc[0]) if len(at) else np.nan
         row["generated_prorl_at_updates"] = float(at["cum_samples"].iloc[0]) if len(at) else np.nan
         row["gap_updates"] = row["brorl"] - row["prorl_at_updates"]
