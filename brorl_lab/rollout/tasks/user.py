@@ -59,6 +59,17 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _cycled(size: int, count: int, key: str) -> list[int]:
+    """``count`` indices into ``size`` rows: the rows in an order shuffled by ``key``, reshuffled each time they are
+    used up (so a step sees each row at most once while it has enough). ``key`` names the content, the split and the
+    seed, never a path: the same rows elsewhere draw alike."""
+    rng = random.Random(key)
+    out: list[int] = []
+    while len(out) < count:
+        out.extend(rng.sample(range(size), size)[:count - len(out)])
+    return out
+
+
 def _first_distinct(items, size: int, budget: int) -> list[TaskItem]:
     """The first ``size`` items with distinct questions among the first ``budget`` of ``items``."""
     seen, out = set(), []
@@ -292,12 +303,7 @@ class LocalFamily(MathVerifyFamily):
         most once while it has enough)."""
         check_sample_args(count, seed, split)
         rows = self.splits[split]
-        rng = random.Random(f"local|{self.sha256}|{split}|{seed}")  # the file's content, never its path
-        out: list[TaskItem] = []
-        while len(out) < count:
-            order = rng.sample(range(len(rows)), len(rows))
-            out.extend(self._item(*rows[i]) for i in order[:count - len(out)])
-        return out
+        return [self._item(*rows[i]) for i in _cycled(len(rows), count, f"local|{self.sha256}|{split}|{seed}")]
 
     def eval_file(self) -> Path:
         key = _digest({"sha256": self.sha256, "config": self.config, "name": self.name})  # items carry the name
@@ -379,15 +385,8 @@ class PoolFamily(TaskFamily):
         split) wherever its file lies, each used once before any repeats (as ``local:``)."""
         check_sample_args(count, seed, split)
         rows = self.items if split == "train" else _read_pool(self.held, "eval_file")
-        # seeded by the items, never the pool's path: a pool copied elsewhere (another run directory, a fresh
-        # clone) draws the same order
-        content = hashlib.sha256("\n".join(it.uid for it in rows).encode()).hexdigest()
-        rng = random.Random(f"pool|{content}|{split}|{seed}")
-        out: list[TaskItem] = []
-        while len(out) < count:
-            order = rng.sample(range(len(rows)), len(rows))
-            out.extend(rows[i] for i in order[:count - len(out)])
-        return out
+        content = hashlib.sha256("\n".join(it.uid for it in rows).encode()).hexdigest()  # the items, not the path
+        return [rows[i] for i in _cycled(len(rows), count, f"pool|{content}|{split}|{seed}")]
 
     def format_prompt(self, item: TaskItem, template: str = "plain", tokenizer: Any = None) -> str:
         return TASKS.get(item.family).format_prompt(item, template, tokenizer)
