@@ -13,6 +13,26 @@ with the keys of :data:`PROVENANCE_KEYS`::
     date        when it ran (UTC)
 
 :func:`provenance` builds one at the end of a run; :func:`write_provenance` writes it beside its file.
+
+Pre-registration (issue 42), enforced by code. A run of a study (:mod:`brorl_lab.study.runner`) takes its start
+(:func:`start_of_run`) before any arm runs and adds three keys to every provenance record it writes
+(:data:`SHIPPED_KEYS` = :data:`PROVENANCE_KEYS` + these)::
+
+    started_at  when the run started (UTC, "%Y-%m-%dT%H:%M:%SZ"), taken before any arm ran   "2026-12-07T03:10:00Z"
+    commit      (as above) taken at that same start, not when the run ends
+    declaration {"path": repo path of the study's declaration.json, "commit": the commit that added it (short
+                hash)} for a run meant for shipped results; {"path": ..., "commit": null} or null for an
+                exploratory run (no declaration committed)
+
+The declaration (:func:`write_declaration`, ``<out>/declaration.json``) is the study as declared before the run:
+its design (branch point, arms with N and prompts per step, budget, grid), seeds, the reading (the function's
+dotted name) and its thresholds. A run meant for shipped results (a full-size preset, or ``ship=True`` / ``--ship``)
+calls :func:`require_preregistered` first: it refuses to start (a :class:`~brorl_lab.core.validation.UserError`:
+one line, exit 2 on the CLI, saying what to commit) while the declaration is missing, differs from the one
+committed, or the tracked tree has uncommitted changes. Exploratory runs stay free: they record the commit with
+``-dirty`` when the tree had changes, and ``declaration`` without a commit; a shipped page must not be built from
+such a record (:func:`is_shippable` says which records qualify: a clean commit, a start time, a committed
+declaration whose commit is an ancestor of the run's commit).
 """
 
 from __future__ import annotations
@@ -29,7 +49,9 @@ from typing import Optional
 from brorl_lab.core.paths import DEFAULT_MODEL_DIR, repo_relative
 
 PROVENANCE_KEYS = ("command", "commit", "checkpoints", "machine", "wall_s", "date")
+SHIPPED_KEYS = PROVENANCE_KEYS + ("started_at", "declaration")  # what a record for shipped results carries
 SUFFIX = ".provenance.json"
+DECLARATION = "declaration.json"  # a study's declaration, in its output folder
 
 
 def git_commit(cwd: Optional[Path] = None) -> str:
@@ -99,3 +121,86 @@ def read_provenance(results_file: str | Path) -> dict:
     if Path(results_file).suffix == ".json":
         return json.loads(Path(results_file).read_text()).get("provenance", {})
     return {}
+
+
+# ---- pre-registration (module docstring) -------------------------------------------------------------------------------
+def _git(args: list[str], cwd: Path) -> Optional[str]:
+    """``git <args>``'s stdout in ``cwd`` (stripped), or None when git fails or is missing."""
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def start_of_run(cwd: Optional[Path] = None) -> dict:
+    """What a run records when it starts: ``started_at`` (UTC now) and ``commit`` (:func:`git_commit`, now)."""
+    return {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(cwd)}
+
+
+def write_declaration(out: str | Path, declaration: Mapping) -> Path:
+    """Write a study's ``declaration`` (design, budgets, seeds, reading and thresholds: plain JSON data) to
+    ``out/declaration.json``, sorted keys and a final newline, so the same study always writes the same bytes.
+    An identical file is left untouched (its commit stays valid)."""
+    from brorl_lab.core.rundir import atomic_write_text
+
+    path = Path(out) / DECLARATION
+    text = json.dumps(dict(declaration), indent=1, sort_keys=True, default=str) + "\n"
+    if not (path.is_file() and path.read_text() == text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text)
+    return path
+
+
+def declaration_commit(path: str | Path) -> Optional[str]:
+    """The commit (short hash) that last changed the committed ``path``, or None when it is not committed as it is
+    on disk (untracked, changed since, or outside a git checkout)."""
+    path = Path(path).resolve()
+    cwd = path.parent if path.parent.is_dir() else Path(__file__).resolve().parent
+    if _git(["ls-files", "--error-unmatch", path.name], cwd) is None:
+        return None
+    if _git(["diff", "--quiet", "HEAD", "--", path.name], cwd) is None:  # exit 1: differs from HEAD
+        return None
+    return _git(["log", "-n", "1", "--format=%h", "--", path.name], cwd) or None
+
+
+def declaration_record(path: str | Path) -> dict:
+    """The provenance's ``declaration`` key: its repository path and the commit that holds it (None: not committed)."""
+    p = Path(path)
+    return {"path": repo_relative(p) if p.exists() else str(p), "commit": declaration_commit(p)}
+
+
+def require_preregistered(declaration: str | Path) -> dict:
+    """Refuse (a UserError: one line) to start a run meant for shipped results unless ``declaration`` is committed
+    as it is and the tracked tree is clean. Returns :func:`declaration_record` when it may start."""
+    from brorl_lab.core.validation import UserError
+
+    path = Path(declaration)
+    shown = repo_relative(path) if path.exists() else str(path)
+    rec = declaration_record(path)
+    if rec["commit"] is None:
+        raise UserError(f"declaration: {shown} is not committed as written; allowed: commit it first "
+                        f"(git add -f {shown} && git commit -m 'declare <study>'), then run the same command again")
+    dirty = git_commit(path.parent)
+    if dirty.endswith("-dirty"):
+        changed = _git(["status", "--porcelain", "--untracked-files=no"], path.parent) or ""
+        files = ", ".join(line.split(maxsplit=1)[-1] for line in changed.splitlines()[:4])
+        raise UserError(f"tree: uncommitted changes ({files}{', ...' if len(changed.splitlines()) > 4 else ''}); "
+                        "allowed: a clean tree for a shipped run: commit or set aside those changes, then run again")
+    return rec
+
+
+def is_shippable(record: Mapping) -> list[str]:
+    """Why a provenance ``record`` cannot back a shipped page ([] when it can): a commit without "-dirty", a
+    ``started_at``, and a ``declaration`` with a commit that is an ancestor of (or is) the run's commit."""
+    why = [f"missing {k}" for k in SHIPPED_KEYS if k not in record]
+    commit = str(record.get("commit", ""))
+    if not commit or commit == "unknown" or commit.endswith("-dirty"):
+        why.append(f"commit {commit!r} is not a clean commit")
+    decl = record.get("declaration") or {}
+    if not decl.get("commit"):
+        why.append("no committed declaration")
+    elif not why and _git(["merge-base", "--is-ancestor", decl["commit"], commit],
+                          Path(__file__).resolve().parent) is None:
+        why.append(f"declaration commit {decl['commit']} is not an ancestor of the run's commit {commit}")
+    return why
