@@ -158,7 +158,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             raise ConfigError(f"--config: {path} must hold a mapping of config fields")
         from brorl_lab.core.trl_names import apply_trl_aliases
 
-        loaded, notes = apply_trl_aliases(loaded, f"--config {path}")
+        loaded, notes = apply_trl_aliases(loaded, f"--config {path}", Config.field_names())
         for note in notes:
             print(note, file=sys.stderr)
         data.update(loaded)

@@ -25,7 +25,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from brorl_lab.core.trl_names import config_kwargs_from_trl
+from brorl_lab.core.trl_names import TRL_EXPLAINED, TRL_FIELDS, config_kwargs_from_trl
 from brorl_lab.core.validation import ConfigError, did_you_mean, is_int, is_number
 
 __all__ = ["Config", "ConfigError", "knob", "scaled_lr", "LR_SCALINGS", "LOGPROB_LAYOUTS"]
@@ -85,6 +85,17 @@ class Config:
     top_p: float = knob(1.0, "Nucleus sampling mass in (0, 1]. ProRL/BroRL training: 1.0; ProRL eval: 0.95.")
     max_new_tokens: int = knob(16, "Max response tokens. ProRL: 8k then 16k. BroRL: 16k. Tiny default model: 16.")
     rollout_chunk_sequences: int = knob(1024, "Max sequences one engine call decodes at once (bounds rollout memory).")
+    rollout_allocation: str = knob("uniform", "How a step's budget of prompts_per_step * rollouts_per_prompt generated "
+                                               "samples is spread over its prompts (brorl_lab.rl.allocation.ALLOCATORS): "
+                                               "'uniform' (N = rollouts_per_prompt each; the papers'), 'two_stage' "
+                                               "(probe, then Theorem 1's expected informative groups, a knapsack), "
+                                               "'until_signal' (Reinforce-Ada: rounds until a group holds both outcomes). "
+                                               "Not in the papers.")
+    allocation_probe: int = knob(4, "Draws per prompt in an allocator's first round (n0; 'two_stage', 'until_signal').")
+    allocation_cap: int = knob(512, "Most samples one prompt may get in a step under a non-uniform rollout_allocation.")
+    allocation_round: int = knob(4, "Draws per prompt per later round of 'until_signal' (Reinforce-Ada's round size).")
+    allocation_prior_draws: int = knob(16, "Most pseudo-draws 'two_stage' takes from a prompt's earlier steps as its "
+                                           "Beta prior on p (0: a flat prior, no memory).")
 
     # ---- update -----------------------------------------------------------------------------------------------
     optimizer_steps_per_step: int = knob(1, "PPO mini-batches (optimizer updates) per step. ProRL v1: 4 "
@@ -340,6 +351,15 @@ class Config:
                  f"a non-empty list of integers in [1, eval_samples={self.eval_samples}]")
         _require("eval_at_steps", all(is_int(k) and k >= 1 for k in self.eval_at_steps), "a list of integers >= 1")
         _require("eval_at_samples", all(is_int(k) and k >= 1 for k in self.eval_at_samples), "a list of integers >= 1")
+        for name in ("allocation_probe", "allocation_cap", "allocation_round"):
+            _require(name, getattr(self, name) >= 1, "an integer >= 1")
+        _require("allocation_prior_draws", self.allocation_prior_draws >= 0, "an integer >= 0")
+        if self.rollout_allocation != "uniform":
+            _require("allocation_probe", self.allocation_probe <= self.rollouts_per_prompt,
+                     f"at most rollouts_per_prompt={self.rollouts_per_prompt} (the probe is spent from the "
+                     "step's budget of prompts_per_step * rollouts_per_prompt samples)")
+            _require("allocation_cap", self.rollouts_per_prompt <= self.allocation_cap,
+                     f"at least rollouts_per_prompt={self.rollouts_per_prompt} (the budget must fit under the cap)")
         _require("optimizer_steps_per_step", self.prompts_per_step % self.optimizer_steps_per_step == 0,
                  f"a divisor of prompts_per_step={self.prompts_per_step} (mini-batches split whole groups evenly)")
         _choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
@@ -435,7 +455,9 @@ def scaled_lr(lr: float, samples_per_step: int, reference_samples: int, rule: st
 def _check_names(d: dict, names: list[str]) -> None:
     for key in d:
         if key not in names:
-            hint = did_you_mean(key, names) or f"; valid fields: {', '.join(names)}"
+            trl = {**TRL_FIELDS, **TRL_EXPLAINED}.get(key)
+            hint = (f" (TRL's name; here: {trl[0]}" + (f": {trl[1]})" if trl[1] else ")") if trl else
+                    did_you_mean(key, names) or f"; valid fields: {', '.join(names)}")
             raise ConfigError(f"config: unknown field {key!r}{hint}")
 
 

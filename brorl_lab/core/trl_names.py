@@ -14,6 +14,7 @@ KL estimator k3 in the loss (TRL's), the GRPO advantage.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from brorl_lab.core.validation import ConfigError
@@ -55,6 +56,20 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
     "save_steps": ("checkpoint_every", "with save_strategy='steps'"),
     "output_dir": ("run_dir / run_name", "parent / name"),
     "report_to": ("report_to", "names of trackers we have"),
+}
+
+#: TRL / transformers TrainingArguments names a config file may hold that have an equivalent here but no
+#: one-to-one value: refused with the translation (a config file cannot be read silently as something else).
+TRL_EXPLAINED: dict[str, tuple[str, str]] = {
+    "gradient_accumulation_steps": ("train_micro_batch_tokens", "accumulation is by tokens here: each of the "
+                                    "optimizer_steps_per_step mini-batches is split into micro-batches of at most "
+                                    "train_micro_batch_tokens tokens and their gradients summed; set "
+                                    "optimizer_steps_per_step for TRL's steps_per_generation / "
+                                    "gradient_accumulation_steps"),
+    "save_total_limit": ("keep_checkpoints", "keep_checkpoints K keeps the last K checkpoints plus the best one "
+                         "(TRL's save_total_limit with load_best_model_at_end); policy/ always holds the latest"),
+    "per_device_train_batch_size": ("prompts_per_step", "a step's batch is prompts_per_step x rollouts_per_prompt "
+                                    "samples"),
 }
 
 # Fields read by the mapping above besides TRL_FIELDS' keys (they qualify a mapped field).
@@ -189,13 +204,12 @@ TRL_ALIASES = {"num_generations": "rollouts_per_prompt", "learning_rate": "lr", 
                "max_completion_length": "max_new_tokens", "max_steps": "steps", "num_generations_eval": "eval_samples"}
 
 
-def apply_trl_aliases(data: dict, source: str) -> tuple[dict, list[str]]:
+def apply_trl_aliases(data: dict, source: str, field_names: Collection[str]) -> tuple[dict, list[str]]:
     """A config file's fields with TRL's names (:data:`TRL_ALIASES`) read as ours, and the notes saying so. A TRL
-    name whose value means something else here (``generation_batch_size``, ``loss_type``, ...) is one ConfigError
-    with the hint from :data:`TRL_FIELDS`; so is a field given under both names."""
-    from brorl_lab.core.config import Config
-
-    ours = set(Config.field_names())
+    name whose value means something else here (``generation_batch_size``, ``loss_type``, ``save_total_limit``,
+    ...) is one ConfigError with the hint from :data:`TRL_FIELDS` / :data:`TRL_EXPLAINED`; so is a field given under
+    both names. ``field_names``: our Config's fields (passed in: this module sits below config.py)."""
+    ours = set(field_names)
     out, notes = dict(data), []
     for trl, name in TRL_ALIASES.items():
         if trl in out and trl not in ours:
@@ -204,8 +218,8 @@ def apply_trl_aliases(data: dict, source: str) -> tuple[dict, list[str]]:
             out[name] = out.pop(trl)
             notes.append(f"note: {source}: {trl} (TRL's name) read as {name}")
     for key in out:
-        if key in TRL_FIELDS and key not in ours:
-            target, note = TRL_FIELDS[key]
+        if key in {**TRL_FIELDS, **TRL_EXPLAINED} and key not in ours:
+            target, note = {**TRL_FIELDS, **TRL_EXPLAINED}[key]
             raise ConfigError(f"{source}: field {key!r} is TRL's name; here: {target}" + (f" ({note})" if note else "")
                               + "; allowed: our field names (docs/runs.md 'TRL names'), or Config.from_trl")
     return out, notes
