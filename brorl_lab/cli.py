@@ -519,55 +519,31 @@ def cmd_scaling(args) -> int:
 
 
 def cmd_paid(args) -> int:
-    """The flagship paid in generated samples (study.paid), headless: every arm and seed into ``--out/arms``
-    (resumable), then points.csv (every arm, seed, axis and mark), metrics.parquet, verdict.json (with the commit
-    and the checkpoint's hash) and verdict.txt."""
-    import json
-    import time
+    """The flagship paid in generated samples, headless: argument parsing and ONE call of
+    :func:`brorl_lab.study.runner.run_study` (every arm and seed into ``--out/arms``, resumable; then points.csv,
+    metrics.parquet, verdict.json and verdict.txt, each with its provenance). ``--read POINTS`` runs nothing: the
+    study's one reading of a per-seed file. ``--ship`` (or a full-size preset: ``--preset``) enforces
+    pre-registration: the declaration committed, the tree clean."""
+    from brorl_lab.study import runner
 
-    from brorl_lab.core.validation import check_seeds
-    from brorl_lab.lab.jobs import physical_cores
-    from brorl_lab.study import paid
-    from brorl_lab.study.recipe import recipe_config, resolve_experiment_model
-    from brorl_lab.study.results import provenance, write_provenance
-
+    if args.read:
+        print(runner.headline_line(args.read) if Path(args.read).is_file() else runner.reading_of_points(args.read))
+        return 0
     p = _jobs_params(args)
-    seeds = check_seeds(args.seeds)
-    lr = args.lr if args.lr is not None else paid.plateau_lr(args.model)
-    over = {k: v for k, v in (("eval_prompts", args.eval_prompts), ("eval_samples", args.eval_samples),
-                              ("tasks", args.families)) if v is not None}
-    base = recipe_config(model=args.model, lr=lr, torch_threads=p["torch_threads"], **over)
-    arms = paid.paid_arm_configs(base, budget=args.budget, points=args.points, middle=not args.no_middle,
-                                 lr_factor=args.brorl_lr_factor)
-    out = Path(args.out)
-    t0 = time.perf_counter()
-    df = paid.run_paid(arms, seeds=seeds, root=out / "arms", progress=True, jobs=p["jobs"], ray=p["ray"],
-                       threads=p["torch_threads"])
-    if not df.groupby("run")["cum_samples"].max().ge(args.budget).all() or df["run"].nunique() < len(arms) * len(seeds):
-        print("stopped before every arm spent its budget: run the same command again to resume", file=sys.stderr)
-        return 130
-    metric = f"eval/{args.takeoff_family}/pass@1" if args.takeoff_family else paid.METRIC
-    report = paid.paid_report(df, budget=args.budget, points=args.points, metric=metric,
-                              takeoff_level=args.takeoff_level)
-    tables = {"points": report.pop("points")}
-    if args.mechanism:  # the mechanism against its no-training re-draw (128 prompts x 512 draws per policy)
-        set_threads(physical_cores())  # measured here, after the runs: every core
-        gaps = paid.measure_mechanism(arms, seeds=seeds, root=out / "arms", branch=resolve_experiment_model(args.model))
-        tables["mechanism"] = gaps
-        report["mechanism"] = paid.control_summary(gaps).to_dict(orient="records")
-    df.to_parquet(out / "metrics.parquet")
-    written = paid.write_per_seed(out, tables) + [out / "metrics.parquet"]
-    record = provenance(_command_line(args), {"branch": resolve_experiment_model(args.model)},
-                        time.perf_counter() - t0, seeds=seeds, budget=args.budget, lr=lr,
-                        collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
-                                                          for a, c in arms.items()})
-    for path in written:  # every per-seed file carries its provenance: shippable as it is
-        write_provenance(path, record)
-    (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
-    text = paid.paid_text(report)
-    (out / "verdict.txt").write_text(text + "\n")
-    print(text)
-    return 0
+    if args.preset:
+        study = runner.preset(args.preset)
+    else:
+        over = {k: v for k, v in (("eval_prompts", args.eval_prompts), ("eval_samples", args.eval_samples),
+                                  ("tasks", args.families), ("lr", args.lr)) if v is not None}
+        study = runner.Study(name=Path(args.out).name, model=args.model, seeds=tuple(args.seeds), budget=args.budget,
+                             points=args.points, arms=("prorl", "brorl") if args.no_middle else
+                             ("prorl", "brorl", "middle"), overrides=over, brorl_lr_factor=args.brorl_lr_factor,
+                             takeoff_level=args.takeoff_level, takeoff_family=args.takeoff_family,
+                             mechanism=args.mechanism)
+    res = runner.run_study(study, Path(args.out), jobs=p["jobs"], ray=p["ray"], threads=p["torch_threads"],
+                           progress=True, ship=args.ship, command=_command_line(args))
+    print(res.text, file=sys.stdout if res.finished else sys.stderr)
+    return 0 if res.finished else 130
 
 
 def cmd_regime_map(args) -> int:
@@ -870,6 +846,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "the 'only N=512' prompts re-drawn at the branch point, and after every headline arm and seed")
     pa.add_argument("--takeoff-family", default=None, help="the family the race and the grid read (default: mean)")
     pa.add_argument("--out", default="runs/paid")
+    pa.add_argument("--preset", choices=["learned", "takeoff"], default=None, help="a shipped full-size design "
+                    "(study.runner.PRESETS; the other design flags are ignored): pre-registration enforced")
+    pa.add_argument("--ship", action="store_true", help="a run meant for shipped results: refuses to start unless "
+                    "OUT/declaration.json is committed and the tree is clean (study.results.require_preregistered)")
+    pa.add_argument("--read", metavar="POINTS", default=None, help="run nothing: print the study's one reading of a "
+                    "per-seed points.csv (e.g. notebooks/figures/paid_learned_points.csv)")
     add_jobs_options(pa)
     pa.set_defaults(func=cmd_paid)
 

@@ -235,3 +235,72 @@ def test_a_race_where_every_seed_is_censored_is_reported_as_not_resolved():
                     "lo": 0.0, "hi": 0.0}}
     text = PD.paid_text(rep)
     assert "not resolved: neither arm reached the level in any of 3 seeds" in text and "+0 [+0, +0]" not in text
+
+
+# ---- the one runner (study.runner, issue 42) -----------------------------------------------------------------------
+TINY_TABLE = {"prorl": dict(rollouts_per_prompt=2, prompts_per_step=4), "brorl": dict(rollouts_per_prompt=8,
+                                                                                      prompts_per_step=2)}
+
+
+def tiny_study(**changes):
+    from brorl_lab.study import runner
+
+    over = dict(lr=3e-4, tasks=["gcd"], eval_prompts=4, eval_samples=2, max_new_tokens=6, max_resample_rounds=1,
+                optimizer_steps_per_step=1)
+    return runner.Study(**{"name": "tiny", "model": "default", "seeds": (0, 1), "budget": 64, "points": 2,
+                           "arms": ("prorl", "brorl"), "overrides": over, "arm_table": TINY_TABLE, **changes})
+
+
+def test_run_study_writes_the_declaration_the_per_seed_files_and_their_provenance_and_the_cli_reads_them(
+        tmp_path, capsys):
+    """One runner: the arms' N and prompts per step come from the study's arm table, the per-seed files carry a
+    provenance with the start and the declaration, and the CLI's ``paid --read`` gives the runner's reading of the
+    same file (the CLI, the notebook and the demo read a folder through study.runner.reading_of_points)."""
+    import json
+
+    from brorl_lab.cli import main
+    from brorl_lab.study import runner
+    from brorl_lab.study.results import SHIPPED_KEYS, read_provenance
+
+    study = tiny_study()
+    arms = study.configs()
+    assert {a: (c.rollouts_per_prompt, c.prompts_per_step) for a, c in arms.items()} == {"prorl": (2, 4),
+                                                                                        "brorl": (8, 2)}
+    res = runner.run_study(study, tmp_path / "s", jobs=1, threads=1, progress=False)
+    assert res.finished and res.reading == PD.headline_reading(res.report["headline"])
+    decl = json.loads((tmp_path / "s" / "declaration.json").read_text())
+    assert decl["reading"]["function"] == "brorl_lab.study.paid.headline_reading" and decl["seeds"] == [0, 1]
+    assert decl["arms"]["brorl"]["rollouts_per_prompt"] == 8 and decl["budget"]["generated_samples_per_arm"] == 64
+    rec = read_provenance(tmp_path / "s" / "points.csv")
+    assert set(SHIPPED_KEYS) <= set(rec) and rec["started_at"] <= rec["date"]
+    assert rec["declaration"]["path"].endswith("declaration.json") and rec["declaration"]["commit"] is None
+    assert runner.reading_of_points(tmp_path / "s" / "points.csv") == res.reading
+    capsys.readouterr()
+    assert main(["paid", "--read", str(tmp_path / "s" / "points.csv")]) == 0
+    assert res.reading in capsys.readouterr().out
+    again = runner.run_study(study, tmp_path / "s", jobs=1, threads=1, progress=False)  # read back, not re-run
+    assert again.report["headline"]["per_seed"] == res.report["headline"]["per_seed"]
+
+
+def test_a_run_meant_for_shipping_refuses_an_uncommitted_declaration_in_one_line(tmp_path):
+    from brorl_lab.cli import main
+
+    rc = None
+    try:
+        main(["paid", "--model", "default", "--ship", "--out", str(tmp_path / "x"), "--seeds", "0", "1",
+              "--budget", "64", "--no-middle", "--lr", "3e-4", "--families", "gcd"])
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2 and (tmp_path / "x" / "declaration.json").is_file()  # written, so it can be committed
+    assert not (tmp_path / "x" / "arms").exists()  # nothing ran
+
+
+def test_the_shipped_readings_through_the_runner_equal_the_shipped_verdicts():
+    """The runner's reading of each shipped per-seed file equals the reading the run wrote into its verdict."""
+    import json
+
+    from brorl_lab.study import runner
+
+    for name in ("learned", "takeoff"):
+        verdict = json.loads(runner.shipped_points(name).with_name(f"paid_{name}_verdict.json").read_text())
+        assert runner.reading_of_points(runner.shipped_points(name)) == PD.headline_reading(verdict["headline"])

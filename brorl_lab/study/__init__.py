@@ -3,7 +3,7 @@ that has stalled at N = 16? The modules, from the base up (each imports only tho
 layer below: core, theory, rollout, rl, lab):
 
     results    where a study's numbers come from: the provenance record beside every shipped results file
-    recipe     the recipes (RECIPES, FLAGSHIP_RECIPE), model aliases ("plateau"), the default families,
+    recipe     the recipes (RECIPES, FLAGSHIP_RECIPE, the arm table ARM_TABLE), model aliases ("plateau"), the default families,
                recipe_config -> Config, open_trainer / check_same_config (resume a run only with its settings)
     rare       the study's definitions: rare success (0 < p <= RARE_SUCCESS_MAX_P = 1/16) and s_N(p)
     compare    the arms' names and colours (ARMS, ARM_NAMES, ARM_COLORS), summarize, compare_arms at a budget
@@ -18,6 +18,9 @@ layer below: core, theory, rollout, rl, lab):
     regime     the regime map: the BroRL - ProRL gap per seed across settings spanning rho (named and constructed
                pools), and the rho rule read before the run (broadening_pays)
     theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt
+    runner     ONE runner: a study declared as data (Study: branch point, arms from recipe.ARM_TABLE, seeds, budget,
+               grid, its one reading and thresholds) and run_study (declaration and pre-registration, the arm x seed
+               grid, per-seed files with provenance, the reading); the CLI, notebook 02 and `make demo` call it
 
 A config travels arms -> recipe -> trainer, never back through :mod:`.plateau`, whose only users are the CLI's
 ``plateau`` and ``reach`` commands (tests/test_architecture.py checks this order). The notebooks (01b, 02, 05, 06)

@@ -52,6 +52,13 @@ RECIPES = {"prorl_v1": RECIPE,
                         "reset_optimizer": False, "reward": "correct"}}
 FLAGSHIP_RECIPE = "prorl_v2"  # the branch's default; "prorl_v1" is one knob away
 
+#: The recipe's arm table: each arm's N (``rollouts_per_prompt``) and ``prompts_per_step`` (BroRL Sec. 5's 4:1
+#: design at a laptop's scale: 8x the samples per step at a quarter of the prompts; the paper's own values are
+#: study.arms.PAPER_ARMS). The one place the study writes these numbers: every arm's Config takes them from here.
+ARM_TABLE = {"prorl": dict(rollouts_per_prompt=16, prompts_per_step=64),
+             "brorl": dict(rollouts_per_prompt=512, prompts_per_step=16),
+             "middle": dict(rollouts_per_prompt=64, prompts_per_step=32)}
+
 # Fields that may differ between a saved run and the request without changing what the run computes.
 IGNORED_FIELDS = ("torch_threads", "run_dir")
 

@@ -1,0 +1,303 @@
+"""ONE runner for the flagship study (issue 42): a study is declared as data, :class:`Study`, and run by one function,
+:func:`run_study`. The CLI (``paid``, ``demo``), notebook 02 and ``make demo`` only build a Study and call it::
+
+    study = preset("learned")                            # the shipped full-size design (or miniature("learned"))
+    result = run_study(study, "runs/paid_learned", jobs=2, threads=1)
+    print(result.text)                                   # every pre-declared reading, in words
+    result.reading                                       # the study's ONE reading: study.reading(headline)
+
+What :func:`run_study` does, in order:
+
+1. takes the run's start (:func:`brorl_lab.study.results.start_of_run`: UTC time and the commit, *before* any arm
+   runs) and writes the declaration (:meth:`Study.declaration`: design, budget, seeds, the reading and its
+   thresholds) to ``out/declaration.json``; a run meant for shipped results (``study.full_size`` or ``ship=True``)
+   refuses to start unless that file is committed and the tracked tree is clean
+   (:func:`~brorl_lab.study.results.require_preregistered`: one line, exit 2 on the CLI, saying what to commit);
+2. runs the arm x seed grid (:func:`brorl_lab.study.paid.run_paid`: jobs side by side, Ray, resume, progress):
+   each arm's N (``rollouts_per_prompt``) and ``prompts_per_step`` come from its Config, built from the recipe's arm
+   table (:data:`brorl_lab.study.recipe.ARM_TABLE`);
+3. reads every pre-declared reading (:func:`brorl_lab.study.paid.paid_report`; the mechanism against its no-training
+   control when declared) and writes the per-seed files (points.csv, mechanism.csv, metrics.parquet), verdict.json
+   and verdict.txt into ``out``, each with its provenance (started_at, the commit at the start, the declaration);
+4. returns a :class:`StudyResult`: the report, its text and the one reading.
+
+The study's one reading is :func:`brorl_lab.study.paid.headline_reading` (the shipped flagship files were read
+with it): the paired 95% t interval of BroRL - ProRL held-out pass@1 at the budget in generated samples, above 0,
+below 0, or containing 0. :func:`reading_of_points` gives it from a shipped or produced ``points.csv`` alone, the
+one path by which the CLI (``paid --read``), the notebook and the demo read a folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from brorl_lab.core.paths import NOTEBOOK_DIR, repo_relative
+from brorl_lab.core.validation import UserError, check_seeds
+from brorl_lab.study import paid
+from brorl_lab.study.recipe import ARM_TABLE, recipe_config, resolve_experiment_model
+from brorl_lab.study.results import (
+    declaration_record,
+    provenance,
+    require_preregistered,
+    start_of_run,
+    write_declaration,
+    write_provenance,
+)
+
+HEADLINE_AXIS = "cum_samples"  # the reading's basis: equal generated samples (BroRL's compute unit)
+#: The reading's thresholds, declared with it: the interval's level and the value it is read against.
+READING_THRESHOLDS = {"interval": "paired t over seeds", "level": 0.95, "against": 0.0,
+                      "basis": f"{HEADLINE_AXIS} at the budget (the last grid mark)"}
+SHIPPED_FIGURES = NOTEBOOK_DIR / "figures"  # where the shipped per-seed files live: paid_<name>_points.csv
+
+
+@dataclass(frozen=True)
+class Study:
+    """One study of the flagship family, as data. ``arms`` names rows of the recipe's arm table
+    (:data:`~brorl_lab.study.recipe.ARM_TABLE`: each arm's ``rollouts_per_prompt`` and ``prompts_per_step``);
+    ``budget`` is each arm's generated samples, ``points`` the grid's thresholds (``budget * k / points``);
+    ``overrides`` are recipe fields (eval_prompts, eval_samples, tasks, lr); ``takeoff_level`` /
+    ``takeoff_family`` declare the takeoff race; ``mechanism`` the mechanism against its control; ``full_size``
+    marks a preset meant for shipped results (pre-registration enforced)."""
+
+    name: str
+    model: str
+    seeds: tuple[int, ...]
+    budget: int
+    points: int = paid.GRID_POINTS
+    arms: tuple[str, ...] = ("prorl", "brorl", "middle")
+    overrides: Mapping = field(default_factory=dict)
+    brorl_lr_factor: float = 1.0
+    takeoff_level: Optional[float] = None
+    takeoff_family: Optional[str] = None
+    mechanism: bool = False
+    full_size: bool = False
+    reading: Callable[[Mapping], str] = paid.headline_reading
+    thresholds: Mapping = field(default_factory=lambda: dict(READING_THRESHOLDS))
+    arm_table: Mapping = field(default_factory=lambda: dict(ARM_TABLE))  # a test passes a smaller one
+
+    def __post_init__(self):
+        object.__setattr__(self, "seeds", tuple(check_seeds(list(self.seeds))))
+        unknown = [a for a in self.arms if a not in self.arm_table]
+        if unknown or not {"prorl", "brorl"} <= set(self.arms):
+            raise UserError(f"arms: got {list(self.arms)}; allowed: 'prorl', 'brorl' and optionally 'middle' (rows of "
+                            "study.recipe.ARM_TABLE)")
+        if not (isinstance(self.budget, int) and self.budget >= 1):
+            raise UserError(f"budget: got {self.budget!r}; allowed: an integer >= 1 (generated samples per arm)")
+
+    @property
+    def metric(self) -> str:
+        return f"eval/{self.takeoff_family}/pass@1" if self.takeoff_family else paid.METRIC
+
+    def configs(self, *, threads: Optional[int] = None) -> dict:
+        """{arm: Config}: the recipe at the branch point's lr (or ``overrides['lr']``), each arm's N and prompts per
+        step from :data:`ARM_TABLE`, paid ``budget`` generated samples (:func:`brorl_lab.study.paid.paid_arm_configs`)."""
+        over = dict(self.overrides)
+        lr = over.pop("lr", None)
+        lr = paid.plateau_lr(self.model) if lr is None else lr
+        base = recipe_config(model=self.model, lr=lr, **({"torch_threads": threads} if threads else {}), **over)
+        t = self.arm_table
+        shapes = dict(n_small=t["prorl"]["rollouts_per_prompt"], prompts_small=t["prorl"]["prompts_per_step"],
+                      n_large=t["brorl"]["rollouts_per_prompt"], prompts_large=t["brorl"]["prompts_per_step"])
+        if "middle" in self.arms:
+            shapes.update(n_mid=t["middle"]["rollouts_per_prompt"], prompts_mid=t["middle"]["prompts_per_step"])
+        return paid.paid_arm_configs(base, budget=self.budget, points=self.points, middle="middle" in self.arms,
+                                     lr_factor=self.brorl_lr_factor, **shapes)
+
+    def declaration(self) -> dict:
+        """The study as declared before the run (:func:`brorl_lab.study.results.write_declaration`): plain JSON."""
+        arms = {a: {k: getattr(c, k) for k in ("rollouts_per_prompt", "prompts_per_step", "lr", "steps",
+                                                         "eval_prompts", "eval_samples", "tasks", "eval_at_samples")}
+                for a, c in self.configs().items()}
+        reading = self.reading
+        return {"study": self.name, "branch_point": self.model, "checkpoint": repo_relative(
+                    Path(resolve_experiment_model(self.model))),
+                "arms": arms, "budget": {"generated_samples_per_arm": self.budget, "grid_points": self.points},
+                "seeds": list(self.seeds), "reading": {"function": f"{reading.__module__}.{reading.__qualname__}",
+                                                       "thresholds": dict(self.thresholds)},
+                "collapse_rule": dict(paid.COLLAPSE), "metric": self.metric,
+                "takeoff_race": ({"level": self.takeoff_level, "family": self.takeoff_family}
+                                 if self.takeoff_level is not None else None),
+                "mechanism": ({"prompts": paid.MECHANISM_PROMPTS, "draws": paid.MECHANISM_DRAWS,
+                               "reach": "only N=512", "control_draw_seed": paid.CONTROL_DRAW_SEED}
+                              if self.mechanism else None),
+                "brorl_lr_factor": self.brorl_lr_factor, "full_size": self.full_size}
+
+
+# ---- the presets ------------------------------------------------------------------------------------------------------
+#: The shipped full-size designs (docs/results/flagship.md's commands): the learned plateau (20 paired seeds, the
+#: middle arm and the mechanism) and the takeoff base (10 seeds, the race to +10 points on spell_backward).
+FULL_BUDGET = 131_072  # 16 BroRL steps of its samples per step (512 x 16)
+TAKEOFF_OVERRIDES = {"lr": 3e-4, "tasks": ["spell_backward"], "eval_prompts": 200, "eval_samples": 8}
+PRESETS = {
+    "learned": Study("learned", "learned", tuple(range(20)), FULL_BUDGET, mechanism=True, full_size=True),
+    "takeoff": Study("takeoff", "takeoff", tuple(range(10)), FULL_BUDGET, arms=("prorl", "brorl"),
+                     overrides=TAKEOFF_OVERRIDES, takeoff_level=paid.TAKEOFF_LEVEL, takeoff_family="spell_backward",
+                     full_size=True),
+}
+#: The miniature (what notebook 02 and ``make demo`` run by default): the same arms and recipe from the same branch
+#: points, an eighth of the budget (2 grid marks), 3 paired seeds and a lighter evaluation. Sized to take about 3
+#: minutes on 2 CPU cores for both branch points; it can only see large gaps, and says so.
+MINIATURE = dict(budget=FULL_BUDGET // 8, points=2, seeds=(0, 1, 2), eval_prompts=32, eval_samples=4)
+
+
+def preset(name: str) -> Study:
+    """The full-size study ``name`` ('learned' or 'takeoff')."""
+    if name not in PRESETS:
+        raise UserError(f"study: got {name!r}; allowed: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def miniature(name: str, **changes) -> Study:
+    """The full-size study ``name`` at the miniature's sizes (:data:`MINIATURE`; ``changes`` override any field):
+    no middle arm, no mechanism, not meant for shipping."""
+    full = preset(name)
+    m = {**MINIATURE, **changes}
+    over = {**full.overrides, "eval_prompts": m.pop("eval_prompts"), "eval_samples": m.pop("eval_samples")}
+    return dataclasses.replace(full, name=f"{name}_miniature", arms=("prorl", "brorl"), mechanism=False,
+                               full_size=False, overrides=over, **m)
+
+
+# ---- the run ------------------------------------------------------------------------------------------------------------
+@dataclass
+class StudyResult:
+    """What :func:`run_study` returns: the study, its folder, whether every arm spent its budget, the report
+    (:func:`brorl_lab.study.paid.paid_report`'s keys, the mechanism's summary under ``mechanism``), its text, the
+    one reading, the files written and the provenance record they carry."""
+
+    study: Study
+    out: Path
+    finished: bool
+    report: dict
+    text: str
+    reading: str
+    files: list
+    record: dict
+
+    def __repr__(self) -> str:
+        return f"StudyResult({self.study.name!r}, {'finished' if self.finished else 'unfinished'}: {self.reading})"
+
+
+def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Optional[str] = None,
+              threads: Optional[int] = None, progress: bool = True, ship: bool = False,
+              command: Optional[str] = None) -> StudyResult:
+    """Run ``study`` into ``out`` (module docstring): declaration (enforced for ``study.full_size`` or ``ship``),
+    the arm x seed grid (``out/arms/<arm>_s<seed>``, resumable; ``jobs`` at a time, or Ray tasks at ``ray``, at
+    ``threads`` torch threads each), the per-seed files with provenance, the readings. An unfinished grid (Ctrl-C,
+    a stop) returns ``finished=False`` with nothing but the arms' checkpoints written: the same call resumes."""
+    out = Path(out)
+    start = start_of_run()
+    t0 = time.perf_counter()
+    decl_path = write_declaration(out, study.declaration())
+    declared = require_preregistered(decl_path) if (ship or study.full_size) else declaration_record(decl_path)
+    arms = study.configs(threads=threads)
+    df = paid.run_paid(arms, seeds=study.seeds, root=out / "arms", progress=progress, jobs=jobs, ray=ray,
+                       threads=threads)
+    spent = len(df) and df.groupby("run")["cum_samples"].max().ge(study.budget).all()
+    if not spent or df["run"].nunique() < len(arms) * len(study.seeds):
+        return StudyResult(study, out, False, {}, "stopped before every arm spent its budget: run the same command "
+                           "again to resume", "not read: unfinished", [], {})
+    report = paid.paid_report(df, budget=study.budget, points=study.points, metric=study.metric,
+                              takeoff_level=study.takeoff_level)
+    tables = {"points": report.pop("points")}
+    if study.mechanism:  # the mechanism against its no-training re-draw (128 prompts x 512 draws per policy)
+        import torch
+
+        from brorl_lab.lab.jobs import physical_cores
+
+        torch.set_num_threads(physical_cores())  # measured here, after the runs: every core
+        gaps = paid.measure_mechanism(arms, seeds=study.seeds, root=out / "arms",
+                                      branch=resolve_experiment_model(study.model))
+        tables["mechanism"] = gaps
+        report["mechanism"] = paid.control_summary(gaps).to_dict(orient="records")
+    df.to_parquet(out / "metrics.parquet")
+    files = paid.write_per_seed(out, tables) + [out / "metrics.parquet"]
+    record = provenance(command or f"brorl_lab.study.runner.run_study({study.name!r})",
+                        {"branch": resolve_experiment_model(study.model)}, time.perf_counter() - t0,
+                        commit=start["commit"], started_at=start["started_at"], declaration=declared,
+                        seeds=list(study.seeds), budget=study.budget, lr=arms["brorl"].lr / study.brorl_lr_factor,
+                        collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
+                                                           for a, c in arms.items()})
+    for path in files:  # every per-seed file carries its provenance: shippable as it is
+        write_provenance(path, record)
+    (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
+    text = paid.paid_text(report)
+    (out / "verdict.txt").write_text(text + "\n")
+    return StudyResult(study, out, True, report, text, study.reading(report["headline"]),
+                       files + [out / "verdict.json", out / "verdict.txt"], record)
+
+
+# ---- reading a folder: the one path the CLI, the notebook and the demo share -------------------------------------------
+def headline_of_points(points: pd.DataFrame) -> dict:
+    """The headline (BroRL - ProRL at the last generated-samples mark: :func:`brorl_lab.study.paid.paired_at_grid`)
+    from a per-seed points table (``points.csv``: arm, seed, mark, value, axis, ...)."""
+    pts = points[points["axis"] == HEADLINE_AXIS] if "axis" in points else points
+    grid = paid.paired_at_grid(pts)
+    return grid.iloc[-1].to_dict() if len(grid) else {}
+
+
+def reading_of_points(path: str | Path, reading: Callable[[Mapping], str] = paid.headline_reading) -> str:
+    """The study's reading of a per-seed ``points.csv`` (a run's, or a shipped ``paid_<name>_points.csv``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"points: {path} is not a file; allowed: a points.csv a study run wrote, or "
+                        f"{repo_relative(SHIPPED_FIGURES)}/paid_<name>_points.csv")
+    return reading(headline_of_points(pd.read_csv(path)))
+
+
+def shipped_points(name: str) -> Path:
+    """The shipped full-size per-seed file of study ``name`` ('learned', 'takeoff')."""
+    return SHIPPED_FIGURES / f"paid_{name}_points.csv"
+
+
+def headline_line(points: str | Path) -> str:
+    """One line: the headline gap with its interval (points of held-out pass@1) and the reading, from a points file."""
+    h = headline_of_points(pd.read_csv(points))
+    if not h:
+        return "no paired seeds"
+    ci = (f"[{100 * h['lo']:+.2f}, {100 * h['hi']:+.2f}]" if math.isfinite(h["lo"]) else "[no interval]")
+    return (f"BroRL - ProRL {100 * h['gap']:+.2f} {ci} points at {h['mark']:,.0f} generated samples, {int(h['n'])} "
+            f"paired seeds: {paid.headline_reading(h)}")
+
+
+def live_and_shipped(live: Mapping[str, str | Path], shipped: Optional[Mapping[str, str | Path]] = None
+                     ) -> pd.DataFrame:
+    """Per-seed headline gaps (points of pass@1) of live runs and of the shipped full-size files side by side: one
+    row per study, source ('live' / 'shipped') and seed, with the budget the gap was read at."""
+    shipped = shipped if shipped is not None else {k: shipped_points(k.replace("_miniature", "")) for k in live}
+    rows = []
+    for source, files in (("live", live), ("shipped", shipped)):
+        for name, path in files.items():
+            h = headline_of_points(pd.read_csv(path))
+            for seed, gap in (h.get("per_seed") or {}).items():
+                rows.append({"study": name.replace("_miniature", ""), "source": source, "seed": int(seed),
+                             "gap_points": 100 * float(gap), "budget": h["mark"]})
+    return pd.DataFrame(rows)
+
+
+def live_and_shipped_figure(table: pd.DataFrame, *, title: Optional[str] = None):
+    """A dot per seed (BroRL - ProRL at the budget, points), live and shipped side by side per study, each labelled."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    colors = {"live": "rgba(214,39,40,0.75)", "shipped": "rgba(31,119,180,0.6)"}
+    for source, g in table.groupby("source", sort=False):
+        xs = [f"{s} ({source}, {b:,.0f} samples)" for s, b in zip(g["study"], g["budget"])]
+        fig.add_trace(go.Scatter(name=f"{source}: one seed", x=xs, y=g["gap_points"], mode="markers",
+                                 marker=dict(color=colors.get(source, "grey"), size=8),
+                                 text=[f"{source} seed {s}" for s in g["seed"]], hoverinfo="text+y"))
+    fig.add_hline(y=0, line_color="grey", line_width=1)
+    fig.update_layout(title_text=title or "BroRL - ProRL held-out pass@1 per seed at the budget: live miniature "
+                      "beside the shipped full-size runs", yaxis_title="points of pass@1", height=420,
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
