@@ -152,15 +152,59 @@ def fill_samples_per_step(n: int, prompts: int, q: float) -> float:
     return n * prompts / q
 
 
+# ---- the critical batch size at each branch point (rl.noise_scale) ----------------------------------------------------
+#: The noise-scale measurement's design: two batch sizes in informative groups, repeats per (branch, N), and the
+#: prompts drawn per collection round at each N (the 4:1 arms' own).
+NOISE_DESIGN = dict(b_small=1, b_big=32, repeats=10, prompts={16: 64, 512: 16})
+
+
+def noise_table(branches: Sequence[str], ns: Sequence[int], *, b_small: int = NOISE_DESIGN["b_small"],
+                b_big: int = NOISE_DESIGN["b_big"], repeats: int = NOISE_DESIGN["repeats"], seed: int = 0,
+                prompts: Optional[Mapping[int, int]] = None, draws: int = 2000) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """B_simple (:mod:`brorl_lab.rl.noise_scale`) at each branch point (:data:`BRANCH_POINTS`: its families, the
+    flagship recipe's loss) and N. Returns (per-repeat rows, summary): the summary has one row per (branch, N): the
+    estimate in groups with its bootstrap interval, |G|^2 and tr(Sigma) with theirs, the share of bootstrap draws
+    with |G|^2 <= 0, the informative-group rate q over every collection round, and B in rollouts (x N) and in
+    generated samples (x N / q)."""
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rl.noise_scale import measure_noise_scale, noise_scale_interval, noise_scale_units
+    from brorl_lab.study.recipe import recipe_config
+
+    prompts = {**NOISE_DESIGN["prompts"], **(prompts or {})}
+    reps, summary = [], []
+    for branch in branches:
+        model, families, lr = BRANCH_POINTS[branch]
+        for n in ns:
+            cfg = recipe_config(model=model, tasks=families, lr=lr, rollouts_per_prompt=n,
+                                prompts_per_step=prompts.get(n, ratio_prompts(n)))
+            policy, tok = load_policy(cfg.model, device=cfg.device)
+            df = measure_noise_scale(cfg, b_small=b_small, b_big=b_big, repeats=repeats, seed=seed, policy=policy,
+                                     tokenizer=tok).assign(branch=branch)
+            reps.append(df)
+            r = noise_scale_interval(df["sq_small"], df["sq_big"], b_small, b_big, draws=draws, seed=seed)
+            q = float(df["kept_groups"].sum() / df["generated_groups"].sum())
+            summary.append({"branch": branch, "N": n, "q": q, **{k: r[k] for k in (
+                "b_simple", "lo", "hi", "g2", "g2_lo", "g2_hi", "trace", "trace_lo", "trace_hi", "nonpositive_g2",
+                "repeats", "b_small", "b_big", "method")}, **noise_scale_units(r, n, q)})
+    return pd.concat(reps, ignore_index=True), pd.DataFrame(summary)
+
+
 # ---- the command: python -m brorl_lab.study.frontier pilot ... -------------------------------------------------------
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m brorl_lab.study.frontier pilot --steps 5 --out runs/frontier_pilot [--figures notebooks/figures]``:
-    the refill pilot (:func:`refill_pilot` on both branch points, arms 16x64, 64x32, 128x32, 512x16, 1 seed, 1
-    thread), its per-step rows and :func:`cap_binding` table in ``--out``; with ``--figures`` also
-    ``frontier_pilot_refill_steps.csv`` and ``frontier_pilot_refill.csv`` there, each with its provenance record
-    (exploratory: no declaration)."""
+    """Two exploratory measurements (1 torch thread; neither pre-registered, each record says so):
+
+    ``python -m brorl_lab.study.frontier pilot --steps 5 --out runs/frontier_pilot [--figures notebooks/figures]``:
+    the refill pilot (:func:`refill_pilot` on both branch points, arms 16x64, 64x32, 128x32, 512x16, 1 seed) ->
+    ``frontier_pilot_refill_steps.csv`` (per step) and ``frontier_pilot_refill.csv`` (:func:`cap_binding`).
+
+    ``python -m brorl_lab.study.frontier noise --out runs/frontier_noise [--figures notebooks/figures]``: the noise
+    scale (:func:`noise_table`, both branch points, N = 16 and 512) -> ``noise_scale_repeats.csv`` and
+    ``noise_scale.csv``.
+
+    Each table goes to ``--out`` and, with ``--figures``, there too, each with its provenance record."""
     import argparse
     import shlex
+    import sys
 
     import torch
 
@@ -171,31 +215,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pilot", help="the refill pilot: how often a round cap binds, samples per update at fill-to-full")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--branches", nargs="+", default=list(BRANCH_POINTS))
     p.add_argument("--arms", nargs="+", default=["16x64", "64x32", "128x32", "512x16"], help="NxP")
     p.add_argument("--out", default="runs/frontier_pilot")
-    p.add_argument("--figures", default=None, help="also write the two tables here with provenance")
+    q = sub.add_parser("noise", help="the gradient noise scale at each branch point and N")
+    q.add_argument("--ns", type=int, nargs="+", default=[16, 512])
+    q.add_argument("--b-small", type=int, default=NOISE_DESIGN["b_small"])
+    q.add_argument("--b-big", type=int, default=NOISE_DESIGN["b_big"])
+    q.add_argument("--repeats", type=int, default=NOISE_DESIGN["repeats"])
+    q.add_argument("--out", default="runs/frontier_noise")
+    for x in (p, q):
+        x.add_argument("--seed", type=int, default=0)
+        x.add_argument("--branches", nargs="+", default=list(BRANCH_POINTS))
+        x.add_argument("--figures", default=None, help="also write the tables here with provenance")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    arms = {int(a.split("x")[0]): int(a.split("x")[1]) for a in args.arms}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commit, t0 = git_commit(), time.perf_counter()
-    steps = refill_pilot(args.branches, arms, steps=args.steps, root=out / "runs", seed=args.seed)
-    table = cap_binding(steps)
+    if args.cmd == "pilot":
+        arms = {int(a.split("x")[0]): int(a.split("x")[1]) for a in args.arms}
+        steps = refill_pilot(args.branches, arms, steps=args.steps, root=out / "runs", seed=args.seed)
+        written = {"frontier_pilot_refill_steps.csv": steps, "frontier_pilot_refill.csv": cap_binding(steps)}
+        note = "exploratory pilot, not pre-registered: sizes the frontier's budget and round cap (issue 43)"
+    else:
+        reps, summary = noise_table(args.branches, args.ns, b_small=args.b_small, b_big=args.b_big,
+                                    repeats=args.repeats, seed=args.seed)
+        written = {"noise_scale_repeats.csv": reps, "noise_scale.csv": summary}
+        note = "exploratory, not pre-registered: the simple noise scale at each branch point (issue 43, item 6)"
     wall = time.perf_counter() - t0
-    command = "python -m brorl_lab.study.frontier " + shlex.join(argv if argv is not None else __import__("sys").argv[1:])
-    written = {"frontier_pilot_refill_steps.csv": steps, "frontier_pilot_refill.csv": table}
-    dirs = [out] + ([Path(args.figures)] if args.figures else [])
+    command = "python -m brorl_lab.study.frontier " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     cks = {b: resolve_experiment_model(BRANCH_POINTS[b][0]) for b in args.branches}
-    for d in dirs:
+    for d in [out] + ([Path(args.figures)] if args.figures else []):
         for name, t in written.items():
             t.to_csv(d / name, index=False)
-            write_provenance(d / name, provenance(command, cks, wall, commit=commit, status="exploratory",
-                                                  note="exploratory pilot, not pre-registered: sizes the frontier's "
-                                                       "budget and round cap (issue 43)"))
-    print(table.to_string(index=False))
+            write_provenance(d / name, provenance(command, cks, wall, commit=commit, status="exploratory", note=note))
+    print(list(written.values())[-1].to_string(index=False))
     return 0
 
 
