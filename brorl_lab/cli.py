@@ -170,7 +170,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 RESUME_ALSO = ("steps", "torch_threads")  # what --resume takes besides the run: more steps extend it; --threads
 
 
-def cmd_train(args) -> int:
+def _check_resume_flags(args) -> None:
     if args.resume:
         given = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(Config)
                  if hasattr(args, f.name) and f.name not in RESUME_ALSO]
@@ -179,9 +179,18 @@ def cmd_train(args) -> int:
             raise ConfigError(f"--resume: got {args.resume!r} together with {', '.join(given)}; "
                               "allowed: --resume RUN_DIR (or RUN_DIR/checkpoints/step_N) alone, with --steps N "
                               "to extend the run, or --threads N (it continues with its own config.yaml)")
+
+
+def cmd_train(args) -> int:
+    _check_resume_flags(args)
     cfg = None if args.resume else config_from_args(args)  # validate before importing anything heavy
+    restart = _precheck_train(cfg, args)  # names, paths, the run's lock, writability: still no torch
+    if restart is not None:  # --resume on a run stopped before its first checkpoint: start it again
+        cfg, args.resume = restart, None
     if cfg is not None:
         _offline_if_unreachable(cfg.model)
+    print(f"{'resuming' if args.resume else 'training'} {_run_path(cfg, args)} (loading torch and the model)",
+          file=sys.stderr, flush=True)
     from brorl_lab.rl.trainer import CheckpointError, Trainer
 
     trainer = None
@@ -208,11 +217,56 @@ def cmd_train(args) -> int:
     evals = [c for c in df.columns if c.startswith("eval/") and c.endswith("pass@1")]
     if evals:
         print(df[["step", *evals]].dropna().tail(3).to_string(index=False))
-    if trainer.stop_signal is not None:  # checkpointed and marked interrupted: exit as a shell reports a signal
+    if trainer.stop_signal is not None and not trainer.interrupted:  # the signal came in the last step: it finished
+        print(f"signal {trainer.stop_signal} came during the last step; the run finished (status finished)",
+              file=sys.stderr)
+    elif trainer.stop_signal is not None:  # checkpointed and marked interrupted: exit as a shell reports a signal
         print(f"interrupted by signal {trainer.stop_signal} at step {trainer.step_idx}; "
               f"resume with: python -m brorl_lab train --resume {trainer.run_dir.path}", file=sys.stderr)
         return 128 + int(trainer.stop_signal)
     return 0
+
+
+def _run_path(cfg: Optional[Config], args) -> Path:
+    """The run directory ``train`` writes: ``--resume``'s (a kept checkpoint's run), else the config's."""
+    from brorl_lab.core.rundir import default_run_name
+
+    if cfg is None:
+        p = Path(args.resume)
+        return p.parent.parent if p.parent.name == "checkpoints" else p
+    return Path(cfg.run_dir) / (cfg.run_name or default_run_name(cfg))
+
+
+def _precheck_train(cfg: Optional[Config], args) -> Optional[Config]:
+    """What ``train`` can refuse before torch is imported (answers in a second, issue 46): every name against its
+    registry, the model path, the run directory writable and its lock free (a second writer is refused naming
+    the first). Returns the run's own config when ``--resume`` names a run that has no checkpoint yet (stopped
+    before its first one: a second Ctrl-C, kill -9, an out-of-memory kill): it starts again from its config.yaml,
+    as the same command would."""
+    from brorl_lab.core.rundir import RunDir, check_writable
+    from brorl_lab.core.runlock import RunLock, lock_held
+    from brorl_lab.rl.names import check_names
+
+    if cfg is not None:
+        check_names(cfg)
+    path = _run_path(cfg, args)
+    if cfg is None and not path.is_dir():
+        raise ConfigError(f"--resume: {path} is not a directory; allowed: a run directory with a checkpoint")
+    check_writable(path, "--resume" if cfg is None else "run_dir")
+    if lock_held(path):
+        RunLock.acquire(path).release()  # held: the one-line refusal naming the writer (pid, host, command)
+    if cfg is not None or Path(args.resume).parent.name == "checkpoints" or RunDir.holds_run(path):
+        return None
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"--resume: {path} holds no checkpoint and no config.yaml; allowed: a run directory "
+                          "written by train")
+    again = Config.from_dict(RunDir(path).read_config())
+    if getattr(args, "steps", None) is not None:
+        again = again.replace(steps=args.steps)
+    check_names(again)
+    print(f"note: {path} has no checkpoint yet (stopped before its first one); starting it again from its "
+          "config.yaml", file=sys.stderr)
+    return again.replace(run_dir=str(path.parent), run_name=path.name)
 
 
 def _interrupt_hint(trainer) -> str:
@@ -220,8 +274,8 @@ def _interrupt_hint(trainer) -> str:
         return "nothing was trained; run the same command again"
     step = trainer._checkpoint_step
     if step is None:
-        return (f"no checkpoint was written in {trainer.run_dir.path}; run the same command again (what it left is "
-                "cleared)")
+        return (f"no checkpoint was written in {trainer.run_dir.path}; run the same command again, or train --resume "
+                f"{trainer.run_dir.path} (either starts it again; what it left is cleared)")
     return f"the checkpoint of step {step} stays; resume with: python -m brorl_lab train --resume {trainer.run_dir.path}"
 
 
@@ -681,7 +735,12 @@ def add_jobs_options(parser: argparse.ArgumentParser) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a bad flag reported as one line (the usage is one --help away), like every other user error."""
+    """argparse, with a bad flag reported as one line (the usage is one --help away), like every other user error,
+    and no abbreviations (``--step 2`` is an error, not ``--steps 2``); subcommands are built with the same class."""
+
+    def __init__(self, *a, **kw):
+        kw["allow_abbrev"] = False
+        super().__init__(*a, **kw)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -940,6 +999,18 @@ FS_ERRNOS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOTDIR", "EISDIR"
              "ENOENT")
 
 
+def _raise_on_sigint():
+    """SIGINT raises KeyboardInterrupt in the main thread even where the process started with it ignored (a job
+    sent to the background by a non-interactive shell, `cmd &`: there `kill -INT` was silently ignored and a run
+    meant to stop finished instead). Returns the handler it replaced, or None outside the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import errno
     import signal
@@ -952,6 +1023,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.argv = None if argv is None else list(argv)
     where = f"{parser.prog} {args.command}"
     previous = raise_on_sigterm()
+    previous_int = _raise_on_sigint()
     plain = os.environ.get(PLAIN_PROGRESS_ENV)
     try:
         return args.func(args)
@@ -974,6 +1046,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if previous is not None:  # main() called in-process (tests, notebooks): SIGTERM as it was
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
         if plain is None:  # and the plain-progress flag a papermill command set for its kernels (_stream_kernels)
             os.environ.pop(PLAIN_PROGRESS_ENV, None)
         else:

@@ -50,7 +50,7 @@ from IPython.display import display
 from brorl_lab.core.config import Config
 from brorl_lab.core.models import load_policy, make_reference
 from brorl_lab.lab import plots
-from brorl_lab.lab.course import Exercises
+from brorl_lab.lab.course import Exercises, check_advantage
 from brorl_lab.rl import algo
 from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
@@ -150,12 +150,10 @@ def grpo_advantage(rewards, *, eps=1e-6):
 
 # %% tags=["check"]
 rewards = kept.grouped(kept.rewards).float()                          # [P, N] this batch's kept groups
-probe = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 1.0]])   # one uniform group
-for r in (rewards, probe):
-    mine, ref = grpo_advantage(r), algo.grpo(r, std_norm=True)
-    assert torch.allclose(mine, ref, atol=1e-5), f"not yet: largest gap to algo.grpo {(mine - ref).abs().max():.3g}"
-assert torch.equal(grpo_advantage(probe)[1], torch.zeros(4)), "not yet: a uniform group must get exactly 0"
-print(f"your advantages match rl.algo.grpo on {rewards.shape[0]} kept groups and the probe: correct")
+mine, ref = grpo_advantage(rewards), algo.grpo(rewards, std_norm=True)
+assert torch.allclose(mine, ref, atol=1e-5), "not yet: on this batch's kept groups your advantages differ from algo.grpo"
+# then random groups and edge cases: uniform groups at 0.1 and 0, one success among 512, a group of one, ...
+print(exercise.said(check_advantage(grpo_advantage, "grpo"), "grpo_advantage"))
 
 # %% [markdown]
 # The trainer computes them with the configured estimator (`cfg.advantage`); shown as prompts x rollouts.

@@ -121,18 +121,26 @@ def logit_update(p, correct, counts, *, lr=1.0, r_c=1.0, r_w=-1.0):
 
 # %% tags=["check"]
 small = theory.zipf_problem(50, 12, placement="random", seed=seed)      # a vocabulary small enough to read
-for prob, cnt in ((problem, counts), (small, rng.multinomial(8, small.p))):
+repeated = np.zeros(50, dtype=int)
+repeated[np.flatnonzero(small.correct)[0]], repeated[np.flatnonzero(~small.correct)[:2]] = 3, (2, 1)   # N = 6, 3 tokens
+draws = {"this section's draw": (problem, counts), "a draw of 8 on a small vocabulary": (small, rng.multinomial(8, small.p)),
+         "a draw with repeats (a correct token 3 times, an incorrect one twice)": (small, repeated)}
+for case, (prob, cnt) in draws.items():
     for r_c, r_w in ((1.0, -1.0), (2.0, -0.5), (1.0, 0.0)):
         mine = logit_update(prob.p, prob.correct, cnt, lr=1.0, r_c=r_c, r_w=r_w)
         ref = theory.logit_update(prob.p, prob.correct, cnt, lr=1.0, r_c=r_c, r_w=r_w)
-        assert np.allclose(mine, ref, rtol=1e-9, atol=0), f"not yet: dz differs from theory.logit_update at " \
-            f"R_c={r_c}, R_w={r_w} (largest gap {np.abs(mine - ref).max():.2e})"
+        off = ~np.isclose(mine, ref, rtol=1e-9, atol=0)                   # [V] where yours differs
+        groups = {"drawn correct": (cnt > 0) & prob.correct, "drawn incorrect": (cnt > 0) & ~prob.correct,
+                  "undrawn": cnt == 0}
+        assert not off.any(), f"not yet ({case}, R_c={r_c}, R_w={r_w}): dz is off on " + ", ".join(
+            f"{int((off & m).sum())} of {int(m.sum())} {g} tokens" for g, m in groups.items() if (off & m).any())
 dz_small = logit_update(small.p, small.correct, cnt, lr=1e-4)
 exact = theory.softmax_delta_q(small.p, small.correct, dz_small)      # Q_pos(softmax(z + dz)) - Q_pos(softmax(z))
 first_order = theory.mass_balance(small.p, small.correct, cnt, lr=1e-4).total
 assert abs(exact - first_order) < 1e-3 * abs(first_order), f"not yet: your dz moves Q_pos by {exact:+.3e}, " \
     f"Theorem 1 says {first_order:+.3e}"
-print(f"your update moves Q_pos by {exact:+.3e} (exact softmax change, lr 1e-4; Theorem 1: {first_order:+.3e}): correct")
+print(exercise.said(f"your update moves Q_pos by {exact:+.3e} (exact softmax change, lr 1e-4; Theorem 1: "
+                    f"{first_order:+.3e}): correct", "logit_update"))
 
 # %% [markdown]
 # ## 3 · Theorem 1: the change of correct mass has three terms
@@ -186,7 +194,8 @@ for r_c, r_w in ((1.0, -1.0), (2.0, -0.5)):
     exact = theory.softmax_delta_q(small.p, small.correct, logit_update(small.p, small.correct, cnt, lr=1e-4,
                                                                         r_c=r_c, r_w=r_w))
     assert abs(sum(mine.values()) - exact) < 1e-3 * abs(exact), (sum(mine.values()), exact)
-print("your three terms match theory.mass_balance on 40 draws and sum to the exact softmax change: correct")
+print(exercise.said("your three terms match theory.mass_balance on 40 draws and sum to the exact softmax change: correct",
+                    "three_terms"))
 
 # %% [markdown]
 # Now the library's version on the big vocabulary: Theorem 1 against the true softmax change, draw by draw, at a
@@ -256,8 +265,12 @@ task_sweep = theory.n_sweep(task_problem.p, task_problem.correct, [2**k for k in
 assert task_sweep[4] > 0.5, f"not yet: P(dQ<0) at N=4 is {task_sweep[4]:.2f} on {task_problem.name}"
 above = task_sweep.index[task_sweep > 0.01]
 first = 2 * int(above.max()) if len(above) else 1       # the first N from which P(dQ<0) stays below 1%
-assert first / 2 <= n_vanish <= 2 * first, f"not yet: P(dQ<0) stays below 1% from N = {first:,} on, not {n_vanish:,}"
-print(f"{task_problem.name}: P(dQ<0) = {task_sweep[4]:.2f} at N=4, below 1% from N = {first:,} on: correct")
+assert n_vanish <= 2 * first, f"not yet: P(dQ<0) already stays below 1% from an N more than one grid step below " \
+    f"your {n_vanish:,}: read panel ③ further left"
+assert n_vanish >= first / 2, f"not yet: P(dQ<0) is still above 1% at an N of the grid above your {n_vanish:,} " \
+    "(more than one grid step): read panel ③ further right"
+print(exercise.said(f"{task_problem.name}: P(dQ<0) = {task_sweep[4]:.2f} at N=4, below 1% from N = {first:,} on: "
+                    "correct", "losing_vocabulary"))
 
 # %% [markdown]
 # ## 5 · In expectation, and Lemma 2
@@ -317,7 +330,8 @@ batches = rng.multinomial(512, problem.p, size=400)[:, 1:n_correct]    # [400, |
 drawn_share = (batches > 0).mean()
 se = np.sqrt(drawn_share * (1 - drawn_share) / batches.size)
 assert abs(answer_4 - drawn_share) < 5 * se + 1e-4, f"not yet: yours {answer_4:.4f}, Monte Carlo {drawn_share:.4f}"
-print(f"your answer {answer_4:.4f}, Monte Carlo {drawn_share:.4f} ± {se:.4f}: correct")
+print(exercise.said(f"your answer {answer_4:.4f}, Monte Carlo {drawn_share:.4f} ± {se:.4f}: correct",
+                    "p_drawn_at_least_once"))
 
 # %% [markdown]
 # ## 6 · The large-N limit
@@ -369,7 +383,8 @@ answer_5 = large_n_limit_by_hand(tail.p, tail.correct)
 assert abs(answer_5 - far) < 1e-6 * abs(far), f"not yet: yours {answer_5:.6e}, exact at N = 10^12 {far:.6e}"
 assert np.isclose(large_n_limit_by_hand(small.p, small.correct, r_c=2.0, r_w=-0.5),
                   theory.large_n_limit(small.p, small.correct, r_c=2.0, r_w=-0.5), rtol=1e-9), "not yet: other rewards"
-print(f"your limit {answer_5:.6e}; exact expectation at N = 10^12: {far:.6e}: correct")
+print(exercise.said(f"your limit {answer_5:.6e}; exact expectation at N = 10^12: {far:.6e}: correct",
+                    "large_n_limit_by_hand"))
 
 # %% [markdown]
 # ## 7 · The paper's simulation (Sec. 4.1, Fig. 3)
@@ -473,7 +488,7 @@ mb = theory.mass_balance(p_ex, correct_ex, drawn_ex, n=n_ex)
 mom = theory.moments(p_ex, correct_ex, drawn_ex, n=n_ex)
 assert mom.s_r > 0, f"not yet: S_R = {mom.s_r:.3f}; the batch should find more correct than incorrect mass"
 assert mb.unsampled < 0, f"not yet: the unsampled term is {mb.unsampled:+.4f}, not negative"
-print(f"S_R = {mom.s_r:+.3f}, unsampled term = {mb.unsampled:+.4f}: correct")
+print(exercise.said(f"S_R = {mom.s_r:+.3f}, unsampled term = {mb.unsampled:+.4f}: correct", "losing_update"))
 mb.to_frame()
 
 # %% [markdown]

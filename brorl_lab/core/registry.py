@@ -5,6 +5,12 @@ registry, the value and the nearest valid name. The registries live next to thei
 (``rollout.tasks.TASKS``, ``rollout.engines.ENGINES``, ``rl.algo.ADVANTAGES``, ...); a Config's names are checked
 against them at the rl boundary (:func:`brorl_lab.rl.spec.check`), never by :mod:`brorl_lab.core.config`, which
 imports nothing above core. Engines are registered as import strings, so naming the vllm engine never imports vllm.
+
+Registries load lazily: a registry built with ``names=(...)`` knows its names before any implementation is
+imported (``rl.names``, ``rollout.engine_names`` declare them in modules that import no torch), so the CLI refuses
+``--advantage grop`` or ``--engine trch`` in a fraction of a second. Registering a name that was not declared, or
+looking up a declared name whose implementation module was never imported, is an error, so the declaration and the
+implementations cannot drift apart unseen (``tests/test_first_hour.py`` checks they are the same).
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ class Registry:
     what another caller gets (a run owns the families it built: ``brorl_lab.rl.spec.resolve``).
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, names: tuple[str, ...] = ()):
         self.kind = kind
+        self.declared = tuple(names)  # names known before their implementations are imported (see module doc)
         self._items: dict[str, Any] = {}
         self._prefixes: dict[str, Prefix] = {}
         self._built: dict[str, Any] = {}  # prefixed name -> object built with the default (empty) config
@@ -51,6 +58,9 @@ class Registry:
         def add(o):
             if name in self._items:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
+            if self.declared and name not in self.declared:
+                raise ValueError(f"{self.kind} '{name}' is not declared; allowed: add it to the names this registry "
+                                 f"is built with ({', '.join(self.declared)})")
             self._items[name] = o
             return o
 
@@ -65,7 +75,7 @@ class Registry:
 
     def allowed(self) -> str:
         """The registered names and the prefixed forms, for the ``allowed:`` part of error messages."""
-        return ", ".join([*self._items, *(p.allowed for p in self._prefixes.values())])
+        return ", ".join([*self.names(), *(p.allowed for p in self._prefixes.values())])
 
     def _prefix_of(self, name: Any) -> Optional[tuple[Prefix, str]]:
         if not isinstance(name, str) or ":" not in name:
@@ -76,11 +86,11 @@ class Registry:
     def check_name(self, name: Any) -> None:
         """Raise one ``ValueError`` (naming the value and what is allowed) unless ``name`` is registered or a valid
         prefixed name. Builds nothing."""
-        if isinstance(name, str) and name in self._items:
+        if isinstance(name, str) and name in self.names():
             return
         found = self._prefix_of(name)
         if found is None:
-            near = did_you_mean(name, [*self._items, *(f"{p}:" for p in self._prefixes)])
+            near = did_you_mean(name, [*self.names(), *(f"{p}:" for p in self._prefixes)])
             raise ValueError(f"unknown {self.kind} {name!r}{near}; allowed: {self.allowed()}")
         prefix, spec = found
         try:
@@ -111,12 +121,15 @@ class Registry:
         says its source changed: a local file edited since)."""
         if isinstance(name, str) and name in self._items:
             return self._items[name]
+        if isinstance(name, str) and name in self.declared:
+            raise LookupError(f"{self.kind} {name!r} is declared but its implementation was never imported; import "
+                              "the module that registers it first")
         if self._prefix_of(name) is not None:
             cached = self._built.get(name)
             if cached is None or getattr(cached, "is_stale", lambda: False)():
                 cached = self._built[name] = self.build(name, {})
             return cached
-        raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._items)}; allowed: {self.allowed()}")
+        raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; allowed: {self.allowed()}")
 
     __getitem__ = get
 
@@ -131,7 +144,8 @@ class Registry:
         return len(self._items)
 
     def names(self) -> list[str]:
-        return list(self._items)
+        """The declared names (known without importing anything), else the registered ones."""
+        return list(self.declared) if self.declared else list(self._items)
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._items)})"

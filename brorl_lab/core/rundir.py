@@ -31,17 +31,21 @@ import io
 import json
 import os
 import platform
+import re
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Optional
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Optional
 
 from brorl_lab.core.validation import UserError
+
+if TYPE_CHECKING:  # pandas is imported where a DataFrame is made: the CLI's checks run before it loads
+    import pandas as pd
+
+    from brorl_lab.core.config import Config
 
 
 def eval_key(key: str) -> Optional[tuple[str, str]]:
@@ -123,6 +127,8 @@ def read_parquet_once(path: str | os.PathLike, **kwargs) -> pd.DataFrame:
     """Read a parquet file that a live run may be replacing (:func:`atomic_write`): its bytes are read through one
     open file, so footer and pages come from the same version. (pyarrow's path reader opens the file more than once;
     a replace in between mixed two versions: "Page was smaller than expected".)"""
+    import pandas as pd
+
     return pd.read_parquet(io.BytesIO(Path(path).read_bytes()), **kwargs)
 
 
@@ -248,6 +254,21 @@ WRITER_GONE = "interrupted (writer gone)"
 HEARTBEAT_S = 30.0
 
 
+def default_run_name(cfg: Config) -> str:
+    """``<tasks>_N<rollouts>_P<prompts>[_lr<lr>][_<advantage>]_s<seed>`` (lr and advantage when they differ from
+    the defaults, so two runs that differ only in them get two directories); a ``local:`` task counts by its
+    file's stem, and characters a directory name should not hold become ``_`` (one directory under run_dir,
+    whatever the task names)."""
+    from brorl_lab.core.config import Config
+
+    names = [f"local-{Path(t.partition(':')[2]).stem}" if t.startswith("local:") else t for t in cfg.tasks]
+    tasks = re.sub(r"[^A-Za-z0-9_.:+-]", "_", "-".join(names)).lstrip(".")[:120]
+    default = Config()
+    extra = (f"_lr{cfg.lr:g}" if cfg.lr != default.lr else "") + (
+        f"_{cfg.advantage}" if cfg.advantage != default.advantage else "")
+    return f"{tasks}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}{extra}_s{cfg.seed}"
+
+
 class RunFileError(UserError):
     """A run file that exists but cannot be read (truncated, garbage, not ours): one line naming it."""
 
@@ -293,20 +314,33 @@ class RunDir:
 
     @classmethod
     def holds_run(cls, path: str | os.PathLike) -> bool:
-        """Whether ``path`` holds a run worth keeping: a checkpoint (the last, a kept one or its policy/) or metrics
-        of at least one trained step. What an attempt interrupted before its first checkpoint leaves (config.yaml,
-        environment.json, the evaluation before training) is not one: the same command may simply run again."""
+        """Whether ``path`` holds a run worth keeping: a checkpoint (the last, a kept one or its policy/), the only
+        thing a run continues from. What an attempt stopped before its first checkpoint leaves (config.yaml,
+        environment.json, the evaluation before training, metrics of steps no checkpoint holds) is not one: nothing
+        can resume it, so the same command runs again in its place (issue 46: no dead end after a second Ctrl-C, a
+        ``kill -9`` or an out-of-memory kill before ``checkpoint_every`` steps)."""
         path = Path(path)
-        if any((path / name).exists() for name in ("checkpoint", "checkpoints", cls.POLICY_DIR)):
-            return True
-        metrics = path / "metrics.parquet"
-        if not metrics.is_file():
-            return False
-        try:
-            steps = read_parquet_once(metrics, columns=["step"])["step"]
-        except Exception:  # noqa: BLE001 - unreadable metrics: keep them (the user decides with --overwrite)
-            return True
-        return bool((steps >= 1).any())
+        return any((path / name).exists() for name in ("checkpoint", "checkpoints", cls.POLICY_DIR))
+
+    #: Temp files of an atomic write (:func:`atomic_write`, :func:`stage_dir`) a stopped writer left behind.
+    TEMP_GLOBS = (".policy.*.tmp", ".metrics.parquet.*.tmp", "checkpoint/.*.tmp", ".policy.old")
+
+    @classmethod
+    def remove_stale_temps(cls, path: str | os.PathLike) -> list[str]:
+        """Remove the temp files and staged directories a killed or failed write left in ``path`` (a full disk
+        mid-checkpoint: ``.policy.*.tmp``); only for the holder of the run's lock. Returns their names. A
+        ``.policy.old`` whose ``policy/`` is missing (a crash between :func:`commit_dir`'s renames) is put back."""
+        import shutil
+
+        path, removed = Path(path), []
+        for pattern in cls.TEMP_GLOBS:
+            for stale in sorted(path.glob(pattern)):
+                if stale.name.endswith(".old") and not (stale.parent / stale.name[1:-4]).exists():
+                    os.replace(stale, stale.parent / stale.name[1:-4])
+                    continue
+                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+                removed.append(str(stale.relative_to(path)))
+        return removed
 
     @classmethod
     def clear_run(cls, path: str | os.PathLike, keep: Iterable[str] = ()) -> list[str]:
@@ -359,6 +393,8 @@ class RunDir:
         return atomic_write_text(self.path / "environment.json", json.dumps(environment_info(), indent=2))
 
     def write_metrics(self, rows: Iterable[dict]) -> Path:
+        import pandas as pd
+
         df = pd.DataFrame(list(rows))
         return atomic_write(self.metrics_path, lambda f: df.to_parquet(f, index=False))
 
@@ -366,6 +402,8 @@ class RunDir:
         """The metrics table (empty when there is none); a file that is not a readable parquet table is one
         :class:`RunFileError` naming it."""
         if not self.metrics_path.exists():
+            import pandas as pd
+
             return pd.DataFrame()
         try:
             return read_parquet_once(self.metrics_path)

@@ -34,13 +34,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from brorl_lab.core.registry import Registry
 from brorl_lab.core.validation import is_int, is_number
 
-ADVANTAGES = Registry("advantage")
-POLICY_LOSSES = Registry("policy_loss")
-KL_ESTIMATORS = Registry("kl_estimator")
-LOSS_AGGREGATIONS = Registry("loss_agg")
+# the registries are declared (names only, no torch) in rl.names; the implementations below register into them
+from brorl_lab.rl.names import ADVANTAGES, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
 #: ProRL v2 clamps the log-ratio of its k2 estimator to [-10, 10].
 K2_LOG_RATIO_CLAMP = 10.0
@@ -443,7 +440,6 @@ def icepop_mask_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, l
 
 
 #: config ``is_correction`` -> what it does; 'none' gives no weights.
-IS_CORRECTIONS = ("none", "truncate", "icepop_mask")
 
 
 def importance_weights(mode: str, trainer_logp: Optional[torch.Tensor], engine_logp: torch.Tensor, *,

@@ -27,10 +27,9 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from brorl_lab.core.registry import Registry
 from brorl_lab.core.validation import UserError
+from brorl_lab.rl.names import TRACKERS  # declared there (names only, no pandas); registered below
 
-TRACKERS = Registry("tracker")
 TENSORBOARD_DIR = "tensorboard"  # inside a run directory
 WANDB_DIR = "wandb"
 

@@ -29,7 +29,6 @@ import errno
 import json
 import math
 import random
-import re
 import signal
 import sys
 import threading
@@ -55,6 +54,7 @@ from brorl_lab.core.rundir import (
     atomic_write_dir,
     atomic_write_text,
     commit_dir,
+    default_run_name,
     stage_dir,
 )
 from brorl_lab.core.runlock import RunLock, lock_held
@@ -272,6 +272,26 @@ def _resume_target(path: Path, checkpoint: Optional[int | str | Path]) -> tuple[
     return path, d / CHECKPOINT_FILE
 
 
+def _remove_stale_temps(path: Path) -> None:
+    """The temp files a killed or failed checkpoint write left (a full disk: ``.policy.*.tmp``), removed with a
+    notice; the caller holds the run's lock, so no live writer owns them."""
+    removed = RunDir.remove_stale_temps(path)
+    if removed:
+        print(f"notice: {path}: removed the temp files a stopped write left ({', '.join(removed)})", file=sys.stderr)
+
+
+def _run_exists(path: Path) -> RunExistsError:
+    """The refusal of a new run in ``path``, which holds a checkpoint; its status as it is (the caller holds the
+    lock, so a status "running" was left by a writer that is gone: kill -9, an out-of-memory kill)."""
+    from brorl_lab.core.rundir import WRITER_GONE
+
+    status = RunDir(path).read_status()["status"]
+    status = WRITER_GONE if status == "running" else status
+    return RunExistsError(f"run_dir: {path} already holds a run ({', '.join(RunDir.run_files_in(path))}; status "
+                          f"{status}); allowed: Trainer.resume({str(path)!r}) (CLI: train --resume) to continue it, "
+                          "overwrite=True (CLI: --overwrite) to replace it, or another run_name / run_dir")
+
+
 def ds_round_cap(cfg: Config) -> int:
     """Rollout rounds a step may take: 1, plus ``max_resample_rounds`` refills with dynamic sampling (the declared
     cap; verl DAPO's ``max_num_gen_batches``)."""
@@ -282,19 +302,6 @@ def new_cum() -> dict:
     """The running totals every metrics row carries as ``cum_<key>``: generated samples (``samples``, refills
     included), trained samples, optimizer updates, generated tokens and training wall time (eval excluded)."""
     return {"samples": 0, "trained_samples": 0, "updates": 0, "tokens": 0, "wall_s": 0.0}
-
-
-def default_run_name(cfg: Config) -> str:
-    """``<tasks>_N<rollouts>_P<prompts>[_lr<lr>][_<advantage>]_s<seed>`` (lr and advantage when they differ from
-    the defaults, so two runs that differ only in them get two directories); a ``local:`` task counts by its
-    file's stem, and characters a directory name should not hold become ``_`` (one directory under run_dir,
-    whatever the task names)."""
-    names = [f"local-{Path(t.partition(':')[2]).stem}" if t.startswith("local:") else t for t in cfg.tasks]
-    tasks = re.sub(r"[^A-Za-z0-9_.:+-]", "_", "-".join(names)).lstrip(".")[:120]
-    default = Config()
-    extra = (f"_lr{cfg.lr:g}" if cfg.lr != default.lr else "") + (
-        f"_{cfg.advantage}" if cfg.advantage != default.advantage else "")
-    return f"{tasks}_N{cfg.rollouts_per_prompt}_P{cfg.prompts_per_step}{extra}_s{cfg.seed}"
 
 
 class Trainer:
@@ -332,11 +339,8 @@ class Trainer:
         from brorl_lab.core.models import load_policy, make_reference, pick_device
 
         if not (resuming or overwrite) and RunDir.holds_run(path):
-            raise RunExistsError(
-                f"run_dir: {path} already holds a run ({', '.join(RunDir.run_files_in(path))}; status "
-                f"{RunDir(path).read_status()['status']}); allowed: Trainer.resume({str(path)!r}) (CLI: train "
-                "--resume) to continue it, overwrite=True (CLI: --overwrite) to replace it, or another run_name / "
-                "run_dir")
+            raise _run_exists(path)
+        _remove_stale_temps(path)
         self.cfg = cfg
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
@@ -371,8 +375,11 @@ class Trainer:
         if cleared and not overwrite:
             self._notice(f"notice: {path}: cleared what an attempt stopped before its first checkpoint left "
                          f"({', '.join(cleared)})", event="cleared", files=cleared)
-        elif cleared:
-            self.run_dir.log_event("overwritten", files=cleared)
+        elif cleared:  # --overwrite says what it removed, the user's own files by name
+            own = [f for f in cleared if f not in RunDir.RUN_FILES]
+            self._notice(f"notice: {path}: --overwrite removed {', '.join(cleared)}"
+                         + (f" (not written by a run: {', '.join(own)})" if own else ""), event="overwritten",
+                         files=cleared)
         self._checkpoint_step: Optional[int] = None  # step of the last checkpoint this process wrote or loaded
         self.progress = progress
         self.callbacks = list(callbacks)
@@ -383,6 +390,7 @@ class Trainer:
         self.bad_steps = 0
         self._stop = threading.Event()
         self.stop_signal: Optional[int] = None  # SIGINT / SIGTERM that stopped the last run(), else None
+        self.interrupted = False  # the last run() stopped on a signal before its steps were done
         self.run_dir.write_config(cfg.to_dict())
         self.run_dir.write_environment()
 
@@ -665,6 +673,7 @@ class Trainer:
         finally:
             bar.close()
             self.close_trackers()
+        self.interrupted = interrupted  # a signal in the last step: the run is finished, not interrupted
         self.run_dir.write_status("interrupted" if interrupted else "finished", step=self.step_idx)
         if interrupted:
             self.run_dir.log_event("interrupted", step=self.step_idx)
@@ -765,7 +774,9 @@ class Trainer:
             staged = stage_dir(self.run_dir.policy_dir, self._write_pretrained)
             path = atomic_write(target, lambda f: torch.save(state, f))
             commit_dir(staged, self.run_dir.policy_dir)
-        except OSError as e:
+        except Exception as e:  # an OSError, or safetensors' own error for the same full disk ("unexpected pos")
+            if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":
+                raise
             if staged is not None:
                 shutil.rmtree(staged, ignore_errors=True)
             raise self._checkpoint_failed(target, e) from e
@@ -814,8 +825,10 @@ class Trainer:
     def _write_pretrained(self, out: Path) -> None:
         write_pretrained(out, self.policy, self.tokenizer, self.cfg, step=self.step_idx, run_dir=self.run_dir.path)
 
-    def _checkpoint_failed(self, target: Path, e: OSError) -> CheckpointError:
-        why = f"{errno.errorcode.get(e.errno, 'OSError')}: {e.strerror or e}" if e.errno else str(e)
+    def _checkpoint_failed(self, target: Path, e: Exception) -> CheckpointError:
+        code = getattr(e, "errno", None)
+        why = (f"{errno.errorcode.get(code, 'OSError')}: {getattr(e, 'strerror', None) or e}" if code else
+               f"{type(e).__name__}: {' '.join(str(e).split())[:160]}")
         if target.is_file():
             at = f"step {self._checkpoint_step}" if self._checkpoint_step is not None else "an earlier step"
             kept = (f"the last good checkpoint ({at}) is kept, unchanged, at {target}; free space, then "
@@ -828,7 +841,7 @@ class Trainer:
         except OSError:
             pass
         return CheckpointError(f"checkpoint at step {self.step_idx} could not be written ({why}); {kept}",
-                               errno_=e.errno, kept=target if target.is_file() else None)
+                               errno_=code, kept=target if target.is_file() else None)
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])

@@ -9,6 +9,6 @@ import torch
 def grpo_advantage(rewards, *, eps=1e-6):
     """GRPO: A = (r - group mean) / (group std + eps), std with N - 1; a uniform group gets exactly 0. [P, N]."""
     centered = rewards - rewards.mean(dim=1, keepdim=True)            # [P, N]
-    std = rewards.std(dim=1, correction=1, keepdim=True)              # [P, 1]
+    std = rewards.std(dim=1, correction=min(1, rewards.shape[1] - 1), keepdim=True)   # [P, 1]
     uniform = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
     return torch.where(uniform, 0.0, centered / (std + eps))          # [P, N]

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import importlib
 
-from brorl_lab.core.registry import Registry
+from brorl_lab.rollout.engine_names import ENGINES  # declared there (no torch); registered here
 from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
 
-ENGINES = Registry("engine")
 ENGINES.register("torch", "brorl_lab.rollout.engines.torch_engine:TorchEngine")
 ENGINES.register("hf", "brorl_lab.rollout.engines.hf_engine:HFEngine")
 ENGINES.register("vllm", "brorl_lab.rollout.engines.vllm_engine:VLLMEngine")
