@@ -673,6 +673,26 @@ def cmd_train_default(args) -> int:
     return 0
 
 
+def cmd_render(args) -> int:
+    """Rebuild the results pages, their figures and the README's headline from the shipped files (study.render);
+    with --check, write nothing and exit 1 at the first file that differs from its render."""
+    from brorl_lab.study.render import RenderError, differences, render, write
+
+    try:
+        rendered = render()
+    except RenderError as e:
+        print(f"render: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        diff = differences(rendered)
+        for line in diff[:1] if diff else [f"render: {len(rendered)} files equal their render"]:
+            print(line, file=sys.stderr if diff else sys.stdout)
+        return 1 if diff else 0
+    for name in write(rendered):
+        print(f"wrote {name}")
+    return 0
+
+
 def cmd_launch(args) -> int:
     from brorl_lab.core.rundir import check_writable
     from brorl_lab.lab.verl_launch import launch_verl, load_config
@@ -982,6 +1002,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per eval prompt at each temperature (default: TRAIN_DEFAULTS)")
     add_threads(d, 0)
     d.set_defaults(func=cmd_train_default)
+
+    rd = sub.add_parser("render", help="rebuild docs/results/*.md, their figures and the README's headline table "
+                        "from the shipped results files (study.render)")
+    rd.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the first differing line")
+    rd.set_defaults(func=cmd_render)
     sub.metavar = "{" + ",".join(sub.choices) + "}"  # the usage line lists every command
     return p
 

@@ -1,0 +1,665 @@
+"""Results pages rendered from the shipped per-seed files (issue 42): ``python -m brorl_lab render``.
+
+Every docs/results page, every figure those pages show and the README's headline block (between ``<!-- headline -->``
+and ``<!-- /headline -->``) are built here from the results files under ``notebooks/figures/`` and ``data/``::
+
+    pages = render()                    # {repo path: bytes}: each page, figure and the README, as rendered
+    differences(pages)                  # [] when every shipped file equals its render; else "path:line: ..." lines
+    write(pages)                        # rewrite the shipped files (what ``render`` without --check does)
+
+Prose lives in templates (``brorl_lab/study/templates/*.md.tmpl``, beside the code that fills them; the ``.tmpl``
+suffix keeps them out of the docs' link check and the book). A template names each number as a field ``{{name}}``;
+:func:`fill` refuses a template with a field the page's function does not compute, or a field it computes but the
+template does not use. Fields are computed from the files by the study modules' own functions
+(:func:`~brorl_lab.study.paid.paired_at_grid`, :func:`~brorl_lab.study.paid.grid_table`,
+:func:`~brorl_lab.study.regime.markdown_table`, :func:`~brorl_lab.study.theorem.theorem_table`, :mod:`lab.stats`):
+nothing here re-implements a statistic. Figures are drawn with matplotlib's Agg backend and saved without a date or
+software stamp, so two renders of the same files give the same bytes.
+
+Provenance. A page is built only from results files whose provenance record passes
+:func:`~brorl_lab.study.results.is_shippable` (a clean commit, a start time, a committed declaration older than
+the run), unless the file is named in :data:`LEGACY` with the reason it predates those rules; a page built from a
+legacy file carries a rendered banner saying so and naming the records whose commit was dirty.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from brorl_lab.study.results import is_shippable, read_provenance
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = Path(__file__).resolve().with_name("templates")
+FIG = "notebooks/figures"
+README = "README.md"
+HEADLINE = ("<!-- headline -->\n", "<!-- /headline -->")
+FIELD = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+_PREDATES = "run before pre-registration was enforced (issue 42): no start time, no committed declaration"
+_DIRTY = "; its commit is -dirty (the tree had uncommitted changes when it ran)"
+# Results files whose provenance predates the rules of study.results.is_shippable, each with why. A page built from
+# one of them carries the legacy banner; a file not named here must pass is_shippable or the page is not built.
+# tests/test_render.py checks every name exists and still fails is_shippable (a rerun that passes leaves the list).
+LEGACY: dict[str, str] = {
+    "data/learned_plateau/plateau.json": _PREDATES + "; its commit is the one that shipped it, not the run's",
+    "data/plateau_model/plateau.json": _PREDATES + "; the run's own commit was not recorded",
+    "data/takeoff_base/reach.json": _PREDATES + _DIRTY,
+    f"{FIG}/flagship_verdict.json": _PREDATES + "; the run's own commit was not recorded; per-seed values not shipped",
+    f"{FIG}/paid_learned_points.csv": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_metrics.parquet": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_mechanism.csv": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_lr_sqrt8_points.csv": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_lr_half_points.csv": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_pilot_points.csv": _PREDATES,
+    f"{FIG}/paid_takeoff_points.csv": _PREDATES + _DIRTY,
+    f"{FIG}/paid_takeoff_metrics.parquet": _PREDATES + _DIRTY,
+    f"{FIG}/paid_takeoff_pilot_points.csv": _PREDATES,
+    f"{FIG}/regime_map.csv": _PREDATES + _DIRTY,
+    f"{FIG}/regime_seeds.csv": _PREDATES + _DIRTY,
+    f"{FIG}/regime_branch.csv": _PREDATES + _DIRTY,
+    f"{FIG}/regime_drift.csv": _PREDATES + _DIRTY,
+    f"{FIG}/regime_power.csv": _PREDATES + _DIRTY,
+    f"{FIG}/regime.json": _PREDATES + _DIRTY,
+    f"{FIG}/theorem_on_the_model_summary.csv": _PREDATES,
+    f"{FIG}/theorem_on_the_model_per_seed.csv": _PREDATES,
+    f"{FIG}/theorem_on_the_model_theory.csv": _PREDATES,
+}
+# Figures a page shows that no shipped file can redraw (the run's per-seed curves were not shipped): kept as shipped,
+# checked to exist, and allowed only on a page built from legacy files.
+FROZEN_FIGURES: dict[str, str] = {
+    f"{FIG}/flagship_pass_at_1_vs_samples.png": "the floor run's per-seed curves (its summary.csv) were not shipped",
+    f"{FIG}/flagship_mechanism.png": "the floor run's per-prompt rates (seed 0) were not shipped",
+}
+
+
+class RenderError(ValueError):
+    """A page cannot be rendered: a template field without a value, or a results file that may not back it."""
+
+
+# ---- templates ---------------------------------------------------------------------------------------------------------
+def fill(template: str, fields: Mapping[str, object], *, name: str = "template") -> str:
+    """``template`` with each ``{{field}}`` replaced by ``str(fields[field])``; every field of the template must be
+    given and every given field used."""
+    used = set(FIELD.findall(template))
+    missing, unused = sorted(used - set(fields)), sorted(set(fields) - used)
+    if missing or unused:
+        raise RenderError(f"{name}: fields without a value {missing}; values without a field {unused}")
+    return FIELD.sub(lambda m: str(fields[m.group(1)]), template)
+
+
+# ---- number formats (one place, so every page writes a number the same way) ---------------------------------------------
+def pts(v: float, d: int = 2, sign: bool = True) -> str:
+    """A fraction of pass@1 as points: 0.0063 -> '+0.63'."""
+    return f"{100 * v:{'+' if sign else ''}.{d}f}"
+
+
+def iv(r: Mapping, d: int = 2, mean: str = "gap") -> str:
+    """'mean [lo, hi]' in points from a record with ``mean``, lo and hi (fractions)."""
+    return f"{pts(r[mean], d)} [{pts(r['lo'], d)}, {pts(r['hi'], d)}]"
+
+
+def count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+# ---- reading the files ---------------------------------------------------------------------------------------------------
+class Files:
+    """The results files under ``root``, each read once; remembers which were read (their provenance is checked)."""
+
+    def __init__(self, root: Path):
+        self.root, self.read, self._cache = Path(root), [], {}
+
+    def __call__(self, name: str):
+        if name not in self._cache:
+            path = self.root / name
+            if not path.is_file():
+                raise RenderError(f"{name}: results file not found under {self.root}")
+            if path.suffix == ".json":
+                data = json.loads(path.read_text())
+            elif path.suffix == ".parquet":
+                data = pd.read_parquet(path)
+            else:
+                data = pd.read_csv(path)
+            self._cache[name] = data
+            self.read.append(name)
+        return self._cache[name]
+
+    def provenance(self, name: str) -> dict:
+        return read_provenance(self.root / name)
+
+
+def _paired(points: pd.DataFrame, axis: str) -> pd.DataFrame:
+    from brorl_lab.study.paid import paired_at_grid
+
+    return paired_at_grid(points[points["axis"] == axis])
+
+
+def _bounds(points: pd.DataFrame) -> dict:
+    from brorl_lab.study.paid import change_bounds
+
+    return {r["arm"]: r for r in change_bounds(points[points["axis"] == "cum_samples"]).to_dict(orient="records")}
+
+
+def _runs(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per arm: the mean dynamic-sampling pass rate over training steps, and the means over seeds of each run's last
+    step, optimizer updates and trained samples, and the largest per-step KL."""
+    last = metrics.sort_values("step").groupby(["arm", "seed"]).tail(1).groupby("arm")
+    return pd.DataFrame({"ds": metrics[metrics["step"] > 0].groupby("arm")["ds_pass_rate"].mean(),
+                         "steps": last["step"].mean(), "updates": last["cum_updates"].mean(),
+                         "trained": last["cum_trained_samples"].mean(), "kl": metrics.groupby("arm")["kl"].max()})
+
+
+def _seeds_needed(sd: float) -> int:
+    from brorl_lab.lab.stats import seeds_for_power
+    from brorl_lab.study.paid import SIZING_EFFECT
+
+    return seeds_for_power(sd, SIZING_EFFECT)
+
+
+def _span(values, fmt: Callable[[float], str]) -> str:
+    return f"{fmt(min(values))} to {fmt(max(values))}"
+
+
+_WORDS = ["none", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+
+def word(n: int) -> str:
+    return _WORDS[n] if 0 <= n < len(_WORDS) else str(n)
+
+
+# ---- the flagship (docs/results/flagship.md) -------------------------------------------------------------------------------
+def flagship_fields(f: Files) -> dict:
+    from brorl_lab.study.compare import COLLAPSE, collapse_flags
+    from brorl_lab.study.paid import TAKEOFF_LEVEL, control_summary, grid_table, race, time_to_level
+
+    out: dict[str, object] = {}
+    plateau = f("data/learned_plateau/plateau.json")["rule"]
+    lp = f(f"{FIG}/paid_learned_points.csv")
+    tp = f(f"{FIG}/paid_takeoff_points.csv")
+    lm, tm = f(f"{FIG}/paid_learned_metrics.parquet"), f(f"{FIG}/paid_takeoff_metrics.parquet")
+    prov = f.provenance(f"{FIG}/paid_learned_points.csv")
+    out["date"] = str(prov["date"])[:10]
+    out["plateau_gain"] = pts(plateau["gained"], 1)
+    out["plateau_step"] = f("data/learned_plateau/plateau.json")["steps"]
+    grid = _paired(lp, "cum_samples")
+    budget = float(grid["mark"].max())
+    out["budget"] = count(budget)
+    out["kl_max"] = COLLAPSE["kl_max"]
+    out["pass_drop"] = f"{100 * COLLAPSE['pass_drop']:g}"
+    head = grid.iloc[-1]
+    pilot = _paired(f(f"{FIG}/paid_learned_pilot_points.csv"), "cum_samples").iloc[-1]
+    out["pilot_seeds"] = _seeds_needed(pilot["sd"])
+    out["learned_seeds"] = int(head["n"])
+    out["learned_sd"] = pts(head["sd"], sign=False)
+    out["learned_seeds_needed"] = _seeds_needed(head["sd"])
+    out["learned_mde"] = pts(head["mde"], sign=False)
+    out["wall_learned"] = count(f.provenance(f"{FIG}/paid_learned_points.csv")["wall_s"])
+    out["wall_takeoff"] = count(f.provenance(f"{FIG}/paid_takeoff_points.csv")["wall_s"])
+    ablations = {k: f(f"{FIG}/paid_learned_lr_{k}_points.csv") for k in ("sqrt8", "half")}
+    walls = [f.provenance(f"{FIG}/paid_learned_lr_{k}_points.csv")["wall_s"] / 60 for k in ablations]
+    out["wall_ablation"] = f"{np.mean(walls):.0f} minutes"
+    out["learned_table"] = grid_table(lp, "cum_samples")
+    out["learned_head"] = iv(head)
+    out["learned_every_mark"] = "behind at every grid point" if (grid["hi"] < 0).all() else \
+        f"behind at {int((grid['hi'] < 0).sum())} of {len(grid)} grid points"
+    b = _bounds(lp)
+    out["change_prorl"], out["change_middle"], out["change_brorl"] = (iv(b[a], mean="change")
+                                                                      for a in ("prorl", "middle", "brorl"))
+    out["bound_brorl"] = pts(b["brorl"]["bound"], sign=False)
+    trained = _paired(lp, "cum_trained_samples").iloc[-1]
+    out["trained_gap"] = iv(trained)
+    out["trained_x_brorl"], out["trained_x_prorl"] = count(trained["x_brorl"]), count(trained["x_prorl"])
+    upd = _paired(lp, "cum_updates")
+    same = upd[upd["x_brorl"].round() == upd["x_prorl"].round()].iloc[-1]
+    out["updates_same"], out["updates_same_gap"] = f"{same['x_brorl']:.0f}", iv(same)
+    last = upd.iloc[-1]
+    out["updates_last_gap"] = iv(last)
+    out["updates_last_brorl"], out["updates_last_prorl"] = f"{last['x_brorl']:.0f}", f"{last['x_prorl']:.0f}"
+    out["wall_gap"] = iv(_paired(lp, "cum_wall_s").iloc[-1])
+    runs = _runs(lm)
+    out["ds_16"], out["ds_64"], out["ds_512"] = (f"{runs.loc[a, 'ds']:.3f}" for a in ("prorl", "middle", "brorl"))
+    out["steps_prorl"], out["updates_prorl"] = f"{runs.loc['prorl', 'steps']:.1f}", f"{runs.loc['prorl', 'updates']:.1f}"
+    out["steps_brorl"], out["updates_brorl"] = f"{runs.loc['brorl', 'steps']:.1f}", f"{runs.loc['brorl', 'updates']:.1f}"
+    out["trained_brorl"], out["trained_prorl"] = count(runs.loc["brorl", "trained"]), count(runs.loc["prorl", "trained"])
+    flags = collapse_flags(lm)
+    fired = flags.groupby("arm")["collapsed"].sum()
+    by_kl, by_pass = flags["reason"].str.contains("KL"), flags["collapsed"] & flags["reason"].str.contains("pass")
+    out["collapse_prorl"] = (f"all {int(head['n'])} ProRL seeds" if fired["prorl"] == head["n"] else
+                             f"{int(fired['prorl'])} ProRL seeds")
+    out["collapse_brorl"], out["collapse_middle"] = int(fired["brorl"]), int(fired["middle"])
+    out["collapse_by"] = ("each by the KL bound" if (by_kl == flags["collapsed"]).all() else
+                          f"{int((flags['collapsed'] & by_kl).sum())} by the KL bound")
+    out["collapse_pass"] = word(int(by_pass.sum()))
+    out["kl_prorl"], out["kl_brorl"], out["kl_middle"] = (f"{runs.loc[a, 'kl']:.2f}" for a in ("prorl", "brorl", "middle"))
+    mech = control_summary(f(f"{FIG}/paid_learned_mechanism.csv")).set_index("arm")
+    out["mech_prorl"] = iv(mech.loc["prorl"], mean="beyond_control")
+    out["mech_brorl"] = iv(mech.loc["brorl"], mean="beyond_control")
+    out["rare_share"] = f"{100 * f('data/learned_plateau/plateau.json')['gate']['share']:.1f}%"
+    for k, p in ablations.items():
+        g, ch = _paired(p, "cum_samples").iloc[-1], _bounds(p)["brorl"]
+        out[f"lr_{k}_gap"], out[f"lr_{k}_change"] = iv(g), iv(ch, mean="change")
+        out[f"lr_{k}_seeds"] = int(g["n"])
+    per = [-100 * v for v in _paired(ablations["sqrt8"], "cum_samples").iloc[-1]["per_seed"].values()]
+    out["lr_sqrt8_fell"] = _span(per, lambda v: f"{v:.2f}")
+    # the takeoff base
+    tgrid = _paired(tp, "cum_samples")
+    thead = tgrid.iloc[-1]
+    out["takeoff_seeds"] = int(thead["n"])
+    out["takeoff_start"] = f"{tp['start'].mean():.4f}"
+    out["takeoff_table"] = grid_table(tp, "cum_samples")
+    times = time_to_level(tm[tm["arm"].isin(["prorl", "brorl"])], TAKEOFF_LEVEL, budget=budget)
+    r = race(times, budget=budget)
+    out["race"] = ("not resolved. Neither arm\n  reached +10 points in any of the "
+                   f"{r['n']} seeds within {count(budget)} generated samples: every time is censored, so the race\n"
+                   "  cannot order the arms") if r["reached_brorl"] == r["reached_prorl"] == 0 else \
+        f"BroRL reached it in {r['reached_brorl']} and ProRL in {r['reached_prorl']} of {r['n']} seeds"
+    out["takeoff_head"] = iv(thead)
+    tb = _bounds(tp)
+    out["takeoff_prorl"], out["takeoff_brorl"] = iv(tb["prorl"], mean="change"), iv(tb["brorl"], mean="change")
+    out["takeoff_bound_brorl"] = pts(tb["brorl"]["bound"], sign=False)
+    tu = _paired(tp, "cum_updates")
+    tsame = tu[tu["x_brorl"].round() == tu["x_prorl"].round()].iloc[-1]
+    out["takeoff_updates"], out["takeoff_updates_gap"] = f"{tsame['x_brorl']:.0f}", iv(tsame)
+    out["takeoff_updates_ahead"] = pts(tsame["hi"], sign=False)
+    out["takeoff_trained_gap"] = iv(_paired(tp, "cum_trained_samples").iloc[-1])
+    out["takeoff_wall_gap"] = iv(_paired(tp, "cum_wall_s").iloc[-1])
+    truns = _runs(tm)
+    out["takeoff_ds_16"], out["takeoff_ds_512"] = f"{truns.loc['prorl', 'ds']:.3f}", f"{truns.loc['brorl', 'ds']:.3f}"
+    out["takeoff_updates_prorl"] = f"{truns.loc['prorl', 'updates']:.1f}"
+    out["takeoff_updates_brorl"] = f"{truns.loc['brorl', 'updates']:.1f}"
+    tfired = int(collapse_flags(tm)["collapsed"].sum())
+    out["takeoff_collapse"] = "No seed collapsed." if tfired == 0 else f"{tfired} seed runs collapsed."
+    out["updates_ratio"] = f"{runs.loc['prorl', 'updates'] / runs.loc['brorl', 'updates']:.0f}"
+    out["updates_per_step"] = f"{runs.loc['brorl', 'updates'] / runs.loc['brorl', 'steps']:.0f}"
+    return out
+
+
+# ---- the regime map (docs/results/regime_map.md) ------------------------------------------------------------------------
+def regime_fields(f: Files) -> dict:
+    from brorl_lab.study.regime import RHO_RULE, markdown_table
+
+    t = f(f"{FIG}/regime_map.csv").set_index("setting")
+    reading = f(f"{FIG}/regime.json")
+    above = t[t["rho"] >= RHO_RULE].sort_values("rho")
+    built = int((above["drawn"] != "named").sum())
+    out = {"regime_date": str(f.provenance(f"{FIG}/regime_map.csv")["date"])[:10],
+           "regime_table": markdown_table(t), "regime_settings": len(t),
+           "regime_above": word(len(above)), "regime_above_built": word(built),
+           "regime_above_chosen": word(len(above) - built),
+           "regime_behind": int((t["hi"] < 0).sum()), "regime_ahead": word(int((t["lo"] > 0).sum())),
+           "regime_unresolved": int(((t["lo"] <= 0) & (t["hi"] >= 0)).sum()),
+           "regime_ahead_updates": word(int((t["lo_updates"] > 0).sum())),
+           "regime_verdict": reading["rho"]["verdict"], "regime_verdict_run": reading["rho_run"]["verdict"]}
+    fits = pd.DataFrame(reading["rho"]["fits"])
+    out["regime_fits"] = len(fits)
+    out["regime_fits_crossing"] = int(fits["resolved"].sum())
+    out["regime_above_list"] = ", ".join(f"{name} ({r['rho']:.2f}) {iv(r)}" for name, r in above.iterrows())
+    return out
+
+
+# ---- Theorem 1 on the model (docs/results/theorem.md) ----------------------------------------------------------------------
+def theorem_fields(f: Files) -> dict:
+    from brorl_lab.study.theorem import theorem_table
+
+    s = f(f"{FIG}/theorem_on_the_model_summary.csv")
+    th = f(f"{FIG}/theorem_on_the_model_theory.csv")
+    ib = s[(s["model"] == "plateau") & (s["split"] == "in_batch")].set_index("n")
+    lo_n, hi_n = ib.index.min(), ib.index.max()
+
+    def dq(n: int, d: int = 1) -> str:
+        r = ib.loc[n]
+        return f"{r['dq_per_lr']:+.{d}f} [{r['dq_per_lr_lo']:+.{d}f}, {r['dq_per_lr_hi']:+.{d}f}]"
+
+    return {"theorem_table": theorem_table(s, th), "theorem_seeds": int(s["seeds"].max()),
+            "theorem_n_lo": int(lo_n), "theorem_n_hi": int(hi_n),
+            "theorem_dq_lo": dq(lo_n), "theorem_dq_hi": dq(hi_n)}
+
+
+# ---- the README's headline block ---------------------------------------------------------------------------------------------
+def readme_fields(f: Files) -> dict:
+    from brorl_lab.study.paid import headline_reading
+
+    fl, rg, th = flagship_fields(f), regime_fields(f), theorem_fields(f)
+    lp = _paired(f(f"{FIG}/paid_learned_points.csv"), "cum_samples").iloc[-1]
+    tp = _paired(f(f"{FIG}/paid_takeoff_points.csv"), "cum_samples").iloc[-1]
+    reading = headline_reading(lp.to_dict()).split(":")[0]
+    treading = headline_reading(tp.to_dict()).split(":")[0]
+    keep = ("budget", "plateau_gain", "learned_seeds", "learned_head", "takeoff_seeds", "takeoff_head",
+            "takeoff_updates", "takeoff_updates_gap", "updates_ratio", "mech_brorl", "rare_share")
+    out = {k: fl[k] for k in keep}
+    out["learned_reading"], out["takeoff_reading"] = reading, treading
+    out.update({k: th[k] for k in ("theorem_seeds", "theorem_n_lo", "theorem_n_hi", "theorem_dq_lo", "theorem_dq_hi")})
+    out.update({k: rg[k] for k in ("regime_above", "regime_above_built", "regime_above_chosen",
+                                   "regime_verdict", "regime_ahead", "regime_behind")})
+    from brorl_lab.study.regime import RHO_RULE
+
+    t = f(f"{FIG}/regime_map.csv")
+    above = t[t["rho"] >= RHO_RULE].sort_values("rho")
+    out["regime_seeds"] = int(t["n"].min())
+    out["regime_rho_span"] = _span(t["rho"], lambda v: f"{v:.2f}")
+    out["regime_prorl_generated"] = _span(1 / t["generated_ratio"], lambda v: f"{v:.2f}")
+    out["regime_above_gaps"] = ", ".join(iv(r) for _, r in above.iterrows())
+    out["regime_above_rhos"] = ", ".join(f"{v:.2f}" for v in above["rho"])
+    return out
+
+
+# ---- figures (matplotlib, Agg, no date or software stamp: the same files give the same bytes) -------------------------------
+def _png(draw: Callable[[object], None], size: tuple[float, float]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False}):
+        fig = plt.figure(figsize=size, dpi=100)
+        try:
+            draw(fig)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+        finally:
+            plt.close(fig)
+    return buf.getvalue()
+
+
+def _dots(ax, xs, grid: pd.DataFrame, offset: float, label: bool) -> None:
+    """At each x: a dot per seed (its paired gap, points) and the mean with its 95% t interval."""
+    for x, (_, r) in zip(xs, grid.iterrows()):
+        seeds = [100 * v for v in dict(r["per_seed"]).values()]
+        ax.scatter([x + offset] * len(seeds), seeds, s=9, color="tab:blue", alpha=0.55,
+                   label="one seed" if label and x == xs[0] else None)
+    ax.errorbar(xs, 100 * grid["gap"], yerr=[100 * (grid["gap"] - grid["lo"]), 100 * (grid["hi"] - grid["gap"])],
+                fmt="o", color="black", ms=5, capsize=3, label="mean, 95% t interval" if label else None)
+    ax.axhline(0, color="grey", lw=0.8)
+
+
+AXIS_NAMES = {"cum_samples": "generated samples", "cum_trained_samples": "samples trained on",
+              "cum_updates": "optimizer updates", "cum_wall_s": "training wall time (s)"}
+
+
+def gaps_png(points: pd.DataFrame, title: str) -> bytes:
+    """One panel per axis of the per-seed points: BroRL - ProRL at each mark, a dot per seed, the mean's interval."""
+    axes = [a for a in AXIS_NAMES if a in set(points["axis"])]
+
+    def draw(fig):
+        for j, a in enumerate(axes):
+            ax = fig.add_subplot(1, len(axes), j + 1)
+            g = _paired(points, a)
+            xs = list(range(1, len(g) + 1))
+            _dots(ax, xs, g, 0.22, j == 0)
+            ax.set_xticks(xs, [f"{m:,.0f}" if m >= 100 else f"{m:.3g}" for m in g["mark"]], rotation=60, fontsize=7)
+            ax.set_title(f"at equal {AXIS_NAMES[a]}")
+            ax.set_xlabel(AXIS_NAMES[a] + " (mark)")
+        fig.axes[0].set_ylabel("BroRL - ProRL (points of pass@1)")
+        fig.legend(loc="lower center", ncol=2, frameon=False)
+        fig.suptitle(title)
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+
+    return _png(draw, (3.2 * len(axes), 3.8))
+
+
+def headline_png(f: Files) -> bytes:
+    """The README's figure: the headline gap at the budget of generated samples, a dot per paired seed and the mean
+    with its 95% t interval, from the learned plateau and from the takeoff base."""
+    runs = {"learned plateau": f(f"{FIG}/paid_learned_points.csv"), "takeoff base": f(f"{FIG}/paid_takeoff_points.csv")}
+
+    def draw(fig):
+        ax = fig.add_subplot(1, 1, 1)
+        grids = [_paired(p, "cum_samples").iloc[[-1]] for p in runs.values()]
+        for i, g in enumerate(grids):
+            _dots(ax, [i], g, 0.15, i == 0)
+        ax.set_xticks(range(len(runs)), [f"{k}\n({int(g['n'].iloc[0])} seeds)" for k, g in zip(runs, grids)])
+        ax.set_xlim(-0.5, len(runs) - 0.5)
+        ax.set_ylabel("BroRL - ProRL (points of held-out pass@1)")
+        ax.set_title(f"At equal generated samples ({grids[0]['mark'].iloc[0]:,.0f})")
+        ax.legend(loc="lower left", frameon=False)
+        fig.tight_layout()
+
+    return _png(draw, (5.0, 3.6))
+
+
+def regime_png(f: Files) -> bytes:
+    """The regime map: the gap at equal nominal samples against branch-point rho and in-run rho, a dot per paired
+    seed and each setting's mean with its interval, the rule's rho as a line."""
+    from brorl_lab.study.regime import RHO_RULE
+
+    t = f(f"{FIG}/regime_map.csv").set_index("setting")
+    seeds = f(f"{FIG}/regime_seeds.csv")
+
+    def draw(fig):
+        for j, (col, name) in enumerate((("rho", "branch-point rho"), ("rho_run", "in-run rho"))):
+            ax = fig.add_subplot(1, 2, j + 1)
+            for s, g in seeds.groupby("setting"):
+                ax.scatter([t.loc[s, col]] * len(g), 100 * g["gap"], s=7, color="tab:blue", alpha=0.4,
+                           label="one seed" if (j == 0 and s == seeds["setting"].iloc[0]) else None)
+            ax.errorbar(t[col], 100 * t["gap"], yerr=[100 * (t["gap"] - t["lo"]), 100 * (t["hi"] - t["gap"])],
+                        fmt="o", color="black", ms=4, capsize=2, label="setting: mean, 95% t interval" if j == 0 else None)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.axvline(RHO_RULE, color="tab:red", lw=0.8, ls="--", label=f"rule: rho = {RHO_RULE:g}" if j == 0 else None)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(name)
+            ax.set_title(f"gap at equal nominal samples vs {name}")
+        fig.axes[0].set_ylabel("BroRL - ProRL (points of pass@1)")
+        fig.legend(loc="lower center", ncol=3, frameon=False)
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
+
+    return _png(draw, (10.0, 4.2))
+
+
+def theorem_png(f: Files) -> bytes:
+    """Theorem 1 on the model: mean dQ/lr of one update against N, per checkpoint and prompt split, 95% intervals."""
+    s = f(f"{FIG}/theorem_on_the_model_summary.csv")
+
+    def draw(fig):
+        for j, (model, g) in enumerate(s.groupby("model", sort=True)):
+            ax = fig.add_subplot(1, s["model"].nunique(), j + 1)
+            for split, h in g.groupby("split", sort=True):
+                h = h.sort_values("n")
+                ax.errorbar(h["n"], h["dq_per_lr"], yerr=[h["dq_per_lr"] - h["dq_per_lr_lo"],
+                                                         h["dq_per_lr_hi"] - h["dq_per_lr"]],
+                            fmt="o-", ms=4, capsize=2, label=split.replace("_", "-"))
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N (rollouts per prompt)")
+            ax.set_title(f"{model} checkpoint")
+            ax.legend(frameon=False)
+        fig.axes[0].set_ylabel("mean dQ_pos / lr (one update, 95% t interval)")
+        fig.tight_layout()
+
+    return _png(draw, (9.0, 3.8))
+
+
+def floor_grid_png(f: Files) -> bytes:
+    """The floor run's paired gap on its shared grid, mean and 95% t interval (its per-seed values were not shipped)."""
+    v = f(f"{FIG}/flagship_verdict.json")
+
+    def draw(fig):
+        for j, (axis, name) in enumerate((("cum_nominal_samples", "nominal samples"),
+                                          ("cum_nominal_updates", "optimizer updates"))):
+            ax = fig.add_subplot(1, 2, j + 1)
+            g = pd.DataFrame(v["grids"][axis])
+            ax.errorbar(g["budget"], 100 * g["gap"], yerr=[100 * (g["gap"] - g["lo"]), 100 * (g["hi"] - g["gap"])],
+                        fmt="o", color="black", ms=4, capsize=3)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xlabel(name)
+            ax.set_title(f"at equal {name}")
+        fig.axes[0].set_ylabel("BroRL - ProRL (points of pass@1)")
+        fig.tight_layout()
+
+    return _png(draw, (8.0, 3.4))
+
+
+# ---- the floor (docs/results/floor.md): its tables from its one file -----------------------------------------------------
+def floor_fields(f: Files) -> dict:
+    v = f(f"{FIG}/flagship_verdict.json")
+
+    def gap(r, d=2):
+        return f"{100 * r['gap']:+.{d}f} [{100 * r['lo']:+.{d}f}, {100 * r['hi']:+.{d}f}]"
+
+    grid = ["| nominal samples | BroRL | ProRL | gap [95% interval] | | optimizer updates | BroRL | ProRL | "
+            "gap [95% interval] |", "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for s, u in zip(v["grids"]["cum_nominal_samples"], v["grids"]["cum_nominal_updates"]):
+        grid.append(f"| {s['budget']:,.0f} | {s['brorl']:.4f} | {s['prorl']:.4f} | {gap(s)} | | {u['budget']:.0f} | "
+                    f"{u['brorl']:.4f} | {u['prorl']:.4f} | {gap(u)} |")
+    pak = ["| k | BroRL | ProRL | gap [95% interval] (points) |", "|---:|---:|---:|---:|"]
+    for k, r in v["pass_at_k_at_equal_samples"].items():
+        pak.append(f"| {k} | {r['brorl']:.3f} | {r['prorl']:.3f} | {gap(r, 1)} |")
+    return {"floor_grid_table": "\n".join(grid), "floor_pass_at_k_table": "\n".join(pak)}
+
+
+def no_fields(f: Files) -> dict:
+    return {}
+
+
+# ---- the pages ----------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Page:
+    """A rendered file: ``path`` (repo-relative), its template, the results files it is built from (named in the
+    page's ``<!-- results: -->`` comment and provenance-checked), its fields, the figures it shows (repo path ->
+    drawing function) and figures kept as shipped (:data:`FROZEN_FIGURES`)."""
+
+    path: str
+    template: str
+    files: tuple[str, ...]
+    fields: Callable[[Files], dict]
+    figures: Mapping[str, Callable[[Files], bytes]] = None
+    frozen: tuple[str, ...] = ()
+
+
+def _paid_png(run: str, title: str) -> Callable[[Files], bytes]:
+    return lambda f: gaps_png(f(f"{FIG}/paid_{run}_points.csv"), title)
+
+
+FLAGSHIP_FILES = tuple(f"{FIG}/{n}" for n in (
+    "paid_learned_points.csv", "paid_learned_metrics.parquet", "paid_learned_mechanism.csv",
+    "paid_learned_lr_sqrt8_points.csv", "paid_learned_lr_half_points.csv", "paid_learned_pilot_points.csv",
+    "paid_takeoff_points.csv", "paid_takeoff_metrics.parquet")) + ("data/learned_plateau/plateau.json",)
+REGIME_FILES = tuple(f"{FIG}/regime_{n}" for n in ("map.csv", "seeds.csv", "branch.csv", "drift.csv", "power.csv")
+                     ) + (f"{FIG}/regime.json",)
+THEOREM_FILES = tuple(f"{FIG}/theorem_on_the_model_{n}.csv" for n in ("summary", "per_seed", "theory"))
+
+PAGES: tuple[Page, ...] = (
+    Page("docs/results/flagship.md", "flagship.md.tmpl", FLAGSHIP_FILES, flagship_fields, {
+        f"{FIG}/paid_learned_gaps.png": _paid_png("learned", "From the learned plateau: BroRL - ProRL per seed"),
+        f"{FIG}/paid_takeoff_gaps.png": _paid_png("takeoff", "From the takeoff base: BroRL - ProRL per seed")}),
+    Page("docs/results/regime_map.md", "regime_map.md.tmpl", REGIME_FILES, regime_fields,
+         {f"{FIG}/regime_map.png": regime_png}),
+    Page("docs/results/theorem.md", "theorem.md.tmpl", THEOREM_FILES, theorem_fields,
+         {f"{FIG}/theorem_on_the_model.png": theorem_png}),
+    Page("docs/results/paid.md", "paid.md.tmpl", ("data/learned_plateau/plateau.json", "data/takeoff_base/reach.json",
+                                                  f"{FIG}/paid_takeoff_pilot_points.csv",
+                                                  f"{FIG}/paid_learned_pilot_points.csv"), no_fields),
+    Page("docs/results/plateau.md", "plateau.md.tmpl", ("data/plateau_model/plateau.json",), no_fields),
+    Page("docs/results/floor.md", "floor.md.tmpl", (f"{FIG}/flagship_verdict.json",), floor_fields,
+         {f"{FIG}/flagship_grid_gaps.png": floor_grid_png}, tuple(FROZEN_FIGURES)),
+)
+README_FILES = FLAGSHIP_FILES + REGIME_FILES + THEOREM_FILES
+
+
+# ---- provenance ---------------------------------------------------------------------------------------------------------------
+def check_files(f: Files, names: tuple[str, ...], where: str) -> list[str]:
+    """The legacy files among ``names``; raises RenderError for a file that is neither shippable nor in LEGACY."""
+    legacy = []
+    for n in names:
+        why = is_shippable(f.provenance(n))
+        if why and n not in LEGACY:
+            raise RenderError(f"{where}: {n} cannot back a shipped page ({'; '.join(why)}); allowed: a record from a "
+                              "pre-registered run (study.results.is_shippable), or the file named in render.LEGACY")
+        if n in LEGACY:
+            legacy.append(n)
+    return legacy
+
+
+def banner(f: Files, legacy: list[str]) -> str:
+    """The rendered note on a page built from legacy files: they predate enforced pre-registration; which are dirty."""
+    dirty = [n for n in legacy if "-dirty" in str(f.provenance(n).get("commit", ""))]
+    text = ("> **Legacy results.** The runs behind this page predate enforced pre-registration (issue 42): their "
+            "provenance records carry no start time and no committed declaration, so this page is built from them "
+            "only because `brorl_lab/study/render.py` names them in `LEGACY`. ")
+    text += ("Records whose commit is `-dirty` (the tree had uncommitted changes when the run wrote them): "
+             + ", ".join(f"`{Path(n).name}`" for n in dirty) + ".") if dirty else "No record's commit is `-dirty`."
+    return text + "\n"
+
+
+def _with_banner(text: str, note: str) -> str:
+    lines = text.splitlines(keepends=True)
+    i = next(k for k, line in enumerate(lines) if line.startswith("# "))
+    return "".join(lines[:i + 1]) + "\n" + note + "".join(lines[i + 1:])
+
+
+# ---- rendering ---------------------------------------------------------------------------------------------------------------
+def render(root: Optional[Path] = None) -> dict[str, bytes]:
+    """Every page, figure and the README as rendered from the results files under ``root`` (default: this
+    checkout): {repo-relative path: bytes}. Reads files only; writes nothing."""
+    root = Path(root) if root is not None else ROOT
+    f = Files(root)
+    out: dict[str, bytes] = {}
+    for page in PAGES:
+        legacy = check_files(f, page.files, page.path)
+        fields = page.fields(f)
+        text = fill((TEMPLATES / page.template).read_text(), fields, name=page.template)
+        text = f"<!-- results: {' '.join(page.files)} -->\n" + text
+        if legacy:
+            text = _with_banner(text, banner(f, legacy))
+        elif page.frozen:
+            raise RenderError(f"{page.path}: figures {list(page.frozen)} cannot be redrawn from shipped files; "
+                              "allowed only on a legacy page")
+        for name in page.frozen:
+            if not (root / name).is_file():
+                raise RenderError(f"{page.path}: frozen figure {name} not found")
+        out[page.path] = text.encode()
+        for name, draw in (page.figures or {}).items():
+            out[name] = draw(f)
+    check_files(f, README_FILES, README)
+    block = fill((TEMPLATES / "readme_headline.md.tmpl").read_text(), readme_fields(f), name="readme_headline.md.tmpl")
+    readme = (root / README).read_text()
+    start, end = readme.index(HEADLINE[0]) + len(HEADLINE[0]), readme.index(HEADLINE[1])
+    out[README] = (readme[:start] + block + readme[end:]).encode()
+    out[f"{FIG}/headline.png"] = headline_png(f)
+    unread = sorted(set(f.read) - set(README_FILES) - {n for p in PAGES for n in p.files})
+    if unread:
+        raise RenderError(f"files read but named by no page: {unread}")
+    return out
+
+
+def differences(rendered: Mapping[str, bytes], root: Optional[Path] = None) -> list[str]:
+    """One line per rendered file that differs from the one on disk: for text, its first differing line."""
+    root = Path(root) if root is not None else ROOT
+    out = []
+    for name, data in rendered.items():
+        path = root / name
+        have = path.read_bytes() if path.is_file() else None
+        if have == data:
+            continue
+        if have is None:
+            out.append(f"{name}: missing (render writes it)")
+        elif name.endswith(".png"):
+            out.append(f"{name}: the figure differs from its render ({len(have)} bytes on disk, {len(data)} rendered)")
+        else:
+            a, b = have.decode().splitlines(), data.decode().splitlines()
+            k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            shipped = a[k] if k < len(a) else "<end of file>"
+            want = b[k] if k < len(b) else "<end of file>"
+            out.append(f"{name}:{k + 1}: shipped {shipped[:120]!r}; rendered {want[:120]!r}")
+    return out
+
+
+def write(rendered: Mapping[str, bytes], root: Optional[Path] = None) -> list[str]:
+    """Write each rendered file that differs from the one on disk; returns the paths written."""
+    root = Path(root) if root is not None else ROOT
+    written = []
+    for name, data in rendered.items():
+        path = root / name
+        if not (path.is_file() and path.read_bytes() == data):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            written.append(name)
+    return written
