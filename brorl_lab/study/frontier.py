@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -64,6 +65,297 @@ def ratio_prompts(n: int, *, n_ref: int = 16, prompts_ref: int = 64) -> int:
     check_int("n", n, 1)
     exact = prompts_ref * (n / n_ref) ** (-PROMPT_EXPONENT)
     return 2 ** round(math.log2(exact))
+
+
+# ---- the readings (functions on per-seed tables; fixed before the run) -------------------------------------------
+def arm_n(arm: str) -> int:
+    """N of an arm named by :func:`arm_name` (``'n512x16'`` -> 512)."""
+    if not (isinstance(arm, str) and arm.startswith("n") and "x" in arm and arm[1:arm.index("x")].isdigit()):
+        raise ValueError(f"arm: got {arm!r}; allowed: a name n<N>x<P> (frontier.arm_name)")
+    return int(arm[1:arm.index("x")])
+
+
+def best_n(points: pd.DataFrame, mark: float, *, level: float = 0.95) -> dict:
+    """The best N at one budget mark, on :func:`brorl_lab.study.paid.grid_points`' per-seed table (columns arm,
+    seed, mark, value; arms named n<N>x<P>). The arm with the highest mean over its measured seeds leads; it is
+    compared with every other arm on their paired seeds (paired t interval of leader - other). The reading, fixed
+    now: ``"N=<n> best"`` when every paired interval lies above 0; else ``"not resolved: N=<n>, N=<m> ..."`` naming
+    the leader and every arm whose interval contains 0 (or lies below: a censored or mis-ordered leader never reads as
+    best). Keys: mark, leader, leader_n, means {arm: mean}, seeds {arm: n measured}, gaps [{other, n, gap, lo, hi}],
+    resolved, reading."""
+    from brorl_lab.lab.stats import paired_t_interval
+
+    g = points[(points["mark"] == mark) & points["value"].notna()]
+    if g["arm"].nunique() < 2:
+        raise ValueError(f"points: {g['arm'].nunique()} arm(s) measured at mark {mark!r}; allowed: >= 2 arms")
+    w = g.pivot_table(index="seed", columns="arm", values="value")  # [seeds, arms]
+    means = w.mean().sort_values(ascending=False, kind="stable")
+    lead = str(means.index[0])
+    gaps, tied = [], [lead]
+    for other in means.index[1:]:
+        pair = w[[lead, other]].dropna()
+        r = paired_t_interval(pair[lead].to_numpy(), pair[other].to_numpy(), level=level)
+        gaps.append({"other": str(other), "n": r["n"], "gap": r["mean"], "lo": r["lo"], "hi": r["hi"]})
+        if not (r["n"] >= 2 and r["lo"] > 0):
+            tied.append(str(other))
+    resolved = len(tied) == 1
+    names = ", ".join(f"N={arm_n(a)}" for a in tied)
+    return {"mark": mark, "leader": lead, "leader_n": arm_n(lead), "means": means.to_dict(),
+            "seeds": w.notna().sum().to_dict(), "gaps": gaps, "resolved": resolved,
+            "reading": f"N={arm_n(lead)} best" if resolved else f"not resolved: {names}"}
+
+
+def frontier_table(points: pd.DataFrame) -> pd.DataFrame:
+    """:func:`best_n` at every mark of ``points`` (one axis): mark, leader_n, resolved, reading, and per other arm
+    the leader's paired gap with its interval (``gap_<arm>``, ``lo_<arm>``, ``hi_<arm>``)."""
+    rows = []
+    for m in sorted(points["mark"].unique()):
+        if points.loc[(points["mark"] == m) & points["value"].notna(), "arm"].nunique() < 2:
+            continue  # fewer than two arms reached this mark: no comparison
+        b = best_n(points, m)
+        row = {"mark": m, "leader": b["leader"], "leader_n": b["leader_n"], "resolved": b["resolved"],
+               "reading": b["reading"]}
+        for gp in b["gaps"]:
+            row.update({f"gap_{gp['other']}": gp["gap"], f"lo_{gp['other']}": gp["lo"], f"hi_{gp['other']}": gp["hi"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def takeoff_races(df: pd.DataFrame, *, reference: str, level: float = 0.10, budget: float,
+                  metric: str, x: str = "cum_samples") -> pd.DataFrame:
+    """The takeoff race of every arm against ``reference`` (:func:`brorl_lab.study.paid.time_to_level` and
+    :func:`~brorl_lab.study.paid.race`: censored at the budget, restricted mean, who got there first), on axis
+    ``x``. One row per arm: the race's keys, each arm's share of seeds that reached the level and ``resolved``
+    (the issue's rule: the reference reached the level in >= 80% of seeds, :data:`RACE_RESOLVED_SHARE`)."""
+    from brorl_lab.study.paid import race, time_to_level
+
+    times = time_to_level(df, level, budget=budget, metric=metric, x=x)
+    ref_share = float(times.loc[times["arm"] == reference, "reached"].mean())
+    rows = []
+    for arm in [a for a in dict.fromkeys(times["arm"]) if a != reference]:
+        r = race(times[times["arm"].isin([arm, reference])], budget=budget, a=arm, b=reference)
+        rows.append({"arm": arm, "reference": reference, "x": x, "level": level, "n": r["n"],
+                     "restricted_mean_gap": r["restricted_mean_gap"], "lo": r["lo"], "hi": r["hi"],
+                     "reached_arm": r[f"reached_{arm}"], "reached_reference": r[f"reached_{reference}"],
+                     "first_arm": r[f"first_{arm}"], "first_reference": r[f"first_{reference}"], "ties": r["ties"],
+                     "reference_share": ref_share, "resolved": ref_share >= RACE_RESOLVED_SHARE})
+    return pd.DataFrame(rows)
+
+
+RACE_RESOLVED_SHARE = 0.8  # the race reads only when the reference arm reached the level in >= 80% of seeds
+GAP_EFFECT = 0.005  # the per-update question is powered for a 0.5-point gap (80% power, 95% two-sided)
+
+
+def seeds_for_gap(per_seed_gaps: Sequence[float], effect: float = GAP_EFFECT) -> dict:
+    """Seeds for the per-update gap: the sd of a pilot's per-seed gaps (at equal optimizer updates) and
+    :func:`brorl_lab.lab.stats.seeds_for_power` at ``effect`` (80% power, 95% two-sided, t at every n). Keys: sd,
+    from_seeds, effect, seeds."""
+    from brorl_lab.lab.stats import seeds_for_power, t_interval
+
+    r = t_interval(per_seed_gaps)
+    if not (r["n"] >= 2 and r["sd"] > 0):
+        raise ValueError(f"per_seed_gaps: got {r['n']} values; allowed: >= 2 gaps with a spread")
+    return {"sd": r["sd"], "from_seeds": r["n"], "effect": effect, "seeds": seeds_for_power(r["sd"], effect)}
+
+
+# ---- the lr procedure (pilot grid and the rule fixed before it) ----------------------------------------------------
+LR_GRID = (1e-4, 2e-4, 4e-4, 8e-4)
+LR_PILOT_SEEDS = (0, 1, 2)
+LR_KL_SHARE = 0.95  # a setting qualifies when its KL stays within the collapse rule's bound on >= 95% of its steps
+
+
+def lr_pilot_rows(df: pd.DataFrame, *, mark: float, metric: str, kl_bound: Optional[float] = None,
+                  x: str = "cum_samples") -> pd.DataFrame:
+    """Per (arm, lr, seed) of an lr pilot's long metrics table (columns arm, lr, seed, step, kl, ``x``,
+    ``metric``): held-out ``metric`` at the first evaluation reaching ``mark`` (``value``, NaN when never reached),
+    the training steps, and those whose KL stayed within ``kl_bound`` (default: the collapse rule's,
+    :data:`brorl_lab.study.compare.COLLAPSE` kl_max)."""
+    from brorl_lab.study.compare import COLLAPSE
+    from brorl_lab.study.paid import grid_points
+
+    bound = COLLAPSE["kl_max"] if kl_bound is None else kl_bound
+    rows = []
+    for (arm, lr), g in df.groupby(["arm", "lr"], sort=False):
+        pts = grid_points(g, [mark], x=x, metric=metric).set_index("seed")["value"]
+        for seed, s in g[g["step"] > 0].groupby("seed"):
+            kl = s["kl"].dropna()
+            rows.append({"arm": arm, "lr": float(lr), "seed": int(seed), "value": float(pts.get(seed, np.nan)),
+                         "steps": len(kl), "kl_within": int((kl <= bound).sum())})
+    return pd.DataFrame(rows)
+
+
+def pick_lr(rows: pd.DataFrame, *, kl_share: float = LR_KL_SHARE) -> pd.DataFrame:
+    """The lr rule, fixed before the pilot: per arm, among the lrs whose KL stayed within the bound on at least
+    ``kl_share`` of all their steps (pooled over seeds), the one with the best mean held-out pass@1 at the pilot
+    budget (ties: the smaller lr); when no lr qualifies, none is picked (``lr`` NaN: the arm's grid must move down).
+    Input: :func:`lr_pilot_rows`. One row per arm: lr, value (its mean), qualified (the lrs that qualified),
+    kl_share_by_lr, value_by_lr."""
+    out = []
+    for arm, g in rows.groupby("arm", sort=False):
+        per = g.groupby("lr").agg(value=("value", "mean"), steps=("steps", "sum"), within=("kl_within", "sum"))
+        per["share"] = per["within"] / per["steps"].where(per["steps"] > 0)
+        ok = per[(per["share"] >= kl_share) & per["value"].notna()]
+        best = ok.sort_index().loc[lambda t: t["value"] == t["value"].max()] if len(ok) else ok
+        out.append({"arm": arm, "lr": float(best.index[0]) if len(best) else np.nan,
+                    "value": float(best["value"].iloc[0]) if len(best) else np.nan,
+                    "qualified": [float(x) for x in ok.index], "kl_share_by_lr": per["share"].round(4).to_dict(),
+                    "value_by_lr": per["value"].round(6).to_dict()})
+    return pd.DataFrame(out)
+
+
+def sqrt_rule_lr(reference_lr: float, reference: tuple[int, int], arm: tuple[int, int]) -> float:
+    """BroRL's sqrt rule applied to the reference arm's lr: lr x sqrt(samples per step of ``arm`` / of
+    ``reference``), each a (N, prompts per step) pair. The 4:1 design's 512 x 16 against 16 x 64: x sqrt(8)."""
+    if not (is_number(reference_lr) and reference_lr > 0):
+        raise ValueError(f"reference_lr: got {reference_lr!r}; allowed: an lr > 0")
+    return float(reference_lr * math.sqrt((arm[0] * arm[1]) / (reference[0] * reference[1])))
+
+
+# ---- budgets and marks --------------------------------------------------------------------------------------------
+MIN_BRORL_UPDATES = 64  # the longest run gives the BroRL arm at least this many optimizer updates
+MARKS = 8  # log-spaced budget marks: budget / 2^(MARKS-1), ..., budget / 2, budget
+
+
+def log_marks(budget: int, marks: int = MARKS) -> list[int]:
+    """``marks`` budget marks spaced by factors of 2 up to ``budget`` (generated samples): ceil(budget / 2^k)."""
+    check_int("budget", budget, 1)
+    check_int("marks", marks, 1)
+    return sorted({math.ceil(budget / 2 ** k) for k in range(marks)})
+
+
+def size_budget(samples_per_update: float, *, updates: int = MIN_BRORL_UPDATES, margin: float = 1.25,
+                at_least: int = 0, unit: int = 65_536) -> int:
+    """A budget of generated samples giving an arm ``updates`` optimizer updates at its measured generated samples
+    per update (fill-to-full: the pilot's :func:`cap_binding`), times ``margin`` (pass rates drift as the arm
+    learns), at least ``at_least``, rounded up to a multiple of ``unit``."""
+    if not (is_number(samples_per_update) and samples_per_update > 0) or not (is_number(margin) and margin >= 1):
+        raise ValueError(f"samples_per_update, margin: got {samples_per_update!r}, {margin!r}; allowed: > 0, >= 1")
+    need = max(samples_per_update * updates * margin, at_least)
+    return int(math.ceil(need / unit) * unit)
+
+
+# ---- the study as data ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Frontier:
+    """The frontier study, declared as data (issue 43). Not yet pre-registered: the declaration is committed
+    (:func:`brorl_lab.study.results.write_declaration` of :meth:`to_declaration`) before the first full-size run.
+
+    ``budgets`` are generated samples per arm and branch point (:func:`size_budget` from the refill pilot);
+    ``round_cap`` is the primary protocol's ``max_resample_rounds`` (fill-to-full: binds on < 5% of steps in the
+    pilot), ``capped_round_cap`` the ablation's (the recipe's 4). ``seeds`` the main runs' paired seeds (>= 10: the
+    race's rule), ``lr_grid`` / ``lr_seeds`` / ``lr_pilot_budget`` the lr pilot's, whose rule is :func:`pick_lr`."""
+
+    name: str = "frontier"
+    branches: tuple = ("takeoff", "learned")
+    ratio_arms: Mapping = field(default_factory=lambda: dict(RATIO_ARMS))
+    optional_arms: Mapping = field(default_factory=lambda: dict(OPTIONAL_RATIO_ARMS))
+    fixed_batch_arms: Mapping = field(default_factory=lambda: dict(FIXED_BATCH_ARMS))
+    budgets: Mapping = field(default_factory=dict)
+    marks: int = MARKS
+    round_cap: int = 32
+    capped_round_cap: int = 4
+    seeds: tuple = tuple(range(10))
+    lr_grid: tuple = LR_GRID
+    lr_seeds: tuple = LR_PILOT_SEEDS
+    lr_pilot_budget: Mapping = field(default_factory=dict)
+    race_level: float = 0.10
+    race_family: str = "spell_backward"
+    gap_effect: float = GAP_EFFECT
+
+    def __post_init__(self):
+        unknown = [b for b in (*self.branches, *self.budgets) if b not in BRANCH_POINTS]
+        if unknown:
+            raise ValueError(f"branches: got {unknown}; allowed: {', '.join(BRANCH_POINTS)}")
+        for b, v in self.budgets.items():
+            check_int(f"budgets[{b!r}]", v, 1)
+        check_int("round_cap", self.round_cap, self.capped_round_cap + 1)
+
+    def arms(self, design: str = "ratio", *, optional: bool = False) -> dict[str, tuple[int, int]]:
+        """{arm name: (N, prompts per step)} of ``design`` ('ratio': the 4:1 design, with ``optional`` its N = 4
+        and 128 arms; 'fixed': the fixed-batch design)."""
+        table = {"ratio": {**self.ratio_arms, **(self.optional_arms if optional else {})},
+                 "fixed": self.fixed_batch_arms}
+        if design not in table:
+            raise ValueError(f"design: got {design!r}; allowed: 'ratio', 'fixed'")
+        return {arm_name(n, p): (n, p) for n, p in sorted(table[design].items())}
+
+    def budget_marks(self, branch: str) -> list[int]:
+        """The log-spaced budget marks of ``branch`` (:func:`log_marks` of its budget)."""
+        if branch not in self.budgets:
+            raise ValueError(f"branch: {branch!r} has no budget; allowed: {', '.join(self.budgets) or 'none sized'}")
+        return log_marks(self.budgets[branch], self.marks)
+
+    def configs(self, branch: str, design: str = "ratio", *, lrs: Optional[Mapping[str, float]] = None,
+                capped: bool = False, optional: bool = False) -> dict[str, Config]:
+        """{arm: Config} from ``branch``: the flagship recipe, each arm's N and prompts per step, its lr (``lrs``
+        {arm: lr} from :func:`pick_lr`, default the branch point's own), paid the branch's budget in generated
+        samples and evaluated at its marks; dynamic sampling refilled up to :attr:`round_cap` rounds (``capped``:
+        :attr:`capped_round_cap`); no reset (the paid study's arms)."""
+        from brorl_lab.study.recipe import recipe_config
+
+        model, families, lr0 = BRANCH_POINTS[branch]
+        budget, marks = self.budgets.get(branch), self.budget_marks(branch)
+        out = {}
+        for arm, (n, p) in self.arms(design, optional=optional).items():
+            out[arm] = recipe_config(
+                model=model, tasks=families, lr=(lrs or {}).get(arm, lr0), rollouts_per_prompt=n,
+                prompts_per_step=p, max_resample_rounds=self.capped_round_cap if capped else self.round_cap,
+                max_samples=budget, eval_at_samples=marks, eval_at_steps=[], eval_every=0, reset_every=0,
+                reset_every_samples=0, steps=math.ceil(budget / (n * p)), checkpoint_every=1, run_name=arm)
+        return out
+
+    def study_fields(self, branch: str) -> dict:
+        """The fields of the study runner's ``Study`` (:mod:`brorl_lab.study.runner`, issue 42) for the 4:1 design
+        from ``branch``: its arm table maps prorl/middle/brorl to N = 16/64/512, the protocol and the branch's
+        families and lr go in as recipe overrides, the race is declared from the takeoff base. What the runner does
+        not carry yet: an lr per arm (it takes one lr and a BroRL factor), log-spaced marks (its grid is linear in
+        ``points``), the optional arms and the fixed-batch design (three arms at most)."""
+        model, families, lr0 = BRANCH_POINTS[branch]
+        by_n = {n: {"rollouts_per_prompt": n, "prompts_per_step": p} for n, p in self.ratio_arms.items()}
+        fields = {"name": f"{self.name}_{branch}", "model": model, "seeds": tuple(self.seeds),
+                  "budget": self.budgets[branch], "arms": ("prorl", "brorl", "middle"),
+                  "overrides": {"tasks": list(families), "lr": lr0, "max_resample_rounds": self.round_cap},
+                  "arm_table": {"prorl": by_n[16], "middle": by_n[64], "brorl": by_n[512]}}
+        if branch == "takeoff":
+            fields.update(takeoff_level=self.race_level, takeoff_family=self.race_family)
+        return fields
+
+    def to_declaration(self) -> dict:
+        """The study as declared before the run, plain JSON (what :func:`brorl_lab.study.results.write_declaration`
+        commits): design, seeds, budgets and marks, protocol, the lr rule, and the readings by dotted name."""
+        here = __name__
+        return {
+            "study": self.name, "status": "declared, not yet pre-registered",
+            "branch_points": {b: {"model": BRANCH_POINTS[b][0], "families": BRANCH_POINTS[b][1],
+                                  "lr": BRANCH_POINTS[b][2]} for b in self.branches},
+            "designs": {"ratio": {a: {"rollouts_per_prompt": n, "prompts_per_step": p}
+                                  for a, (n, p) in self.arms("ratio").items()},
+                        "ratio_optional": {a: {"rollouts_per_prompt": n, "prompts_per_step": p}
+                                           for a, (n, p) in self.arms("ratio", optional=True).items()
+                                           if a not in self.arms("ratio")},
+                        "fixed_batch": {a: {"rollouts_per_prompt": n, "prompts_per_step": p}
+                                        for a, (n, p) in self.arms("fixed").items()}},
+            "budget": {"unit": "generated samples per arm (every dynamic-sampling round counted)",
+                       "per_branch": dict(self.budgets), "marks": {b: self.budget_marks(b) for b in self.budgets},
+                       "min_brorl_updates": MIN_BRORL_UPDATES},
+            "protocol": {"primary": {"dynamic_sampling": "refill until the batch is full",
+                                     "max_resample_rounds": self.round_cap, "cap_binding_bound": 0.05,
+                                     "cap_binding_logged_as": "metrics ds_cap_hit, events.jsonl 'refill'"},
+                         "ablation": {"dynamic_sampling": "capped", "max_resample_rounds": self.capped_round_cap}},
+            "lr": {"grid": list(self.lr_grid), "seeds": list(self.lr_seeds), "pilot_budget": dict(self.lr_pilot_budget),
+                   "rule": f"{here}.pick_lr", "kl_share": LR_KL_SHARE,
+                   "kl_bound": "study.compare.COLLAPSE kl_max (nats/token)",
+                   "sqrt_rule_reported": f"{here}.sqrt_rule_lr"},
+            "seeds": list(self.seeds),
+            "readings": {"best_n_per_mark": f"{here}.best_n", "frontier": f"{here}.frontier_table",
+                         "axes": ["cum_samples", "cum_trained_samples", "cum_updates", "cum_wall_s"],
+                         "race": {"reading": f"{here}.takeoff_races", "level": self.race_level,
+                                  "family": self.race_family, "resolved_share": RACE_RESOLVED_SHARE},
+                         "per_update_gap": {"reading": "study.paid.paired_at_grid on cum_updates",
+                                            "seeds_rule": f"{here}.seeds_for_gap", "effect": self.gap_effect,
+                                            "power": 0.8, "level": 0.95},
+                         "noise_scale": f"{here}.noise_table"},
+        }
 
 
 # ---- the refill protocol measured (the pilot that sizes the budget) ------------------------------------------------

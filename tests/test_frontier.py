@@ -1,0 +1,125 @@
+"""study.frontier: the frontier's readings on synthetic per-seed tables with known answers, the lr rule, the refill
+pilot's cap-binding table, budgets and marks, and the declaration."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from brorl_lab.lab.stats import seeds_for_power
+from brorl_lab.study import frontier as F
+
+SEEDS = range(10)
+WOBBLE = np.array([0.02, -0.01] * 5)  # per-seed: mean +0.005, sd 0.016 -> a 10-seed interval contains 0
+
+
+def points(values: dict, mark=1000) -> pd.DataFrame:
+    """grid_points' shape: one row per arm and seed at ``mark``."""
+    return pd.DataFrame([{"arm": arm, "seed": s, "mark": mark, "value": float(v[i])}
+                         for arm, v in values.items() for i, s in enumerate(SEEDS)])
+
+
+def test_best_n_reads_n16_best_when_every_interval_clears_zero():
+    base = np.linspace(0.5, 0.6, 10)  # seeds differ; the arms' order does not
+    b = F.best_n(points({"n16x64": base + 0.03 + WOBBLE / 4, "n64x32": base, "n512x16": base - 0.05}), 1000)
+    assert b["reading"] == "N=16 best" and b["resolved"] and b["leader_n"] == 16
+    assert all(g["lo"] > 0 for g in b["gaps"]) and [g["other"] for g in b["gaps"]] == ["n64x32", "n512x16"]
+
+
+def test_best_n_reads_not_resolved_and_names_the_tied_arms():
+    base = np.linspace(0.5, 0.6, 10)
+    b = F.best_n(points({"n16x64": base + WOBBLE, "n64x32": base, "n512x16": base - 0.05}), 1000)
+    assert b["reading"] == "not resolved: N=16, N=64" and not b["resolved"]
+    gap = next(g for g in b["gaps"] if g["other"] == "n64x32")
+    assert gap["lo"] < 0 < gap["hi"] and gap["gap"] == pytest.approx(0.005)
+
+
+def test_frontier_table_reads_every_mark_and_skips_marks_one_arm_reached():
+    base = np.linspace(0.5, 0.6, 10)
+    early = points({"n16x64": base + WOBBLE, "n64x32": base, "n512x16": base - 0.05}, mark=100)
+    late = points({"n16x64": base, "n64x32": base - 0.01, "n512x16": base + 0.04 + WOBBLE / 4}, mark=800)
+    lone = points({"n16x64": base, "n64x32": [np.nan] * 10, "n512x16": [np.nan] * 10}, mark=1600)
+    t = F.frontier_table(pd.concat([early, late, lone]))
+    assert t["mark"].tolist() == [100, 800]
+    assert t["reading"].tolist() == ["not resolved: N=16, N=64", "N=512 best"]
+    assert t.loc[1, "lo_n16x64"] > 0
+
+
+def test_pick_lr_takes_the_best_lr_within_the_kl_bound():
+    rows = []
+    for seed in range(3):
+        for lr, value, within in ((1e-4, 0.50, 100), (2e-4, 0.55, 100), (4e-4, 0.60, 96), (8e-4, 0.70, 50)):
+            rows.append({"arm": "n16x64", "lr": lr, "seed": seed, "value": value, "steps": 100, "kl_within": within})
+            rows.append({"arm": "n512x16", "lr": lr, "seed": seed, "value": value, "steps": 100, "kl_within": 90})
+    out = F.pick_lr(pd.DataFrame(rows)).set_index("arm")
+    assert out.loc["n16x64", "lr"] == 4e-4 and out.loc["n16x64", "qualified"] == [1e-4, 2e-4, 4e-4]
+    assert math.isnan(out.loc["n512x16", "lr"])  # no lr kept KL within the bound on 95% of steps
+    assert F.sqrt_rule_lr(4e-4, (16, 64), (512, 16)) == pytest.approx(4e-4 * math.sqrt(8))
+
+
+def test_lr_pilot_rows_count_kl_steps_and_read_the_mark():
+    df = pd.DataFrame({"arm": "a", "lr": 1e-4, "seed": 0, "step": [0, 1, 2, 3], "kl": [np.nan, 0.1, 0.7, 0.2],
+                       "cum_samples": [0, 100, 200, 300], "m": [0.5, np.nan, 0.6, 0.7]})
+    r = F.lr_pilot_rows(df, mark=150, metric="m").iloc[0]
+    assert (r["steps"], r["kl_within"], r["value"]) == (3, 2, 0.6)
+
+
+def test_takeoff_races_resolve_only_when_the_reference_mostly_reached_the_level():
+    rows = []
+    for seed in SEEDS:
+        for arm, reach_at in (("n16x64", 300 if seed < 9 else None), ("n512x16", 200)):
+            for step, x in enumerate((0, 100, 200, 300, 400)):
+                v = 0.3 + (0.15 if reach_at is not None and x >= reach_at else 0.0)
+                rows.append({"arm": arm, "seed": seed, "step": step, "cum_samples": x, "m": v})
+    r = F.takeoff_races(pd.DataFrame(rows), reference="n16x64", budget=400, metric="m").iloc[0]
+    assert r["reference_share"] == 0.9 and r["resolved"] and r["reached_arm"] == 10 and r["first_arm"] == 10
+    assert r["hi"] < 0  # N=512 got there sooner, by 100 samples (200 in the censored seed)
+
+
+def test_seeds_for_gap_is_the_power_rule_at_half_a_point():
+    gaps = [0.004, -0.006, 0.011, 0.001, -0.003]
+    r = F.seeds_for_gap(gaps)
+    assert r["seeds"] == seeds_for_power(float(np.std(gaps, ddof=1)), 0.005) and r["effect"] == 0.005
+
+
+def test_cap_binding_counts_steps_that_needed_more_refills_than_the_cap():
+    steps = pd.DataFrame({"branch": "learned", "arm": "n16x64", "N": 16, "prompts_per_step": 64,
+                          "refill_rounds": [3, 9, 17, 63], "ds_cap_hit": [False, False, False, True],
+                          "samples": [4096, 10240, 18432, 65536], "updates": 2, "kept_groups": [64, 64, 64, 40],
+                          "ds_generated_groups": [256, 640, 1152, 4096], "step_wall_s": 1.0})
+    t = F.cap_binding(steps, caps=(4, 8, 16, 32)).set_index("cap")
+    assert t["bound"].tolist() == [3, 3, 2, 1]  # the step that hit the pilot's own cap binds at every cap
+    assert t.loc[4, "samples_per_update"] == pytest.approx(98304 / 8) and t.loc[4, "refills_max"] == 63
+    assert t.loc[32, "lo"] > 0 and t.loc[32, "share"] == 0.25
+
+
+def test_arms_budgets_and_marks():
+    assert [F.ratio_prompts(n) for n in (4, 16, 64, 128, 512)] == [128, 64, 32, 32, 16]
+    assert {n * p for n, p in F.FIXED_BATCH_ARMS.items()} == {F.FIXED_BATCH_SAMPLES}
+    assert F.log_marks(1024, 4) == [128, 256, 512, 1024]
+    assert F.size_budget(10_000, updates=64, margin=1.25) == 851_968  # 800k rounded up to 13 x 65,536
+    assert F.size_budget(1, at_least=1_000_000) == 1_048_576
+
+
+def test_declaration_and_configs():
+    fr = F.Frontier(budgets={"takeoff": 131_072, "learned": 65_536}, round_cap=32)
+    decl = fr.to_declaration()
+    assert json.loads(json.dumps(decl)) == decl and decl["status"].startswith("declared, not yet")
+    assert decl["designs"]["ratio"] == {"n16x64": {"rollouts_per_prompt": 16, "prompts_per_step": 64},
+                                        "n64x32": {"rollouts_per_prompt": 64, "prompts_per_step": 32},
+                                        "n512x16": {"rollouts_per_prompt": 512, "prompts_per_step": 16}}
+    assert decl["budget"]["marks"]["learned"][-1] == 65_536 and decl["lr"]["rule"].endswith("pick_lr")
+    cfgs = fr.configs("takeoff", "fixed", lrs={"n512x16": 2e-4})
+    assert {a: (c.rollouts_per_prompt, c.prompts_per_step) for a, c in cfgs.items()} == {
+        "n16x512": (16, 512), "n64x128": (64, 128), "n512x16": (512, 16)}
+    c = cfgs["n512x16"]
+    assert (c.lr, c.max_resample_rounds, c.max_samples, c.tasks) == (2e-4, 32, 131_072, ["spell_backward"])
+    assert c.eval_at_samples == F.log_marks(131_072) and cfgs["n16x512"].lr == 3e-4
+    assert fr.configs("learned", capped=True)["n16x64"].max_resample_rounds == 4
+    st = fr.study_fields("takeoff")
+    assert st["arm_table"]["brorl"] == {"rollouts_per_prompt": 512, "prompts_per_step": 16}
+    assert st["overrides"]["max_resample_rounds"] == 32 and st["takeoff_family"] == "spell_backward"
+    with pytest.raises(ValueError, match="round_cap"):
+        F.Frontier(round_cap=4)
