@@ -21,6 +21,7 @@ layer below: core, theory, rollout, rl, lab):
     runner     ONE runner: a study declared as data (Study: branch point, arms from recipe.ARM_TABLE, seeds, budget,
                grid, its one reading and thresholds) and run_study (declaration and pre-registration, the arm x seed
                grid, per-seed files with provenance, the reading); the CLI, notebook 02 and `make demo` call it
+    frontier   the rollout frontier (issue 43) as data and its readings: which N wins at each budget mark, lr rule, pilots
 
 A config travels arms -> recipe -> trainer, never back through :mod:`.plateau`, whose only users are the CLI's
 ``plateau`` and ``reach`` commands (tests/test_architecture.py checks this order). The notebooks (01b, 02, 05, 06)
