@@ -3,6 +3,13 @@
 Layout is prompt-major: sample ``b = p * n + s`` is sample ``s`` of prompt ``p``, so any per-sample tensor ``x`` of
 shape ``[P*N]`` views as groups with ``x.view(P, N)`` (see :meth:`RolloutBatch.grouped`).
 
+Groups may also differ in size (a per-prompt allocation of the rollout budget, :mod:`brorl_lab.rl.allocation`):
+then ``sizes`` [P] holds each prompt's N_p, the rows are still prompt-major (prompt p's samples are rows
+``offsets[p] .. offsets[p+1]-1`` with ``offsets = [0, cumsum(sizes)]``), ``n`` is the largest group, and per-group
+reductions go through :meth:`RolloutBatch.group_mean` / :meth:`RolloutBatch.group_sum` instead of ``grouped``.
+A batch whose groups are all the same size is always stored uniform (``sizes=None``), so a uniform run never takes
+the ragged code path.
+
     batch = rollout(engine, items, n=16)       # engines fill tokens, logprobs, lengths, texts
     batch = score(batch)                       # rewards fill `rewards` and `correct`
     batch.to_pandas().head()                   # or just display `batch` in Jupyter for an HTML table
@@ -33,6 +40,20 @@ class RolloutBatch:
     rewards: Optional[torch.Tensor] = None  # [P*N] float32
     correct: Optional[torch.Tensor] = None  # [P*N] bool
     meta: dict = field(default_factory=dict)  # engine name, sampling settings, timings
+    sizes: Optional[torch.Tensor] = None  # [P] long, each prompt's group size N_p; None: every group has n
+
+    def __post_init__(self):
+        if self.sizes is None:
+            return
+        sizes = torch.as_tensor(self.sizes, dtype=torch.long).reshape(-1)  # [P]
+        if sizes.numel() != len(self.prompts):
+            raise ValueError(f"RolloutBatch.sizes: {sizes.numel()} group sizes for {len(self.prompts)} prompts")
+        if sizes.numel() and int(sizes.min()) < 1:
+            raise ValueError("RolloutBatch.sizes: every group needs at least 1 sample")
+        if sizes.numel() == 0 or bool((sizes == sizes[0]).all()):  # canonical: equal groups are stored uniform
+            self.n, self.sizes = (int(sizes[0]) if sizes.numel() else self.n), None
+        else:
+            self.n, self.sizes = int(sizes.max()), sizes
 
     # ---- shape helpers --------------------------------------------------------------------------------------------
     @property
@@ -40,18 +61,35 @@ class RolloutBatch:
         return len(self.prompts)
 
     @property
+    def is_ragged(self) -> bool:
+        """Whether groups differ in size (``sizes`` set); a uniform batch has every group of size ``n``."""
+        return self.sizes is not None
+
+    @property
+    def group_sizes(self) -> torch.Tensor:  # [P] long
+        return self.sizes if self.sizes is not None else torch.full((self.num_prompts,), self.n, dtype=torch.long)
+
+    @property
+    def group_offsets(self) -> torch.Tensor:  # [P+1] long, prompt p's rows are offsets[p] .. offsets[p+1]-1
+        return torch.cat([torch.zeros(1, dtype=torch.long), self.group_sizes.cumsum(0)])
+
+    @property
     def size(self) -> int:
-        return self.num_prompts * self.n
+        return int(self.sizes.sum()) if self.sizes is not None else self.num_prompts * self.n
 
     def __len__(self) -> int:
         return self.size
 
     @property
-    def prompt_index(self) -> torch.Tensor:  # [P*N]
+    def prompt_index(self) -> torch.Tensor:  # [P*N] (ragged: [sum_p N_p])
+        if self.sizes is not None:
+            return torch.arange(self.num_prompts).repeat_interleave(self.sizes)
         return torch.arange(self.num_prompts).repeat_interleave(self.n)
 
     @property
-    def sample_index(self) -> torch.Tensor:  # [P*N]
+    def sample_index(self) -> torch.Tensor:  # [P*N] (ragged: [sum_p N_p])
+        if self.sizes is not None:
+            return torch.arange(self.size) - self.group_offsets[:-1].repeat_interleave(self.sizes)
         return torch.arange(self.n).repeat(self.num_prompts)
 
     @property
@@ -60,8 +98,26 @@ class RolloutBatch:
         return t[None, :] < self.lengths[:, None]
 
     def grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """View a per-sample tensor [P*N, ...] as groups [P, N, ...]."""
+        """View a per-sample tensor [P*N, ...] as groups [P, N, ...] (uniform batches only: groups of unequal size
+        have no [P, N] view; use :meth:`group_sum` / :meth:`group_mean`)."""
+        if self.sizes is not None:
+            raise ValueError("RolloutBatch.grouped: this batch's groups differ in size (sizes="
+                             f"{self.sizes.tolist()[:8]}...); allowed: a uniform batch, or group_sum / group_mean")
         return x.view(self.num_prompts, self.n, *x.shape[1:])
+
+    def group_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-group sums [P, ...] of a per-sample tensor [sum_p N_p, ...] (any group sizes)."""
+        if self.sizes is None:
+            return self.grouped(x).sum(1)
+        out = torch.zeros((self.num_prompts, *x.shape[1:]), dtype=x.dtype if x.is_floating_point() else torch.long)
+        return out.index_add_(0, self.prompt_index, x.to(out.dtype))
+
+    def group_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-group means [P, ...] of a per-sample tensor [sum_p N_p, ...]: sum_s x_{p,s} / N_p."""
+        if self.sizes is None:
+            return self.grouped(x).mean(1)
+        x = x if x.is_floating_point() else x.float()
+        return self.group_sum(x) / self.sizes.to(x.dtype).reshape(-1, *([1] * (x.ndim - 1)))
 
     def group(self, p: int) -> "RolloutBatch":
         """The N samples of prompt ``p`` as a batch of one prompt."""
@@ -70,6 +126,10 @@ class RolloutBatch:
     def rows_of(self, prompts: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Row indices [len(prompts)*N] of all samples of the given prompts, prompt-major, in the given order."""
         prompts = torch.as_tensor(prompts, dtype=torch.long).reshape(-1)
+        if self.sizes is not None:
+            off = self.group_offsets
+            return torch.cat([torch.arange(int(off[p]), int(off[p + 1])) for p in prompts.tolist()]
+                             or [torch.zeros(0, dtype=torch.long)])
         return (prompts[:, None] * self.n + torch.arange(self.n)[None, :]).reshape(-1)
 
     def select_prompts(self, keep: Sequence[int] | torch.Tensor) -> "RolloutBatch":
@@ -91,16 +151,17 @@ class RolloutBatch:
             rewards=take(self.rewards),
             correct=take(self.correct),
             meta=dict(self.meta),
+            sizes=None if self.sizes is None else self.sizes[keep],
         )
 
     @staticmethod
     def concat(batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
-        """Join batches with the same N (e.g. dynamic-sampling refill rounds) into one, prompts in order."""
+        """Join batches (e.g. dynamic-sampling refill rounds) into one, prompts in order. Batches of different
+        group sizes join into a batch with ``sizes`` set (groups of unequal size)."""
         batches = [b for b in batches if b.num_prompts > 0] or list(batches[:1])
         if not batches:
             raise ValueError("RolloutBatch.concat: got no batches")
-        if len({b.n for b in batches}) != 1:
-            raise ValueError(f"RolloutBatch.concat: batches have different n: {[b.n for b in batches]}")
+        ragged = any(b.sizes is not None for b in batches) or len({b.n for b in batches}) != 1
         width = max(b.response_ids.shape[1] for b in batches)
 
         def pad(t: torch.Tensor, value) -> torch.Tensor:
@@ -124,6 +185,7 @@ class RolloutBatch:
             rewards=cat_opt("rewards"),
             correct=cat_opt("correct"),
             meta=dict(first.meta),
+            sizes=torch.cat([b.group_sizes for b in batches]) if ragged else None,
         )
 
     def validate(self) -> "RolloutBatch":
@@ -168,7 +230,9 @@ class RolloutBatch:
 
     def summary(self) -> dict:
         """Plain numbers for a metrics row."""
-        out = {"prompts": self.num_prompts, "rollouts_per_prompt": self.n, "samples": self.size,
+        sizes = self.group_sizes.float()
+        out = {"prompts": self.num_prompts, "samples": self.size,
+               "rollouts_per_prompt": float(sizes.mean()) if self.is_ragged else self.n,
                "response_length_mean": float(self.lengths.float().mean()) if self.size else 0.0,
                "response_length_max": int(self.lengths.max()) if self.size else 0,
                "truncation_rate": float(self.truncated.float().mean()) if self.size else 0.0}
@@ -176,11 +240,14 @@ class RolloutBatch:
             out["reward_mean"] = float(self.rewards.mean())
         if self.correct is not None and self.size:
             out["pass_at_1"] = float(self.correct.float().mean())
+        if self.is_ragged:
+            out["rollouts_per_prompt_max"] = self.n
         return out
 
     def __repr__(self) -> str:
         s = self.summary()
-        return (f"RolloutBatch(prompts={s['prompts']}, n={self.n}, samples={s['samples']}, "
+        n = f"n={s['rollouts_per_prompt']:.1f} (mean; max {self.n})" if self.is_ragged else f"n={self.n}"
+        return (f"RolloutBatch(prompts={s['prompts']}, {n}, samples={s['samples']}, "
                 f"T={self.response_ids.shape[1]}, mean_len={s['response_length_mean']:.1f}"
                 + (f", pass@1={s['pass_at_1']:.3f}" if "pass_at_1" in s else "") + ")")
 

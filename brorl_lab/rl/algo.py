@@ -84,11 +84,13 @@ def _check_int(func: str, arg: str, x, lo: int, allowed: str) -> int:
 
 
 # ---- advantage estimators: rewards [P, N] -> advantages [P, N] ----------------------------------------------------
-def _advantage(name: str, needs_group: bool = True):
+def _advantage(name: str, needs_group: bool = True, batch_whitened: bool = False):
     """Register an estimator ``fn(rewards [P, N], *, std_norm, eps) -> [P, N]`` behind input checks.
 
     All estimators share the signature, so a caller passes the same options to any of them; each ignores what it
     does not use (only ``grpo`` reads ``std_norm``). ``needs_group`` (read by config) says N >= 2 is required.
+    ``batch_whitened``: the estimator is the group-centred reward whitened over the whole batch (REINFORCE++-baseline),
+    so groups of unequal size cannot be computed one size at a time (:func:`ragged_advantages`).
     """
 
     def register(fn):
@@ -106,6 +108,7 @@ def _advantage(name: str, needs_group: bool = True):
             return fn(rewards.detach(), std_norm=std_norm, eps=eps)
 
         checked.needs_group = needs_group
+        checked.batch_whitened = batch_whitened
         ADVANTAGES.register(name, checked)
         return checked
 
@@ -159,7 +162,7 @@ def rloo(rewards: torch.Tensor, *, std_norm: bool = True, eps: float = ADV_EPS) 
     return _group_centered(rewards)[0] * (n / (n - 1))  # [P, N]
 
 
-@_advantage("reinforce_pp_baseline")
+@_advantage("reinforce_pp_baseline", batch_whitened=True)
 def reinforce_pp_baseline(rewards: torch.Tensor, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
     """REINFORCE++-baseline (Hu et al. 2025; ProRL v2, BroRL): group mean baseline, then whole-batch whitening.
 
@@ -178,7 +181,7 @@ def reinforce_pp_baseline(rewards: torch.Tensor, *, std_norm: bool = True, eps: 
     return torch.where(uniform, 0.0, whitened)
 
 
-def compute_advantages(name: str, rewards, n: int, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+def compute_advantages(name: str, rewards, n, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
     """Per-sample advantages [P*N] from per-sample rewards [P*N] (prompt-major) with the estimator ``name``.
 
         A = ADVANTAGES[name](rewards.view(P, N)).view(P*N)
@@ -186,8 +189,13 @@ def compute_advantages(name: str, rewards, n: int, *, std_norm: bool = True, eps
     ``name`` is one of :data:`ADVANTAGES` ('grpo', 'dr_grpo', 'rloo', 'reinforce_pp_baseline'); ``std_norm`` is
     config's ``adv_std_norm`` (read by 'grpo' only). Rewards may be any real dtype (bool and int become float32);
     they must be finite, non-empty and a whole number of groups of ``n``. The result is detached.
+
+    ``n`` may instead be the group sizes [P] (a list or tensor, groups of unequal size, prompt-major rows
+    ``sum_p N_p``): see :func:`ragged_advantages`.
     """
     fn = ADVANTAGES.get(name)
+    if not isinstance(n, (int, np.integer)) and hasattr(n, "__len__"):
+        return ragged_advantages(name, rewards, n, std_norm=std_norm, eps=eps)
     n = _check_int("compute_advantages", "n", n, 1, "an integer >= 1 (rollouts per prompt)")
     if fn.needs_group and n < 2:
         raise _bad("compute_advantages", "n", repr(n), f"an integer >= 2 for the group estimator '{name}'")
@@ -200,6 +208,51 @@ def compute_advantages(name: str, rewards, n: int, *, std_norm: bool = True, eps
         raise _bad("compute_advantages", "rewards", f"length {rewards.numel()}",
                    f"a positive multiple of n={n} (P prompts x N rollouts, prompt-major)")
     return fn(rewards.view(-1, n), std_norm=std_norm, eps=eps).reshape(-1)  # [P, N] -> [P*N]
+
+
+def ragged_advantages(name: str, rewards, sizes, *, std_norm: bool = True, eps: float = ADV_EPS) -> torch.Tensor:
+    """Advantages [sum_p N_p] for groups of unequal size N_p (rows prompt-major: prompt p's rows are
+    ``o_p .. o_p + N_p - 1``, ``o = [0, cumsum(N)]``), each group by its own N_p:
+
+        grpo:     A_{p,s} = (r_{p,s} - mean_p) / (std_p + eps)    std_p with Bessel's N_p - 1
+        dr_grpo:  A_{p,s} =  r_{p,s} - mean_p
+        rloo:     A_{p,s} = N_p/(N_p-1) (r_{p,s} - mean_p)       (leave-one-out over the group's own N_p - 1)
+        reinforce_pp_baseline: c_{p,s} = r_{p,s} - mean_p, then (c - mean(c)) / (std(c) + eps) over all sum_p N_p
+
+    A group of one sample (N_p = 1) is uniform: its baseline is its own reward, so its advantage is 0 under every
+    estimator (the leave-one-out baseline of RLOO is undefined there; 0 is its limit of no signal). Groups of the
+    same size are computed together by the registered estimator on their [g, N_p] view, so a batch whose groups
+    are all one size gives exactly :func:`compute_advantages`'s numbers; the batch-whitened estimator whitens the
+    group-centred values of all groups at once, as its definition says.
+    """
+    fn = ADVANTAGES.get(name)
+    sizes = torch.as_tensor(sizes, dtype=torch.long).reshape(-1)  # [P]
+    if sizes.numel() == 0 or int(sizes.min()) < 1:
+        raise _bad("compute_advantages", "n", f"group sizes {sizes.tolist()[:8]}",
+                   "one integer >= 1 per group (rollouts of each prompt)")
+    if not isinstance(rewards, torch.Tensor):
+        rewards = torch.as_tensor(rewards)
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.float32)
+    _check_tensor("compute_advantages", "rewards", rewards, dims="[B]", finite=True)
+    if rewards.numel() != int(sizes.sum()):
+        raise _bad("compute_advantages", "rewards", f"length {rewards.numel()}",
+                   f"sum of the group sizes = {int(sizes.sum())} (prompt-major rows)")
+    rewards = rewards.detach()
+    group = torch.arange(sizes.numel()).repeat_interleave(sizes)  # [B] prompt of each row
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]])  # [P]
+    out = torch.zeros_like(rewards)  # [B]; groups of one stay 0
+    inner = "dr_grpo" if fn.batch_whitened else name  # the per-group part; whitening follows over the batch
+    for k in sorted(set(sizes.tolist()) - {1}):
+        ps = torch.nonzero(sizes == k).flatten()  # [g] groups of size k
+        rows = (starts[ps][:, None] + torch.arange(k)[None, :]).reshape(-1)  # [g*k]
+        out[rows] = ADVANTAGES.get(inner)(rewards[rows].view(-1, k), std_norm=std_norm, eps=eps).reshape(-1)
+    if fn.batch_whitened and out.numel() >= 2:
+        lo = torch.full((sizes.numel(),), float("inf")).scatter_reduce(0, group, rewards, "amin")  # [P]
+        hi = torch.full((sizes.numel(),), float("-inf")).scatter_reduce(0, group, rewards, "amax")  # [P]
+        uniform = (lo == hi)[group]  # [B]
+        out = torch.where(uniform, 0.0, (out - out.mean()) / (out.std(correction=1) + eps))
+    return out
 
 
 # ---- loss aggregation: values [b, T] -> scalar ---------------------------------------------------------------------

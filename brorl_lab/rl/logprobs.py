@@ -120,14 +120,14 @@ def plan_micro_batches(model: torch.nn.Module, batch: RolloutBatch, rows: Sequen
     keys = max(len(x) for x in batch.prompt_ids) + batch.response_ids.shape[1]
     per_token = 1 + model.config.num_attention_heads * keys / model.config.hidden_size
     costs = torch.ceil(batch.lengths[rows] * per_token).long()  # [b]
-    return micro_batches(costs, token_budget, prompt_of=rows // batch.n,
+    return micro_batches(costs, token_budget, prompt_of=batch.prompt_index[rows],
                          prompt_tokens=[len(x) for x in batch.prompt_ids])
 
 
 def row_token_counts(batch: RolloutBatch) -> torch.Tensor:
     """[P*N] prompt + response tokens of each row (what a micro-batch budget counts in the packed layout)."""
     prompt_lens = torch.tensor([len(x) for x in batch.prompt_ids], dtype=torch.long)  # [P]
-    return prompt_lens.repeat_interleave(batch.n) + batch.lengths
+    return prompt_lens.repeat_interleave(batch.group_sizes) + batch.lengths
 
 
 class Packed(NamedTuple):
@@ -143,7 +143,7 @@ class Packed(NamedTuple):
 def pack(batch: RolloutBatch, rows: Sequence[int] | torch.Tensor) -> Packed:
     """Prompt + response of each row in ``rows``, aligned so all responses start at column ``start``."""
     rows = _as_rows(batch, rows)
-    prompt_ids, prompt_mask = left_pad([batch.prompt_ids[p] for p in (rows // batch.n).tolist()], batch.pad_id)
+    prompt_ids, prompt_mask = left_pad([batch.prompt_ids[p] for p in batch.prompt_index[rows].tolist()], batch.pad_id)
     lengths = batch.lengths[rows]  # [b]
     W = max(int(lengths.max()), 1)
     ids = torch.cat([prompt_ids, batch.response_ids[rows, :W]], dim=1)  # [b, S + W]
@@ -167,7 +167,7 @@ def token_logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: Sequence[i
     if layout not in LOGPROB_LAYOUTS:
         raise ValueError(f"layout: got {layout!r}; allowed: {', '.join(LOGPROB_LAYOUTS)}")
     cache = None
-    if layout == "shared_prefix" or (layout == "auto" and len(torch.unique(rows // batch.n)) < len(rows)):
+    if layout == "shared_prefix" or (layout == "auto" and len(torch.unique(batch.prompt_index[rows])) < len(rows)):
         cache = _plain_kv_cache(model)
         if cache is None and layout == "shared_prefix":
             raise ValueError(f"layout: 'shared_prefix' needs a plain full-attention KV cache; model_type "
@@ -261,7 +261,7 @@ def _shared_prefix(model, batch: RolloutBatch, rows: torch.Tensor, cache, *, tem
     :data:`EXPLICIT_MAX_KEYS` keys a row), and otherwise through the model's own forward, against
     the prompt's KV gathered to every row."""
     device = next(model.parameters()).device
-    prompts, slot = torch.unique(rows // batch.n, return_inverse=True)  # [p] distinct prompts, [b] row -> prompt
+    prompts, slot = torch.unique(batch.prompt_index[rows], return_inverse=True)  # [p] distinct prompts, [b] row -> prompt
     ids, mask = left_pad([batch.prompt_ids[i] for i in prompts.tolist()], batch.pad_id)  # [p, S]
     ids, mask, slot = ids.to(device), mask.to(device), slot.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, S]

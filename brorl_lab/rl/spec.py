@@ -28,7 +28,7 @@ from brorl_lab.core.config import Config, ConfigError, check_choice, require_fie
 from brorl_lab.core.paths import looks_local
 from brorl_lab.core.rundir import hf_model_dir
 from brorl_lab.core.validation import did_you_mean
-from brorl_lab.rl import algo
+from brorl_lab.rl import algo, allocation
 from brorl_lab.rl.trackers import TRACKERS
 from brorl_lab.rollout.engines import ENGINES
 from brorl_lab.rollout.tasks import TASKS, TaskFamily, build_tasks
@@ -65,6 +65,7 @@ def check(cfg: Config) -> Config:
     check_choice("engine", cfg.engine, engines)
     check_choice("ray_worker_engine", cfg.ray_worker_engine, [e for e in engines if e != "ray"])
     check_choice("advantage", cfg.advantage, algo.ADVANTAGES.names())
+    check_choice("rollout_allocation", cfg.rollout_allocation, allocation.ALLOCATORS.names())
     check_choice("policy_loss", cfg.policy_loss, algo.POLICY_LOSSES.names())
     check_choice("loss_agg", cfg.loss_agg, algo.LOSS_AGGREGATIONS.names())
     check_choice("kl_estimator", cfg.kl_estimator, algo.KL_ESTIMATORS.names())

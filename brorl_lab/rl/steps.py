@@ -3,6 +3,8 @@
     items  = sample_prompts(["chain_sum"], count=8, seed=0)          # tasks -> list[TaskItem]
     batch  = rollout(engine, items, n=16)                            # engine -> RolloutBatch (tokens, logprobs)
     batch  = score(batch)                                            # verifiers -> rewards, correct
+      (or, with a per-prompt allocation of the same budget, both at once:
+    batch  = rollout_allocated(engine, items, make_allocator("two_stage"), budget=8 * 16)   # groups of unequal N)
     batch, stats = filter_groups(batch)                              # dynamic sampling (DAPO)
     batch, kl = kl_in_reward(batch, policy, ref, cfg=cfg)              # only with kl_placement='reward'
     adv    = advantages(batch, "grpo")                               # [P*N] one scalar per sample
@@ -16,20 +18,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.config import Config
+from brorl_lab.core.seeding import derive_seed
 from brorl_lab.rl import algo
+from brorl_lab.rl.allocation import ALLOCATORS, Allocator, allocation_metrics, make_allocator
 from brorl_lab.rl.logprobs import compute_logprobs, plan_micro_batches, token_logprobs
 from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
 from brorl_lab.rollout.rewards import score
 from brorl_lab.rollout.tasks import TaskFamily, TaskItem, family_of, sample_items
 
-__all__ = ["sample_prompts", "rollout", "score", "filter_groups", "kl_in_reward", "advantages", "advantage_options",
+__all__ = ["sample_prompts", "rollout", "rollout_allocated", "make_allocator", "ALLOCATORS", "group_metrics",
+           "score", "filter_groups", "kl_in_reward", "advantages", "advantage_options",
            "make_optimizer", "update", "sync", "is_on_policy", "kl_in_loss", "UpdateReport", "NonFiniteError"]
 
 
@@ -45,11 +50,12 @@ def sample_prompts(tasks: Sequence[str], count: int, *, seed: int, split: str = 
     return sample_items(list(tasks), count, seed=seed, split=split, task_families=task_families)
 
 
-def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: Optional[RolloutSampling] = None,
+def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n, sampling: Optional[RolloutSampling] = None,
             *, template: str = "plain", tokenizer=None,
             task_families: Optional[Mapping[str, TaskFamily]] = None) -> RolloutBatch:
     """N samples for each task item: formats each item's prompt with ``template`` (by the item's family, from
-    ``task_families`` where it names it) and calls the engine.
+    ``task_families`` where it names it) and calls the engine. ``n`` may be one N_p per item (groups of unequal
+    size, ``batch.sizes``).
 
     >>> engine = make_engine("torch", "default")
     >>> batch = rollout(engine, sample_prompts(["chain_sum"], 4, seed=0), n=16)
@@ -63,6 +69,57 @@ def rollout(engine: RolloutEngine, items: Sequence[TaskItem], n: int, sampling: 
     batch.items = list(items)
     batch.meta["template"] = template
     return batch
+
+
+def rollout_allocated(engine: RolloutEngine, items: Sequence[TaskItem], allocator: Allocator | str, *, budget: int,
+                      sampling: Optional[RolloutSampling] = None, template: str = "plain", tokenizer=None,
+                      reward: str = "score", task_families: Optional[Mapping[str, TaskFamily]] = None,
+                      **allocator_options) -> RolloutBatch:
+    """Roll out and score ``budget`` samples spread over ``items`` by a per-prompt allocator
+    (:mod:`brorl_lab.rl.allocation`; a name builds one with ``allocator_options``): each round the allocator asks
+    for N_r,p more samples of some prompts, this draws them (:func:`rollout` with per-prompt counts, round r's seed
+    ``derive_seed(sampling.seed, 'allocation', r)``) and scores them, and the allocator reads their correctness.
+
+    Returns ONE scored batch whose group p holds all N_p = sum_r N_r,p samples of prompt p (rounds in order), with
+    ``batch.sizes`` set when the N_p differ and ``meta['allocation']`` = the rounds' per-prompt draws and the
+    allocator's estimates. Exactly ``budget`` samples are generated.
+
+    >>> batch = rollout_allocated(engine, items, "two_stage", budget=8 * 16, probe=4, cap=512)
+    """
+    if not items:
+        raise ValueError("items: got an empty list; allowed: a non-empty list of TaskItem (see sample_prompts)")
+    if isinstance(allocator, str):
+        allocator = make_allocator(allocator, **allocator_options)
+    sampling = sampling or RolloutSampling()
+    parts: list[tuple[list, RolloutBatch]] = []
+
+    def draw(idx: list, counts: list) -> list:
+        seed = None if sampling.seed is None else derive_seed(sampling.seed, "allocation", len(parts))
+        b = rollout(engine, [items[i] for i in idx], counts, replace(sampling, seed=seed), template=template,
+                    tokenizer=tokenizer, task_families=task_families)
+        b = score(b, template=template, reward=reward, task_families=task_families)
+        parts.append((idx, b))
+        return [b.correct[b.rows_of([j])] for j in range(len(idx))]
+
+    alloc = allocator.allocate(draw, num_prompts=len(items), budget=budget,
+                               keys=[getattr(it, "question", None) for it in items])
+    where = [[(b, j) for idx, b in parts for j in range(len(idx)) if idx[j] == p] for p in range(len(items))]
+    joined = RolloutBatch.concat([b.select_prompts([j]) for pieces in where for b, j in pieces])  # prompt-major
+    merged = replace(joined, prompts=[pieces[0][0].prompts[pieces[0][1]] for pieces in where],
+                     prompt_ids=[pieces[0][0].prompt_ids[pieces[0][1]] for pieces in where], items=list(items),
+                     sizes=torch.tensor(alloc.sizes), n=max(alloc.sizes))
+    gen_s = sum(b.meta.get("generation_seconds", 0.0) for _, b in parts)
+    merged.meta.update(generation_seconds=gen_s, generated_tokens=int(merged.lengths.sum()), rounds=len(parts),
+                       allocation={"allocator": allocator.name, "rounds": alloc.rounds, "p_hat": alloc.p_hat})
+    return merged.validate()
+
+
+def group_metrics(batch: RolloutBatch) -> dict:
+    """The allocation columns of a step (:func:`brorl_lab.rl.allocation.allocation_metrics`) from every group it
+    generated: N per prompt (mean, min, max, histogram) and the informative share per generated sample."""
+    if batch.correct is None or batch.num_prompts == 0:
+        return {}
+    return allocation_metrics(batch.group_sizes, batch.group_sum(batch.correct.long()))
 
 
 @dataclass
@@ -86,17 +143,18 @@ def filter_groups(batch: RolloutBatch) -> tuple[RolloutBatch, FilterStats]:
     """
     if batch.correct is None:
         raise ValueError("batch.correct: missing; call score(batch) before filter_groups")
-    frac = batch.grouped(batch.correct.float()).mean(1)  # [P] group accuracy
+    frac = batch.group_mean(batch.correct.float())  # [P] group accuracy (any group sizes)
     keep = torch.nonzero((frac > 0) & (frac < 1)).flatten()
     stats = FilterStats(batch.num_prompts, int(keep.numel()), int((frac == 1).sum()), int((frac == 0).sum()))
     return batch.select_prompts(keep), stats
 
 
 def advantages(batch: RolloutBatch, estimator: str = "grpo", **options) -> torch.Tensor:
-    """Per-sample advantages [P*N] from ``batch.rewards`` with a registered estimator (see algo.ADVANTAGES)."""
+    """Per-sample advantages [P*N] from ``batch.rewards`` with a registered estimator (see algo.ADVANTAGES); groups
+    of unequal size are each normalised by their own N_p (:func:`brorl_lab.rl.algo.ragged_advantages`)."""
     if batch.rewards is None:
         raise ValueError("batch.rewards: missing; call score(batch) first")
-    return algo.compute_advantages(estimator, batch.rewards, batch.n, **options)
+    return algo.compute_advantages(estimator, batch.rewards, batch.sizes if batch.is_ragged else batch.n, **options)
 
 
 def advantage_options(cfg: Config) -> dict:

@@ -61,6 +61,7 @@ from brorl_lab.core.runlock import RunLock, lock_held
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.core.validation import UserError
 from brorl_lab.rl import steps as S
+from brorl_lab.rl.allocation import allocator_options
 from brorl_lab.rl.evaluation import evaluate
 from brorl_lab.rl.logprobs import compute_logprobs
 from brorl_lab.rl.spec import RunSpec, resolve
@@ -419,6 +420,14 @@ class Trainer:
             kw.update(workers=c.ray_workers, worker_engine=c.ray_worker_engine, address=c.ray_address)
         return make_engine(c.engine, self.policy, self.tokenizer, **kw)
 
+    @property
+    def allocator(self):
+        """The run's per-prompt allocator (config ``rollout_allocation``), built on first use; it remembers each
+        prompt's earlier outcomes for this process only (a resumed run starts its memory afresh)."""
+        if getattr(self, "_allocator", None) is None:
+            self._allocator = S.make_allocator(self.cfg.rollout_allocation, **allocator_options(self.cfg))
+        return self._allocator
+
     def sampling(self, step: int, rnd: int) -> RolloutSampling:
         c = self.cfg
         return RolloutSampling(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
@@ -447,10 +456,16 @@ class Trainer:
             families = self.spec.families
             items = S.sample_prompts(c.tasks, c.prompts_per_step, seed=derive_seed(c.seed, "prompts", step, rnd),
                                      task_families=families)
-            batch = S.rollout(self.engine, items, c.rollouts_per_prompt, self.sampling(step, rnd),
-                              template=self.template, tokenizer=self.tokenizer, task_families=families)
-            t1 = time.perf_counter()
-            batch = S.score(batch, template=self.template, reward=c.reward, task_families=families)
+            if c.rollout_allocation == "uniform":
+                batch = S.rollout(self.engine, items, c.rollouts_per_prompt, self.sampling(step, rnd),
+                                  template=self.template, tokenizer=self.tokenizer, task_families=families)
+                t1 = time.perf_counter()
+                batch = S.score(batch, template=self.template, reward=c.reward, task_families=families)
+            else:  # the same budget spread per prompt by the allocator, scored round by round (rl/allocation.py)
+                batch = S.rollout_allocated(self.engine, items, self.allocator, budget=c.samples_per_step,
+                                            sampling=self.sampling(step, rnd), template=self.template,
+                                            tokenizer=self.tokenizer, reward=c.reward, task_families=families)
+                t1 = time.perf_counter()
             t2 = time.perf_counter()
             seen.append(batch)
             gen_s += batch.meta.get("generation_seconds", t1 - t0)
@@ -490,6 +505,7 @@ class Trainer:
             "ds_all_correct_groups": all_correct if c.dynamic_sampling else float("nan"),
             "ds_all_wrong_groups": all_wrong if c.dynamic_sampling else float("nan"),
             "kept_groups": train.num_prompts, "surplus_groups": informative - train.num_prompts,
+            **S.group_metrics(allb),  # N per prompt and the informative share per generated sample
             "samples_per_s": allb.size / gen_s if gen_s > 0 else float("nan"),
             "tokens_per_s": tokens / gen_s if gen_s > 0 else float("nan"),
             **{f"time/{k}": v for k, v in t.items()},
@@ -552,8 +568,8 @@ class Trainer:
         row["step_wall_s"] = time.perf_counter() - t_start
         # what this step trained on: the mini-batches (whole groups) applied; a non-finite update stops part way
         row["updates"] = applied
-        row["trained_samples"] = batch.n * sum(
-            len(g) for g in torch.arange(batch.num_prompts).chunk(c.optimizer_steps_per_step)[:applied])
+        row["trained_samples"] = int(batch.group_sizes[:sum(  # groups of any size
+            len(g) for g in torch.arange(batch.num_prompts).chunk(c.optimizer_steps_per_step)[:applied])].sum())
         self.cum["samples"] += row["samples"]  # generated (refills included): BroRL's compute unit
         self.cum["trained_samples"] += row["trained_samples"]
         self.cum["updates"] += row["updates"]

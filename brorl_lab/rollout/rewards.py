@@ -53,8 +53,8 @@ def score(batch: RolloutBatch, *, template: str = "plain", reward: str = "score"
     check_template(template)
     if reward not in ("score", "correct"):
         raise ValueError(f"reward: got {reward!r}; allowed: 'score' or 'correct'")
-    results = [score_response(text, batch.items[b // batch.n], template, task_families)
-               for b, text in enumerate(batch.texts)]
+    results = [score_response(text, batch.items[p], template, task_families)
+               for p, text in zip(batch.prompt_index.tolist(), batch.texts)]  # any group sizes
     rewards = torch.tensor([float(r.correct) if reward == "correct" else r.reward for r in results],
                            dtype=torch.float32)  # [P*N]
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool)  # [P*N]

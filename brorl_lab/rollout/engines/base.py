@@ -41,15 +41,35 @@ class RolloutSampling:
             raise ValueError(f"sampling.ignore_eos: got {self.ignore_eos!r}; allowed: True or False")
 
 
-def check_generate_args(prompts: Sequence[str], n: int) -> None:
-    """The one place engines validate their inputs, so every engine rejects the same nonsense the same way."""
+def check_generate_args(prompts: Sequence[str], n) -> None:
+    """The one place engines validate their inputs, so every engine rejects the same nonsense the same way.
+
+    ``n`` is the rollouts per prompt: one integer for every prompt, or a sequence of one integer >= 1 per prompt
+    (a per-prompt allocation, :mod:`brorl_lab.rl.allocation`; the batch then has groups of unequal size)."""
     if isinstance(prompts, str):
         raise ValueError("prompts: got a single string; allowed: a non-empty list of prompt strings")
     if len(prompts) == 0:
         raise ValueError("prompts: got an empty list; allowed: a non-empty list of prompt strings")
     if not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("prompts: every prompt must be a non-empty string")
+    if is_per_prompt(n):
+        if len(n) != len(prompts):
+            raise ValueError(f"n (rollouts_per_prompt): got {len(n)} per-prompt counts for {len(prompts)} prompts; "
+                             "allowed: one integer, or one integer >= 1 per prompt")
+        for p, k in enumerate(n):
+            check_int(f"n[{p}] (rollouts of prompt {p})", k, 1)
+        return
     check_int('n (rollouts_per_prompt)', n, 1)
+
+
+def is_per_prompt(n) -> bool:
+    """Whether ``n`` gives a count per prompt (a list, tuple or 1-d tensor) rather than one N for all."""
+    return not isinstance(n, (int, str)) and hasattr(n, "__len__")
+
+
+def per_prompt_counts(n, num_prompts: int) -> list[int]:
+    """``[N_0, ..., N_{P-1}]`` from one N or per-prompt counts (validated by :func:`check_generate_args`)."""
+    return [int(k) for k in n] if is_per_prompt(n) else [int(n)] * num_prompts
 
 
 class RolloutEngine(ABC):
@@ -58,8 +78,9 @@ class RolloutEngine(ABC):
     name: str = "base"
 
     @abstractmethod
-    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
-        """N samples for each prompt, prompt-major (sample b = p*n + s)."""
+    def generate(self, prompts: Sequence[str], n, sampling: RolloutSampling) -> RolloutBatch:
+        """N samples for each prompt, prompt-major (sample b = p*n + s); ``n`` may give each prompt its own N_p
+        (rows then prompt-major with ``batch.sizes`` = the N_p)."""
 
     @abstractmethod
     def sync_weights(self, model) -> None:

@@ -22,7 +22,13 @@ import torch
 
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.validation import check_int
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
+from brorl_lab.rollout.engines.base import (
+    RolloutEngine,
+    RolloutSampling,
+    check_generate_args,
+    is_per_prompt,
+    per_prompt_counts,
+)
 
 
 # ---- model and tokenizer ------------------------------------------------------------------------------------------
@@ -94,13 +100,25 @@ def make_generator(seed: Optional[int], device: torch.device | str = "cpu") -> t
     return gen
 
 
-def plan_chunks(num_prompts: int, n: int, chunk_sequences: int) -> list[tuple[list[int], int]]:
+def plan_chunks(num_prompts: int, n, chunk_sequences: int) -> list[tuple[list[int], int]]:
     """Split P prompts x N samples into chunks ``(prompt indices, k)`` of at most ``chunk_sequences`` rows, in
     prompt-major order; every prompt of a chunk gets the same ``k`` samples (the shared-prefix layout is [P_c, k]).
 
     N <= chunk_sequences: chunks of floor(chunk_sequences / N) whole prompts. N > chunk_sequences: each prompt is
     split into ceil(N / chunk_sequences) near-equal one-prompt chunks (its prefix is prefilled once per chunk).
+    Per-prompt counts ``n = [N_0, ..., N_{P-1}]``: each run of consecutive prompts with the same N_p is planned as
+    above, so the chunks stay prompt-major and a chunk still shares one k.
     """
+    if is_per_prompt(n):
+        counts, out, start = [int(k) for k in n], [], 0
+        while start < num_prompts:
+            stop = start
+            while stop < num_prompts and counts[stop] == counts[start]:
+                stop += 1
+            out += [([start + p for p in ps], k) for ps, k in plan_chunks(stop - start, counts[start],
+                                                                          chunk_sequences)]
+            start = stop
+        return out
     if n <= chunk_sequences:
         per = chunk_sequences // n
         return [(list(range(p, min(p + per, num_prompts))), n) for p in range(0, num_prompts, per)]
@@ -149,13 +167,14 @@ def finish_lengths(response_ids: torch.Tensor, eos_ids: Sequence[int]) -> tuple[
     return lengths, truncated
 
 
-def build_batch(*, engine: str, prompts: Sequence[str], prompt_ids: list[list[int]], n: int,
+def build_batch(*, engine: str, prompts: Sequence[str], prompt_ids: list[list[int]], n,
                 response_ids: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,
                 tokenizer, pad_id: int, sampling: RolloutSampling, seconds: float,
                 extra_meta: Optional[dict] = None) -> RolloutBatch:
     """Trim to the longest response, pad past each length (ids -> pad_id, logprobs -> 0), decode, and validate.
 
     ``response_ids``/``logprobs`` are [P*N, T_max] prompt-major; whatever sits past ``lengths`` is overwritten.
+    ``n``: one N, or per-prompt counts (the batch then carries ``sizes``).
     """
     response_ids, logprobs = response_ids.cpu(), logprobs.cpu().float()
     lengths, truncated = lengths.cpu().long(), truncated.cpu().bool()
@@ -170,12 +189,13 @@ def build_batch(*, engine: str, prompts: Sequence[str], prompt_ids: list[list[in
             "top_p": sampling.top_p, "generation_seconds": seconds, "generated_tokens": tokens,
             "samples_per_second": len(rows) / max(seconds, 1e-9), "tokens_per_second": tokens / max(seconds, 1e-9),
             **(extra_meta or {})}
-    return RolloutBatch(prompts=list(prompts), prompt_ids=prompt_ids, n=n, response_ids=response_ids,
-                        logprobs=logprobs, lengths=lengths, truncated=truncated, texts=texts, pad_id=pad_id,
-                        meta=meta).validate()
+    sizes = per_prompt_counts(n, len(prompts)) if is_per_prompt(n) else None
+    return RolloutBatch(prompts=list(prompts), prompt_ids=prompt_ids, n=max(sizes) if sizes else n,
+                        response_ids=response_ids, logprobs=logprobs, lengths=lengths, truncated=truncated,
+                        texts=texts, pad_id=pad_id, meta=meta, sizes=sizes).validate()
 
 
-def generate_batch(engine, prompts: Sequence[str], n: int, sampling: RolloutSampling, sample) -> RolloutBatch:
+def generate_batch(engine, prompts: Sequence[str], n, sampling: RolloutSampling, sample) -> RolloutBatch:
     """The generate() every engine shares: validate, tokenise, time ``sample(prompt_ids) -> (ids, logprobs, meta)``
     (raw [P*N, W] rows, prompt-major; what follows a row's first EOS is ignored), and build the batch."""
     check_generate_args(prompts, n)
@@ -214,7 +234,7 @@ class ModuleEngine(RolloutEngine):
         self.eos_ids, self.pad_id = special_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.chunk_sequences = chunk_sequences
 
-    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
+    def generate(self, prompts: Sequence[str], n, sampling: RolloutSampling) -> RolloutBatch:
         def sample(prompt_ids):
             chunks = [([prompt_ids[p] for p in ps], k) for ps, k in plan_chunks(len(prompt_ids), n,
                                                                                  self.chunk_sequences)]

@@ -16,6 +16,11 @@ shard i runs on worker i:
 Shards are ordered by (first prompt, first sample), so joining their rows in shard order is already prompt-major
 (b = p*N + s): :func:`merge_shards` pads and concatenates them into ONE RolloutBatch.
 
+**Per-prompt counts** (``n = [N_0, ..., N_{P-1}]``, a per-prompt allocation): the split balances *samples*, not
+prompts. With ``target = ceil(sum_p N_p / W)`` rows per shard, a prompt with N_p > target is cut into
+ceil(N_p / target) near-equal one-prompt shards, and runs of consecutive smaller prompts are packed whole into shards
+of at most ``target`` rows; shard i runs on worker i mod W (a worker may get more than one shard, run in turn).
+
 **Seeds** (:func:`shard_sampling`). The wrapped engines draw all rows of a call from one seeded generator, so a
 row's sample depends on the whole call (which prompts share it, in which order). Rather than pretend otherwise, the
 split is part of the semantics: a shard is an ordinary call of the wrapped engine on its prompts and sample count,
@@ -65,7 +70,13 @@ import torch
 from brorl_lab.core.batch import RolloutBatch
 from brorl_lab.core.seeding import derive_seed
 from brorl_lab.core.validation import check_int, is_int, is_number
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, check_generate_args
+from brorl_lab.rollout.engines.base import (
+    RolloutEngine,
+    RolloutSampling,
+    check_generate_args,
+    is_per_prompt,
+    per_prompt_counts,
+)
 
 WORKER_ENGINES = ("torch", "hf", "vllm")
 
@@ -74,19 +85,22 @@ WORKER_ENGINES = ("torch", "hf", "vllm")
 @dataclass(frozen=True)
 class Shard:
     """One worker's part of a ``generate`` call: samples ``samples`` (a range of sample indices) of the prompts
-    ``prompts`` (a range of prompt indices). Shard ``index`` runs on worker ``index``."""
+    ``prompts`` (a range of prompt indices). Shard ``index`` runs on worker ``index`` (mod the workers). With
+    per-prompt counts, ``counts`` gives each of its prompts' sample count (all of that prompt's samples)."""
 
     index: int
     prompts: range
     samples: range
+    counts: Optional[tuple] = None
 
     @property
-    def n(self) -> int:
-        return len(self.samples)
+    def n(self):
+        """What the shard's ``generate`` call asks: one N, or the per-prompt counts."""
+        return list(self.counts) if self.counts is not None else len(self.samples)
 
     @property
     def rows(self) -> int:
-        return len(self.prompts) * len(self.samples)
+        return sum(self.counts) if self.counts is not None else len(self.prompts) * len(self.samples)
 
 
 def _even_ranges(total: int, parts: int) -> list[range]:
@@ -105,6 +119,8 @@ def plan_shards(num_prompts: int, n: int, workers: int) -> list[Shard]:
     >>> [(s.prompts, s.samples) for s in plan_shards(1, 6, 2)]   # one prompt: its samples 3 + 3
     [(range(0, 1), range(0, 3)), (range(0, 1), range(3, 6))]
     """
+    if is_per_prompt(n):
+        return _plan_ragged_shards(per_prompt_counts(n, num_prompts), workers)
     for name, v in (("num_prompts", num_prompts), ("n", n), ("workers", workers)):
         check_int(name, v, 1)
     if num_prompts >= workers:
@@ -113,6 +129,34 @@ def plan_shards(num_prompts: int, n: int, workers: int) -> list[Shard]:
         per_prompt = [min(n, workers // num_prompts + (p < workers % num_prompts)) for p in range(num_prompts)]
         blocks = [(range(p, p + 1), s) for p, k in enumerate(per_prompt) for s in _even_ranges(n, k)]
     return [Shard(i, p, s) for i, (p, s) in enumerate(blocks)]
+
+
+def _plan_ragged_shards(counts: list[int], workers: int) -> list[Shard]:
+    """Shards of a per-prompt allocation, balanced by samples (see the module docstring): prompts above
+    ``target = ceil(sum N_p / W)`` split into one-prompt sample ranges, runs of the others packed whole."""
+    check_int("workers", workers, 1)
+    for p, k in enumerate(counts):
+        check_int(f"n[{p}]", k, 1)
+    target = math.ceil(sum(counts) / workers)
+    blocks: list[tuple[range, range, Optional[tuple]]] = []
+    run: list[int] = []  # consecutive prompts packed into the current shard
+
+    def close_run():
+        if run:
+            blocks.append((range(run[0], run[-1] + 1), range(0), tuple(counts[p] for p in run)))
+            run.clear()
+
+    for p, k in enumerate(counts):
+        if k > target:
+            close_run()
+            blocks += [(range(p, p + 1), r, None) for r in _even_ranges(k, math.ceil(k / target))]
+        else:
+            if run and sum(counts[q] for q in run) + k > target:
+                close_run()
+            run.append(p)
+    close_run()
+    return [Shard(i, pr, (range(counts[pr.start]) if c is not None and len(c) == 1 else sr),
+                  c if c is not None and len(c) > 1 else None) for i, (pr, sr, c) in enumerate(blocks)]
 
 
 def shard_seed(seed: int, shard: Shard) -> int:
@@ -128,7 +172,7 @@ def shard_sampling(sampling: RolloutSampling, shard: Shard, num_shards: int) -> 
     return replace(sampling, seed=shard_seed(sampling.seed, shard))
 
 
-def merge_shards(prompts: Sequence[str], n: int, shards: Sequence[Shard], parts: Sequence[RolloutBatch],
+def merge_shards(prompts: Sequence[str], n, shards: Sequence[Shard], parts: Sequence[RolloutBatch],
                  meta: Optional[dict] = None) -> RolloutBatch:
     """Join shard results (``parts[i]`` from ``shards[i]``, each [P_i*N_i, T_i]) into one prompt-major batch
     [P*N, max T_i].
@@ -142,16 +186,19 @@ def merge_shards(prompts: Sequence[str], n: int, shards: Sequence[Shard], parts:
     flat = []
     prompt_ids: list = [None] * len(prompts)
     for shard, part in zip(shards, parts):
-        if part.num_prompts != len(shard.prompts) or part.n != shard.n:
+        if part.num_prompts != len(shard.prompts) or part.group_sizes.tolist() != per_prompt_counts(
+                shard.n, len(shard.prompts)):
             raise ValueError(f"parts[{shard.index}]: {part.num_prompts} prompts x {part.n} samples, expected "
                              f"{len(shard.prompts)} x {shard.n}")
         for j, p in enumerate(shard.prompts):
             prompt_ids[p] = part.prompt_ids[j]
-        rep = lambda xs: [x for x in xs for _ in range(part.n)]  # noqa: E731  [P_i] -> [P_i*N_i]
-        flat.append(replace(part, prompts=rep(part.prompts), prompt_ids=rep(part.prompt_ids), n=1, items=None))
+        rep = lambda xs: [xs[j] for j in part.prompt_index.tolist()]  # noqa: E731  [P_i] -> [rows_i]
+        flat.append(replace(part, prompts=rep(part.prompts), prompt_ids=rep(part.prompt_ids), n=1, items=None,
+                            sizes=None))
     joined = RolloutBatch.concat(flat)
-    return replace(joined, prompts=list(prompts), prompt_ids=prompt_ids, n=n,
-                   meta=dict(meta if meta is not None else parts[0].meta)).validate()
+    sizes = per_prompt_counts(n, len(prompts)) if is_per_prompt(n) else None
+    return replace(joined, prompts=list(prompts), prompt_ids=prompt_ids, n=max(sizes) if sizes else n,
+                   sizes=sizes, meta=dict(meta if meta is not None else parts[0].meta)).validate()
 
 
 def _merged_meta(engine: str, worker_engine: str, sampling: RolloutSampling, shards: Sequence[Shard],
@@ -164,12 +211,13 @@ def _merged_meta(engine: str, worker_engine: str, sampling: RolloutSampling, sha
             "generated_tokens": tokens, "samples_per_second": samples / max(seconds, 1e-9),
             "tokens_per_second": tokens / max(seconds, 1e-9),
             "shards": [{"worker": s.index, "prompts": [s.prompts.start, s.prompts.stop],
+                        **({"counts": list(s.counts)} if s.counts is not None else {}),
                         "samples": [s.samples.start, s.samples.stop], "seed": seed,
                         "generation_seconds": p.meta.get("generation_seconds")}
                        for s, p, seed in zip(shards, parts, seeds)]}
 
 
-def generate_sharded(engine: RolloutEngine, prompts: Sequence[str], n: int, sampling: RolloutSampling, *,
+def generate_sharded(engine: RolloutEngine, prompts: Sequence[str], n, sampling: RolloutSampling, *,
                      workers: int) -> RolloutBatch:
     """In-process reference for :class:`RayEngine`: run the shards of ``plan_shards(P, n, workers)`` one after the
     other on ``engine`` with their seeds and merge them. With the same wrapped engine, weights and ``sampling.seed``
@@ -525,9 +573,10 @@ class RayEngine(RolloutEngine):
         return results
 
     # ---- the interface ----------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
+    def generate(self, prompts: Sequence[str], n, sampling: RolloutSampling) -> RolloutBatch:
         """N samples per prompt from the pool, as one prompt-major batch (see the module docstring for the split and
-        the seeds). ``batch.meta['shards']`` records which worker produced which rows, with which seed."""
+        the seeds); ``n`` may give each prompt its own N_p (split by samples across the workers).
+        ``batch.meta['shards']`` records which worker produced which rows, with which seed."""
         check_generate_args(prompts, n)
         if not isinstance(sampling, RolloutSampling):
             raise ValueError(f"sampling: got {type(sampling).__name__}; allowed: a RolloutSampling")
@@ -536,7 +585,7 @@ class RayEngine(RolloutEngine):
         shards = plan_shards(len(prompts), n, self.workers)
         runs = [shard_sampling(sampling, s, len(shards)) for s in shards]
         t0 = time.perf_counter()
-        parts = self._call([(s.index, "generate", (prompts[s.prompts.start:s.prompts.stop], s.n, sp))
+        parts = self._call([(s.index % self.workers, "generate", (prompts[s.prompts.start:s.prompts.stop], s.n, sp))
                             for s, sp in zip(shards, runs)], "generate")
         meta = _merged_meta(self.name, self.worker_engine, sampling, shards, parts, [sp.seed for sp in runs],
                             time.perf_counter() - t0)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from brorl_lab.core.batch import RolloutBatch
-from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling
+from brorl_lab.rollout.engines.base import RolloutEngine, RolloutSampling, per_prompt_counts
 from brorl_lab.rollout.engines.common import generate_batch, special_ids
 
 
@@ -117,23 +117,26 @@ class VLLMEngine(RolloutEngine):
             np.random.set_state(np_state)
 
     # ---- interface ----------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str], n: int, sampling: RolloutSampling) -> RolloutBatch:
+    def generate(self, prompts: Sequence[str], n, sampling: RolloutSampling) -> RolloutBatch:
+        """``n``: one N, or one N_p per prompt (each prompt is its own vLLM request with ``n=N_p``)."""
         from vllm import SamplingParams as VSamplingParams
 
         def sample(prompt_ids):
             self._set_temperature(sampling.temperature)
             stop = [] if sampling.ignore_eos else self.eos_ids
-            params = [VSamplingParams(n=n, temperature=1.0, top_p=sampling.top_p, top_k=0,
+            counts = per_prompt_counts(n, len(prompt_ids))  # [P] N_p
+            first = [sum(counts[:p]) for p in range(len(counts))]  # [P] first row of prompt p (p*N when uniform)
+            params = [VSamplingParams(n=k, temperature=1.0, top_p=sampling.top_p, top_k=0,
                                       max_tokens=sampling.max_new_tokens, logprobs=0,
-                                      seed=_request_seed(sampling.seed, p, n), stop_token_ids=stop,
+                                      seed=_request_seed(sampling.seed, b0), stop_token_ids=stop,
                                       ignore_eos=sampling.ignore_eos, detokenize=False)
-                      for p in range(len(prompt_ids))]
+                      for k, b0 in zip(counts, first)]
             try:
                 outs = self.llm.generate([{"prompt_token_ids": x} for x in prompt_ids], params, use_tqdm=False)
             except Exception as e:
                 raise VLLMEngineError(f"vllm engine failed while generating: {type(e).__name__}: {e}; "
                                       "close() this engine and build a new one") from e
-            ids, logprobs = _collect(outs, n, sampling.max_new_tokens, self.pad_id)
+            ids, logprobs = _collect(outs, first, sum(counts), sampling.max_new_tokens, self.pad_id)
             cached = sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs)
             return ids, logprobs, {"cached_prompt_tokens": cached}
 
@@ -224,10 +227,11 @@ def _config_max_len(path: str) -> int:
     return int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 8192) or 8192)
 
 
-def _request_seed(seed: Optional[int], p: int, n: int) -> Optional[int]:
-    """Seed of prompt p's request. vLLM seeds a request's n samples ``seed + i``, so prompts get disjoint ranges
-    (the same seed for every prompt would reuse the same noise for sample i of each)."""
-    return None if seed is None else int(seed) * 2 ** 24 + p * n
+def _request_seed(seed: Optional[int], first_row: int) -> Optional[int]:
+    """Seed of a prompt's request whose samples are rows ``first_row ..`` of the batch (``p * n`` when every prompt
+    has n). vLLM seeds a request's n samples ``seed + i``, so prompts get disjoint ranges (the same seed for every
+    prompt would reuse the same noise for sample i of each)."""
+    return None if seed is None else int(seed) * 2 ** 24 + first_row
 
 
 def _logits_scale(model) -> float:
@@ -238,13 +242,14 @@ def _logits_scale(model) -> float:
     return float(model.logits_processor.scale)
 
 
-def _collect(outs, n: int, max_new: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM RequestOutputs (one per prompt, each with n completions) -> (ids, logprobs) [P*N, max_new]."""
-    ids = torch.full((len(outs) * n, max_new), pad_id, dtype=torch.long)
-    logprobs = torch.zeros((len(outs) * n, max_new), dtype=torch.float32)
+def _collect(outs, first: Sequence[int], rows: int, max_new: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM RequestOutputs (one per prompt p, with N_p completions, the first at row ``first[p]``) ->
+    (ids, logprobs) [sum_p N_p, max_new]."""
+    ids = torch.full((rows, max_new), pad_id, dtype=torch.long)
+    logprobs = torch.zeros((rows, max_new), dtype=torch.float32)
     for p, out in enumerate(outs):
         for c in sorted(out.outputs, key=lambda c: c.index):
-            b = p * n + c.index
+            b = first[p] + c.index
             toks = list(c.token_ids)
             ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
             logprobs[b, : len(toks)] = torch.tensor([lp[t].logprob for t, lp in zip(toks, c.logprobs)])
