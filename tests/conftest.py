@@ -9,7 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-NOTEBOOK_MODULES = ("test_notebooks_flagship", "test_notebooks_analysis", "test_theory_notebook", "test_theorem_notebook")
+NOTEBOOK_MODULES = ("test_notebooks_flagship", "test_notebooks_analysis", "test_theory_notebook", "test_theorem_notebook",
+                    "test_allocation_notebook")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,6 +5,7 @@ Sections (each self-contained; later dashboards go below their own header):
        (one explorer over a choice of vocabularies, e.g. real prompts' first-token distributions).
     2. The live training dashboard: :class:`TrainingDashboard`, a Trainer callback with a Stop button.
     3. The run browser: :func:`run_browser`, overlay runs under a directory by metric and x axis.
+    4. The allocation explorer: :func:`allocation_explorer`, where a per-prompt allocation spends a step's samples.
 """
 
 from __future__ import annotations
@@ -647,3 +648,74 @@ def run_browser(root: str | Path = "runs", **kwargs) -> RunBrowser:
     """The run browser (an ipywidgets VBox) over the runs under ``root``; keywords go to :class:`RunBrowser`
     (metric, x, runs, max_initial, height)."""
     return RunBrowser(root, **kwargs)
+
+
+# =================================================================================================================
+# 4. The allocation explorer (issue 44): a population of prompts' p, a budget, each strategy's N_p
+# =================================================================================================================
+
+ALLOCATION_BUDGETS = (4, 8, 16, 32, 64, 128, 256, 512)  # samples per prompt, the step's budget / P
+
+
+def allocation_figure(p: np.ndarray, sizes: dict) -> go.Figure:
+    """N_p against p for each strategy (log y): where each one spends a step's samples."""
+    fig = go.Figure()
+    for name, n in sizes.items():
+        fig.add_trace(go.Scatter(x=p, y=n, mode="markers" if name in ("two_stage", "until_signal") else "lines",
+                                 name=name))
+    fig.update_layout(title="Samples per prompt N_p against the prompt's success rate p", height=380,
+                      xaxis_title="p (the prompt's success rate)", yaxis_title="N_p (mean over repeats)",
+                      yaxis_type="log", margin=dict(t=50, b=40, l=60, r=20))
+    return fig
+
+
+class AllocationExplorer(w.VBox):
+    """Pick a population of success rates p over prompts (Beta(a, b), or a mixture with solved and unsolved shares)
+    and a budget of samples per prompt; see where ``two_stage`` and ``until_signal`` put the samples, and each
+    strategy's expected informative groups and Theorem 1 gain per generated sample beside uniform N=16 and N=512
+    (:func:`brorl_lab.rl.allocation.compare`; Monte-Carlo means over ``reps`` repeats, the uniform arms exact)."""
+
+    def __init__(self, *, prompts: int = 64, reps: int = 10, seed: int = 0, kind: str = "mixture", a: float = 0.3,
+                 b: float = 3.0, solved: float = 0.3, unsolved: float = 0.2, budget: int = 16, probe: int = 4,
+                 cap: int = 512):
+        from brorl_lab.theory import allocation as A
+
+        self.prompts, self.reps, self.seed = prompts, reps, seed
+        style = {"description_width": "initial"}
+        self.kind = w.Dropdown(options=list(A.P_POPULATIONS), value=kind, description="population")
+        self.a = w.FloatLogSlider(value=a, base=10, min=-1.5, max=1, step=0.05, description="a", style=style)
+        self.b = w.FloatLogSlider(value=b, base=10, min=-1.5, max=1, step=0.05, description="b", style=style)
+        self.solved = w.FloatSlider(value=solved, min=0, max=1, step=0.05, description="solved share")
+        self.unsolved = w.FloatSlider(value=unsolved, min=0, max=1, step=0.05, description="unsolved share")
+        self.budget = w.SelectionSlider(options=ALLOCATION_BUDGETS, value=budget, description="budget / prompt")
+        self.probe = w.IntSlider(value=probe, min=1, max=16, description="probe n0")
+        self.cap = w.SelectionSlider(options=ALLOCATION_BUDGETS[1:] + (1024,), value=cap, description="cap")
+        self.figure = go.FigureWidget()
+        self.table = w.HTML()
+        for c in (self.kind, self.a, self.b, self.solved, self.unsolved, self.budget, self.probe, self.cap):
+            c.observe(lambda _: self.redraw(), names="value")
+        super().__init__([w.HBox([self.kind, self.a, self.b]), w.HBox([self.solved, self.unsolved]),
+                          w.HBox([self.budget, self.probe, self.cap]), self.figure, self.table])
+        self.redraw()
+
+    def population(self) -> np.ndarray:
+        from brorl_lab.theory import allocation as A
+
+        solved = min(self.solved.value, 1.0)
+        return A.p_population(self.kind.value, self.prompts, a=self.a.value, b=self.b.value, solved=solved,
+                              unsolved=min(self.unsolved.value, 1.0 - solved), seed=self.seed)
+
+    def redraw(self) -> None:
+        from brorl_lab.rl.allocation import compare
+
+        p = self.population()
+        probe = min(self.probe.value, self.budget.value)
+        cap = max(self.cap.value, self.budget.value)
+        self.result, sizes = compare(p, self.budget.value, reps=self.reps, seed=self.seed, probe=probe, cap=cap)
+        replace_figure(self.figure, allocation_figure(p, sizes))
+        self.table.value = self.result.to_html(float_format=lambda v: f"{v:.4g}", border=0)
+
+
+def allocation_explorer(**kwargs) -> AllocationExplorer:
+    """The allocation explorer (an ipywidgets VBox); keywords go to :class:`AllocationExplorer`."""
+    return AllocationExplorer(**kwargs)

@@ -328,8 +328,40 @@ def allocation_metrics(sizes: torch.Tensor, correct_per_group: torch.Tensor) -> 
     for edge in HIST_EDGES:
         out[f"alloc/n_le_{edge}"] = int(((sizes > lo) & (sizes <= edge)).sum())
         lo = edge
+    out[f"alloc/n_gt_{lo}"] = int((sizes > lo).sum())
     return out
 
 
+
+
+#: the strategies notebook 01c compares: the papers' two uniform arms and the two allocators
+COMPARED = ("uniform:16", "uniform:512", "two_stage", "until_signal")
+
+
+def compare(p_values: Sequence[float], budget_per_prompt: int, strategies: Sequence[str] = COMPARED, *,
+            reps: int = 20, seed: int = 0, **options) -> tuple:
+    """Each strategy on prompts of known p [P] (:func:`simulate`): the allocators at ``budget_per_prompt * P``
+    samples, ``uniform:<N>`` at its own N. Returns ``(table, sizes)``: one row per strategy (samples per prompt,
+    informative groups per prompt and per 1,000 samples, Theorem 1 gain per sample, both relative to
+    'uniform:16' where it is compared) and {strategy: mean N_p [P]}."""
+    import pandas as pd
+
+    P = len(p_values)
+    rows, sizes = [], {}
+    for s in strategies:
+        r = simulate(p_values, budget_per_prompt * P, s, reps=reps, seed=seed, **options)
+        sizes[s] = r["sizes"]
+        rows.append({"strategy": s, "samples_per_prompt": r["samples"] / P, "informative_per_prompt":
+                     r["informative"] / P, "informative_per_1k_samples": 1000 * r["informative_per_sample"],
+                     "gain_per_sample": r["gain_per_sample"]})
+    table = pd.DataFrame(rows).set_index("strategy")
+    if "uniform:16" in table.index:
+        for col in ("informative_per_1k_samples", "gain_per_sample"):
+            base = table.loc["uniform:16", col]
+            table[f"{col}_vs_uniform16"] = table[col] / base if base > 0 else float("nan")
+    return table, sizes
+
+
 __all__ = ["ALLOCATORS", "Allocation", "Allocator", "Uniform", "TwoStage", "UntilSignal", "make_allocator",
-           "allocator_options", "simulate", "binomial_draw", "allocation_metrics", "VARIANCE_TIE_BREAK"]
+           "allocator_options", "simulate", "binomial_draw", "allocation_metrics", "compare", "COMPARED",
+           "VARIANCE_TIE_BREAK"]
