@@ -46,10 +46,12 @@ budget_draws = 2**16                  # fixed compute: total sampled tokens per 
 budget_n_values = [16, 64, 256, 1024, 4096, 16384]
 seed = 0
 use_solutions = False                 # True: fill every exercise from notebooks/solutions/ (or a list of names)
+static_views = False                  # True: also draw the explorer's default view as static figures (the book)
 
 # %%
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 from IPython.display import display
 
 from brorl_lab import theory
@@ -240,7 +242,9 @@ plots.first_order_figure(check)
 
 # %%
 explorer = mass_balance_explorer(vocab=vocab, n_correct=n_correct, trials=explorer_trials, seed=seed)
-explorer
+display(explorer)
+if static_views:  # a page without a kernel: the explorer's default view, as still figures
+    display(*(go.Figure(f) for f in (explorer.terms_fig, explorer.hist_fig, explorer.sweep_fig)))
 
 # %% [markdown]
 # ### Exercise 3 · A vocabulary that loses correct mass at small N

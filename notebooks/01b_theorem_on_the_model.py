@@ -43,6 +43,7 @@ check_prompts = 8                     # prompts in that check
 explorer_trials = 300                 # Monte-Carlo streams behind the explorer
 root = ""                             # where the update runs are kept (empty: runs/theorem, the CLI root)
 quick = False                         # True: the quick preset below (the default model, small sizes, minutes)
+static_views = False                  # True: also draw the picker's default view as static figures (the book)
 
 # %%
 if quick:  # a few minutes on two CPU cores: enough to see every section work, too small for the conclusions
@@ -144,7 +145,11 @@ for it, q in zip(first.train_items, first.q_before):
             f"over {int(d['correct'].sum())} correct token(s); whitespace tokens there carry {d['ambiguous_mass']:.1e}")
     problems[label] = (prob, note)
 picker = ProblemPicker(problems, trials=explorer_trials, seed=0, n=16)
-picker
+display(picker)
+if static_views:  # a page without a kernel: the picker's default view (its first prompt), as still figures
+    import plotly.graph_objects as go
+
+    display(*(go.Figure(f) for f in (picker.explorer.terms_fig, picker.explorer.hist_fig, picker.explorer.sweep_fig)))
 
 # %% [markdown]
 # ## 3 · One real update, decomposed

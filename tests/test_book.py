@@ -189,3 +189,49 @@ def test_every_page_loads_offline_draws_its_figures_and_its_links_resolve(tiny_b
     assert {f"notebooks/{s}.html" for s in stems} | {"docs/THEORY.html"} <= set(report), sorted(report)
     assert sum(report.values()) == sum(figures.values()) > 0
     print(json.dumps({"pages": len(report), "links": len(links), "plots": report}, indent=1))
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)),
+                    reason=f"no Chromium executable at {CHROMIUM} (set BRORL_CHROMIUM to one)")
+def test_notebook_pages_render_tables_fit_their_figures_and_picture_every_widget(tiny_book, chromium):  # noqa: F811
+    """What a student reading the book sees: Markdown a cell printed is rendered (no raw `| --- |` table row, no raw
+    `$...$`), every plotly figure fits its column at 1280 px and at a phone's 400 px, every widget's note is followed
+    by still figures of its default view, and an exercise check that ran the solution says so."""
+    out, _ = tiny_book
+    html = out / "html" / "notebooks"
+    notes = {}
+    for width in (1280, 400):
+        page = chromium.new_page(viewport={"width": width, "height": 900})
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:"))
+                   else r.abort())
+        try:
+            for path in sorted(html.glob("*.html")):
+                page.goto(path.as_uri(), timeout=90_000)
+                page.wait_for_load_state("load")
+                plots = page.locator(".js-plotly-plot")
+                wait_for(lambda: plots.filter(has=page.locator(".main-svg .trace")).count() == plots.count(),
+                         f"every plot of {path.name} to be drawn")
+                page.wait_for_timeout(600)  # book.js fits the figures after load (and 300 ms later)
+                text = page.locator("article").inner_text()
+                assert "| --- |" not in text and "|---|" not in text, f"{path.name}: a raw Markdown table"
+                too_wide = plots.evaluate_all(
+                    "els => els.map(e => [e.getBoundingClientRect().width, e.parentElement.clientWidth])"
+                    ".filter(([w, c]) => w > c + 2)")
+                assert not too_wide, f"{path.name} at {width} px: figures wider than their column {too_wide[:3]}"
+                if width == 1280:
+                    notes[path.stem] = page.evaluate(
+                        """() => [...document.querySelectorAll('.cell_output')].map(o => [
+                               o.innerText.includes('An interactive widget is drawn here'),
+                               o.querySelectorAll('.js-plotly-plot').length])""")
+                    if "this run used the reference solution" not in text:
+                        assert "def " not in text or "@exercise" not in text, f"{path.name}: an exercise ran " \
+                            "without saying whose function passed"
+        finally:
+            page.close()
+    widget_pages = {stem: cells for stem, cells in notes.items() if any(note for note, _ in cells)}
+    assert {"01_mass_balance_theory", "01b_theorem_on_the_model"} <= set(widget_pages), sorted(widget_pages)
+    for stem, cells in widget_pages.items():  # the note and the still figures sit in the same cell's output
+        assert all(figures >= 1 for note, figures in cells if note), f"{stem}: a widget without a picture"

@@ -69,7 +69,8 @@ NOT_PAGES = ("book",)  # docs/book is the book's own sources
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_NOTE = ("*An interactive widget is drawn here when the notebook runs in JupyterLab (`make lab`); a static "
-               "page has no kernel behind it.*")
+               "page has no kernel behind it. The figures right below are its default view, drawn when the book was "
+               "built (the notebook's `static_views` parameter).*")
 TEXT_BARS = BOOK / "text_bars.py"  # the kernels' IPython startup file: tqdm.auto draws a text bar, once, at close
 
 

@@ -14,6 +14,7 @@ exclude_patterns = ["_build", "**/.ipynb_checkpoints", "**/*.partial.ipynb"]
 nb_execution_mode = "off"
 nb_merge_streams = True  # one stdout / stderr block per cell, carriage returns resolved: a tqdm bar's last state
 nb_ipywidgets_js = {}  # no require.js / html-manager from a CDN (build_book.py replaces widgets by a note)
+nb_render_markdown_format = "myst"  # Markdown a cell displays (tables, $maths$) renders as the pages' own Markdown
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
 myst_heading_anchors = 3  # "[text](#a-heading)" links in the pages resolve
 myst_update_mathjax = False  # MathJax 2 below, configured by mathjax2_config
@@ -30,7 +31,8 @@ html_theme = "sphinx_book_theme"
 html_title = "brorl_lab: the book"
 html_static_path = ["_static"]
 html_css_files = ["book.css"]
-html_js_files = ["plotly.min.js"]  # once per page, before any figure's script runs
+html_js_files = ["plotly.min.js", "book.js"]  # plotly.js once per page, before any figure's script runs; book.js
+# fits every figure to its column once the page is laid out (and again when the window changes size)
 html_theme_options = {"show_toc_level": 2, "navigation_with_keys": False}
 html_show_sourcelink = False
 html_copy_source = True  # the download button offers each page's source: a notebook page's .ipynb, executed
