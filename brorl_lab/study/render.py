@@ -72,6 +72,15 @@ LEGACY: dict[str, str] = {
     f"{FIG}/theorem_on_the_model_summary.csv": _PREDATES,
     f"{FIG}/theorem_on_the_model_per_seed.csv": _PREDATES,
     f"{FIG}/theorem_on_the_model_theory.csv": _PREDATES,
+    # shipped beside the per-seed files, read by no page (each run's summary, and the lr ablations' step metrics)
+    f"{FIG}/paid_learned_verdict.json": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_lr_sqrt8_verdict.json": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_lr_half_verdict.json": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_lr_sqrt8_metrics.parquet": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_lr_half_metrics.parquet": _PREDATES + _DIRTY,
+    f"{FIG}/paid_learned_pilot_verdict.json": _PREDATES,
+    f"{FIG}/paid_takeoff_verdict.json": _PREDATES + _DIRTY,
+    f"{FIG}/paid_takeoff_pilot_verdict.json": _PREDATES,
 }
 # Figures a page shows that no shipped file can redraw (the run's per-seed curves were not shipped): kept as shipped,
 # checked to exist, and allowed only on a page built from legacy files.
@@ -79,6 +88,9 @@ FROZEN_FIGURES: dict[str, str] = {
     f"{FIG}/flagship_pass_at_1_vs_samples.png": "the floor run's per-seed curves (its summary.csv) were not shipped",
     f"{FIG}/flagship_mechanism.png": "the floor run's per-prompt rates (seed 0) were not shipped",
 }
+
+# Pages under docs/results that are not results (no numbers measured): left out of the render, rendered as given.
+DRAFTS: dict[str, str] = {"docs/results/frontier_design.md": "a design draft (issue 43), not a results page"}
 
 
 class RenderError(ValueError):
@@ -137,10 +149,17 @@ class Files:
         return read_provenance(self.root / name)
 
 
+_PAIRED: dict[tuple[int, str], tuple[pd.DataFrame, pd.DataFrame]] = {}  # one render's paired grids, by table and axis
+
+
 def _paired(points: pd.DataFrame, axis: str) -> pd.DataFrame:
+    """:func:`~brorl_lab.study.paid.paired_at_grid` of one axis of a per-seed points table (computed once a render)."""
     from brorl_lab.study.paid import paired_at_grid
 
-    return paired_at_grid(points[points["axis"] == axis])
+    key = (id(points), axis)
+    if key not in _PAIRED:
+        _PAIRED[key] = (points, paired_at_grid(points[points["axis"] == axis]))
+    return _PAIRED[key][1]
 
 
 def _bounds(points: pd.DataFrame) -> dict:
@@ -312,16 +331,44 @@ def theorem_fields(f: Files) -> dict:
 
     s = f(f"{FIG}/theorem_on_the_model_summary.csv")
     th = f(f"{FIG}/theorem_on_the_model_theory.csv")
-    ib = s[(s["model"] == "plateau") & (s["split"] == "in_batch")].set_index("n")
-    lo_n, hi_n = ib.index.min(), ib.index.max()
 
-    def dq(n: int, d: int = 1) -> str:
-        r = ib.loc[n]
-        return f"{r['dq_per_lr']:+.{d}f} [{r['dq_per_lr_lo']:+.{d}f}, {r['dq_per_lr_hi']:+.{d}f}]"
+    def rows(model: str, split: str) -> pd.DataFrame:
+        return s[(s["model"] == model) & (s["split"] == split)].set_index("n").sort_index()
 
+    ib, ho, dib, dho = rows("plateau", "in_batch"), rows("plateau", "held_out"), rows("default", "in_batch"), \
+        rows("default", "held_out")
+    ns = list(ib.index)
+
+    def one(r, col: str, fmt: str) -> str:
+        return f"{r[col]:{fmt}} [{r[col + '_lo']:{fmt}}, {r[col + '_hi']:{fmt}}]"
+
+    mid = list(ib.index[1:-1])
+    resolved = [n for n in ho.index if ho.loc[n, "dq_per_lr_lo"] > 0 or ho.loc[n, "dq_per_lr_hi"] < 0]
+    dth = th[th["model"] == "default"].set_index("n").sort_index()
+    rest = dth["share_neg"].iloc[1:]
     return {"theorem_table": theorem_table(s, th), "theorem_seeds": int(s["seeds"].max()),
-            "theorem_n_lo": int(lo_n), "theorem_n_hi": int(hi_n),
-            "theorem_dq_lo": dq(lo_n), "theorem_dq_hi": dq(hi_n)}
+            "theorem_ns": ", ".join(str(n) for n in ns),
+            "theorem_wall": f"{f.provenance(f'{FIG}/theorem_on_the_model_summary.csv')['wall_s'] / 60:.0f}",
+            "theorem_n_lo": int(ns[0]), "theorem_n_hi": int(ns[-1]),
+            "theorem_dq_lo": one(ib.loc[ns[0]], "dq_per_lr", "+.1f"), "theorem_dq_hi": one(ib.loc[ns[-1]], "dq_per_lr", "+.1f"),
+            "theorem_dq_mid": ", ".join([one(ib.loc[mid[0]], "dq_per_lr", "+.1f")] +
+                                        [f"{ib.loc[n, 'dq_per_lr']:+.1f}" for n in mid[1:]]),
+            "theorem_mid_ns": ", ".join(str(n) for n in mid),
+            "theorem_share_lo": one(ib.loc[ns[0]], "share_neg", ".2f"),
+            "theorem_share_mid": ", ".join(f"{ib.loc[n, 'share_neg']:.2f}" for n in ns[1:-1]),
+            "theorem_share_hi": one(ib.loc[ns[-1]], "share_neg", ".2f"),
+            "theorem_ho_span": f"{ho['dq_per_lr'].min():+.1f} and {ho['dq_per_lr'].max():+.1f}",
+            "theorem_ho_resolved": "; ".join(f"N={n} ({one(ho.loc[n], 'dq_per_lr', '+.1f')})" for n in resolved) or "none",
+            "theorem_ho_share": one(ho.loc[ns[0]], "share_neg", ".2f"),
+            "theorem_def_ib": f"{dib.loc[ns[0], 'dq_per_lr']:+.0f} at N={ns[0]} to "
+                              f"{dib.loc[ns[-1], 'dq_per_lr']:+.0f} at N={ns[-1]}",
+            "theorem_def_ho": f"{one(dho.loc[ns[0]], 'dq_per_lr', '+.1f')} to {one(dho.loc[ns[-1]], 'dq_per_lr', '+.1f')}",
+            "theorem_def_below": ("every" if (s[s["model"] == "default"]["dq_per_lr_hi"] < 0).all() else "not every")
+                                 + " interval\n  below 0",
+            "theorem_def_share": f"{dib.loc[ns[0], 'share_neg']:.2f} to {dib.loc[ns[-1], 'share_neg']:.2f}",
+            "theorem_theory": f"{dth['share_neg'].iloc[0]:.2g} on the default model at N={dth.index[0]}, "
+                              + ("0 elsewhere" if (rest == 0).all() and (th[th["model"] != "default"]["share_neg"] == 0).all()
+                                 else "above 0 elsewhere too")}
 
 
 # ---- the README's headline block ---------------------------------------------------------------------------------------------
@@ -497,6 +544,99 @@ def floor_grid_png(f: Files) -> bytes:
     return _png(draw, (8.0, 3.4))
 
 
+# ---- the branch points and the pilots (docs/results/paid.md) ----------------------------------------------------------------
+def _pilot(f: Files, run: str) -> dict:
+    """A 3-seed pilot's readings from its per-seed points (and its per-seed collapse records in verdict.json)."""
+    from brorl_lab.study.paid import headline_reading
+
+    name = f"{FIG}/paid_{run}_pilot_points.csv"
+    pts_ = f(name)
+    grid = _paired(pts_, "cum_samples")
+    head = grid.iloc[-1]
+    b = _bounds(pts_)
+    flags = pd.DataFrame(f(f"{FIG}/paid_{run}_pilot_verdict.json")["collapse"])
+    reading = headline_reading(head.to_dict())
+    out = {"wall": count(f.provenance(name)["wall_s"]), "budget": count(head["mark"]),
+           "marks": ", ".join(count(m) for m in grid["mark"][:-1]) + " and " + count(head["mark"]),
+           "x_brorl": count(head["x_brorl"]), "x_prorl": count(head["x_prorl"]), "gap": iv(head),
+           "per_seed": ", ".join(pts(v) for v in dict(head["per_seed"]).values()),
+           "reading": reading.split(":")[0], "sd": pts(head["sd"], sign=False), "n": int(head["n"]),
+           "seeds": _seeds_needed(head["sd"]),
+           "prorl": iv(b["prorl"], mean="change"), "prorl_bound": pts(b["prorl"]["bound"], sign=False),
+           "brorl": iv(b["brorl"], mean="change"), "brorl_bound": pts(b["brorl"]["bound"], sign=False),
+           "collapsed": flags[flags["collapsed"]], "flags": flags}
+    return out
+
+
+def paid_fields(f: Files) -> dict:
+    from brorl_lab.study.compare import COLLAPSE
+
+    v = f("data/learned_plateau/plateau.json")
+    rule, first, last = v["rule"], v["curve"][0], v["curve"][-1]
+    fams = v["families"]
+    out = {"lp_start": f"{first[rule['metric']]:.3f}",
+           "lp_start_families": ", ".join(f"{fam} {first[f'eval/{fam}/pass@1']:.3f}" for fam in fams),
+           "lp_window": f"{rule['window_mean']:.3f}", "lp_gain": pts(rule["gained"], 1),
+           "lp_step": v["steps"], "lp_slope": f"{100 * rule['slope']:+.2f} [{100 * rule['lo']:+.2f}, "
+                                                f"{100 * rule['hi']:+.2f}]",
+           "lp_n": rule["n"], "lp_window_start": rule["window_start"], "lp_t": f"{rule['t']:.3f}",
+           "lp_df": rule["n"] - 2, "lp_end": f"{last[rule['metric']]:.3f}",
+           "lp_end_families": ", ".join(f"{fam} {last[f'eval/{fam}/pass@1']:.3f}" for fam in fams),
+           "lp_wall": count(v["wall_s"]), "lp_rare": f"{100 * v['gate']['share']:.1f}%"}
+    every = {r["family"]: r for r in v["reach"]}["all"]
+    hist = pd.DataFrame(v["p_histogram"]).query("family == 'all'").set_index("bin")["prompts"]
+    out.update({"lp_mean_p": f"{every['mean_p']:.3f}", "lp_prompts": every["prompts"],
+                "lp_p1": int(hist["p=1"]), "lp_high": int(hist["(0.75,1)"]), "lp_p0": int(hist["p=0"]),
+                "lp_only": f"{100 * every['share only N=512']:.1f}%", "lp_neither": f"{100 * every['share neither']:.1f}%"})
+    rows = ["| family | mean p | share 0 < p <= 1/16 | share p = 0 | share 'only N=512' |", "|---|---:|---:|---:|---:|"]
+    for r in f("data/takeoff_base/reach.json")["reach"]:
+        rows.append(f"| {r['family']} | {r['mean_p']:.3f} | {100 * r['share rare successes']:.1f}% | "
+                    f"{100 * r['share neither']:.1f}% | {100 * r['share only N=512']:.1f}% |")
+    out["reach_table"] = "\n".join(rows)
+    for run in ("learned", "takeoff"):
+        p = _pilot(f, run)
+        for k in ("wall", "budget", "x_brorl", "x_prorl", "gap", "per_seed", "reading", "sd", "n", "seeds", "prorl",
+                  "prorl_bound", "brorl", "brorl_bound"):
+            out[f"{run}_{k}"] = p[k]
+        if run == "takeoff":
+            out["takeoff_marks"] = p["marks"]
+            out["takeoff_collapse"] = ("No seed met the collapse rule." if p["collapsed"].empty else
+                                       f"The collapse rule fired on {len(p['collapsed'])} seed runs.")
+            r = f(f"{FIG}/paid_takeoff_pilot_verdict.json")["race"]
+            out["takeoff_race"] = (f"{r['reached_brorl']} of {r['n']}" if r["reached_brorl"] == r["reached_prorl"]
+                                   else f"BroRL {r['reached_brorl']}, ProRL {r['reached_prorl']} of {r['n']}")
+        else:
+            c, flags = p["collapsed"], p["flags"]
+            fired = ", ".join(f"{a} seed {s}" for a, s in zip(c["arm"].str.replace("prorl", "ProRL")
+                                                                .str.replace("brorl", "BroRL"), c["seed"]))
+            out["learned_collapse"] = fired or "no seed"
+            out["learned_collapse_kl"] = ", ".join(f"{k:.3f}" for k in c["max_kl"])
+            out["kl_max"] = COLLAPSE["kl_max"]
+            rest = flags[(flags["arm"] == "prorl") & ~flags["collapsed"]]["max_kl"]
+            out["learned_kl_rest"] = " and ".join(f"{k:.3f}" for k in rest)
+    return out
+
+
+# ---- the floor's branch point (docs/results/plateau.md) -----------------------------------------------------------------------
+def plateau_fields(f: Files) -> dict:
+    v = f("data/plateau_model/plateau.json")
+    rule, gate, reach = v["rule"], v["gate"], {r["family"]: r for r in v["reach"]}["all"]
+    last = v["curve"][-1][rule["metric"]]
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.{0 if abs(100 * x - round(100 * x)) < 0.05 else 1}f}%"
+
+    return {"steps": v["steps"], "wall": f"{v['wall_s']:.1f}", "window": rule["window"], "n": rule["n"],
+            "slope": f"{100 * rule['slope']:+.2f} [{100 * rule['lo']:+.2f}, {100 * rule['hi']:+.2f}]",
+            "t": f"{rule['t']:.2f}", "start": f"{rule['start']:.4f}", "end": f"{last:.4f}",
+            "window_mean": f"{rule['window_mean']:.4f}", "gate_share": f"{100 * gate['share']:.1f}%",
+            "gate_prompts": gate["prompts"], "gate_draws": gate["draws"],
+            "gate": "passed" if gate["passed"] else "not passed",
+            "only": f"{100 * reach['share only N=512']:.0f}%", "neither": f"{100 * reach['share neither']:.0f}%",
+            "both": f"{100 * reach['share both']:.0f}%", "mean_p": f"{reach['mean_p']:.3f}",
+            "ds_small": pct(reach["pass_rate_small"]), "ds_large": pct(reach["pass_rate_large"])}
+
+
 # ---- the floor (docs/results/floor.md): its tables from its one file -----------------------------------------------------
 def floor_fields(f: Files) -> dict:
     v = f(f"{FIG}/flagship_verdict.json")
@@ -512,7 +652,32 @@ def floor_fields(f: Files) -> dict:
     pak = ["| k | BroRL | ProRL | gap [95% interval] (points) |", "|---:|---:|---:|---:|"]
     for k, r in v["pass_at_k_at_equal_samples"].items():
         pak.append(f"| {k} | {r['brorl']:.3f} | {r['prorl']:.3f} | {gap(r, 1)} |")
-    return {"floor_grid_table": "\n".join(grid), "floor_pass_at_k_table": "\n".join(pak)}
+    sl, head, mech = v["slopes"], v["gap_at_equal_samples"], v["mechanism"]
+    per = sl["prorl"]["per_samples"]
+
+    def slope(r):
+        return f"{100 * r['mean']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}]"
+
+    met = {k: "yes" if c["met"] else "no" for k, c in v["conditions"].items()}
+    upd = v["grids"]["cum_nominal_updates"][-1]
+    arms = {a: float(np.mean([r[a] for r in mech["per_seed"].values()])) for a in ("brorl", "prorl")}
+    return {"floor_grid_table": "\n".join(grid), "floor_pass_at_k_table": "\n".join(pak),
+            "floor_seeds": v["seeds"], "floor_t": f"{head['t']:.2f}", "floor_df": head["n"] - 1,
+            "floor_per": count(per), "floor_budget": count(head["budget"]),
+            "floor_slope_prorl": slope(sl["prorl"]), "floor_slope_brorl": slope(sl["brorl"]),
+            "floor_gap": iv(head, mean="mean"), "floor_mech": iv(mech, mean="mean"),
+            "floor_met_1": met["prorl_stalled"], "floor_met_2": met["brorl_rising"],
+            "floor_met_3": met["ahead_at_equal_samples"], "floor_met_4": met["gain_on_rare_side"],
+            "floor_outcome": "YES" if v["revives"] else "NO",
+            "floor_prorl_hi": pts(sl["prorl"]["hi"]), "floor_prorl_climb": pts(sl["prorl"]["hi"] * head["budget"] / per,
+                                                                            sign=False),
+            "floor_brorl_hi": pts(sl["brorl"]["hi"]), "floor_brorl_climb": pts(sl["brorl"]["hi"] * head["budget"] / per,
+                                                                            sign=False),
+            "floor_brorl_mean": pts(sl["brorl"]["mean"]), "floor_mde": pts(head["mde"], sign=False),
+            "floor_mde_power": pts(head["mde_power"], sign=False), "floor_updates": f"{upd['budget']:.0f}",
+            "floor_updates_gap": iv(upd), "floor_prompts": mech["prompts"],
+            "floor_lowered_brorl": pts(-arms["brorl"], sign=False), "floor_lowered_prorl": pts(-arms["prorl"], sign=False),
+            "floor_sd": pts(head["sd"], sign=False), "floor_seeds_needed": _seeds_needed(head["sd"])}
 
 
 def no_fields(f: Files) -> dict:
@@ -555,9 +720,11 @@ PAGES: tuple[Page, ...] = (
     Page("docs/results/theorem.md", "theorem.md.tmpl", THEOREM_FILES, theorem_fields,
          {f"{FIG}/theorem_on_the_model.png": theorem_png}),
     Page("docs/results/paid.md", "paid.md.tmpl", ("data/learned_plateau/plateau.json", "data/takeoff_base/reach.json",
+                                                  f"{FIG}/paid_learned_pilot_points.csv",
+                                                  f"{FIG}/paid_learned_pilot_verdict.json",
                                                   f"{FIG}/paid_takeoff_pilot_points.csv",
-                                                  f"{FIG}/paid_learned_pilot_points.csv"), no_fields),
-    Page("docs/results/plateau.md", "plateau.md.tmpl", ("data/plateau_model/plateau.json",), no_fields),
+                                                  f"{FIG}/paid_takeoff_pilot_verdict.json"), paid_fields),
+    Page("docs/results/plateau.md", "plateau.md.tmpl", ("data/plateau_model/plateau.json",), plateau_fields),
     Page("docs/results/floor.md", "floor.md.tmpl", (f"{FIG}/flagship_verdict.json",), floor_fields,
          {f"{FIG}/flagship_grid_gaps.png": floor_grid_png}, tuple(FROZEN_FIGURES)),
 )
@@ -596,13 +763,17 @@ def _with_banner(text: str, note: str) -> str:
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------------------------
-def render(root: Optional[Path] = None) -> dict[str, bytes]:
+def render(root: Optional[Path] = None, only: Optional[set[str]] = None) -> dict[str, bytes]:
     """Every page, figure and the README as rendered from the results files under ``root`` (default: this
-    checkout): {repo-relative path: bytes}. Reads files only; writes nothing."""
+    checkout): {repo-relative path: bytes}; ``only``: the pages (and/or README.md) to render, with their figures.
+    Reads files only; writes nothing."""
     root = Path(root) if root is not None else ROOT
     f = Files(root)
+    _PAIRED.clear()
     out: dict[str, bytes] = {}
     for page in PAGES:
+        if only is not None and page.path not in only:
+            continue
         legacy = check_files(f, page.files, page.path)
         fields = page.fields(f)
         text = fill((TEMPLATES / page.template).read_text(), fields, name=page.template)
@@ -618,6 +789,8 @@ def render(root: Optional[Path] = None) -> dict[str, bytes]:
         out[page.path] = text.encode()
         for name, draw in (page.figures or {}).items():
             out[name] = draw(f)
+    if only is not None and README not in only:
+        return out
     check_files(f, README_FILES, README)
     block = fill((TEMPLATES / "readme_headline.md.tmpl").read_text(), readme_fields(f), name="readme_headline.md.tmpl")
     readme = (root / README).read_text()

@@ -1,0 +1,150 @@
+"""Results pages are rendered from the shipped files (brorl_lab.study.render, ``python -m brorl_lab render``).
+
+Each shipped docs/results page, the README's headline block and every figure they show must equal its render byte
+for byte; a per-seed value changed in a copy of the files must change the rendered page; a page is built only from
+provenance records that pass the pre-registration rule (study.results.is_shippable) or are named in render.LEGACY;
+and every shipped provenance record outside LEGACY holds the full rule (a clean commit, a start time, a declaration
+committed before the run started).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from brorl_lab.study import render as R
+from brorl_lab.study.results import SUFFIX, is_shippable
+
+REPO = Path(__file__).resolve().parent.parent
+FLAGSHIP = "docs/results/flagship.md"
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, bytes]:
+    return R.render()
+
+
+def test_every_page_figure_and_the_readme_headline_equal_their_render(rendered):
+    pages = {p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "results").glob("*.md")}
+    design_drafts = set(R.DRAFTS)
+    assert pages - design_drafts <= set(rendered), f"results pages no template renders: {pages - set(rendered)}"
+    shown = {f"notebooks/figures/{m}" for p in pages - design_drafts
+             for m in re.findall(r"notebooks/figures/([\w.]+\.png)", (REPO / p).read_text())}
+    assert shown <= set(rendered) | set(R.FROZEN_FIGURES), shown - set(rendered)
+    assert "notebooks/figures/headline.png" in (REPO / "README.md").read_text()
+    assert R.differences(rendered) == [], "run `python -m brorl_lab render` and commit what it writes"
+
+
+def test_figures_render_to_the_same_bytes_twice(rendered):
+    again = R.headline_png(R.Files(REPO))
+    assert again == rendered["notebooks/figures/headline.png"] and again[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"Software" not in again and b"Creation" not in again  # no software or date stamp in the PNG
+
+
+def _copy_root(tmp_path: Path) -> Path:
+    """A checkout's results files, README and the flagship's per-seed files (copied, so they can be changed)."""
+    root = tmp_path / "root"
+    for name in {*R.README_FILES, *(n for p in R.PAGES for n in p.files)}:
+        for src in (REPO / name, REPO / (name + SUFFIX)):
+            if src.exists():
+                (root / src.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, root / src.relative_to(REPO))
+    shutil.copy(REPO / "README.md", root / "README.md")
+    return root
+
+
+def test_a_changed_per_seed_value_changes_the_page_and_the_readme(tmp_path, rendered):
+    root = _copy_root(tmp_path)
+    points = root / "notebooks/figures/paid_learned_points.csv"
+    df = pd.read_csv(points)
+    last = (df["axis"] == "cum_samples") & (df["mark"] == df["mark"].max())
+    row = df.index[last & (df["arm"] == "brorl") & (df["seed"] == 0)][0]
+    df.loc[row, "value"] += 0.05  # one seed's held-out pass@1 at the budget, 5 points higher
+    df.to_csv(points, index=False)
+    out = R.render(root, only={FLAGSHIP, R.README})
+    assert out[FLAGSHIP] != rendered[FLAGSHIP] and out[R.README] != rendered[R.README]
+    changed = [a for a, b in zip(out[FLAGSHIP].decode().splitlines(), rendered[FLAGSHIP].decode().splitlines())
+               if a != b]
+    assert any(line.startswith("| 131,072 | 20 |") for line in changed), changed  # the table's last row moved
+    assert "-0.63 [-1.09, -0.17]" not in out[FLAGSHIP].decode()  # the headline interval is no longer the shipped one
+
+
+def test_a_template_field_without_a_value_or_a_value_without_a_field_is_refused():
+    assert R.fill("gap {{gap}} points", {"gap": "-0.63"}) == "gap -0.63 points"
+    with pytest.raises(R.RenderError, match=r"without a value \['gap'\]"):
+        R.fill("gap {{gap}}", {})
+    with pytest.raises(R.RenderError, match=r"without a field \['lo'\]"):
+        R.fill("gap {{gap}}", {"gap": 1, "lo": 2})
+
+
+def test_a_page_is_not_built_from_a_record_that_is_neither_shippable_nor_legacy(monkeypatch, capsys):
+    from brorl_lab.cli import main
+
+    monkeypatch.delitem(R.LEGACY, "notebooks/figures/paid_learned_points.csv")
+    with pytest.raises(R.RenderError, match="paid_learned_points.csv cannot back a shipped page.*-dirty"):
+        R.render(only={FLAGSHIP})
+    assert main(["render", "--check"]) == 2  # the CLI: one line naming the file, exit 2, nothing written
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "paid_learned_points.csv" in err and "LEGACY" in err
+
+
+def test_a_legacy_page_names_its_dirty_records_in_a_rendered_banner(rendered):
+    text = rendered[FLAGSHIP].decode()
+    banner = next(line for line in text.splitlines() if line.startswith("> **Legacy results.**"))
+    for name in R.PAGES[0].files:
+        dirty = "-dirty" in str(R.Files(REPO).provenance(name).get("commit"))
+        assert (f"`{Path(name).name}`" in banner) == dirty, name
+
+
+# ---- provenance: every shipped record ------------------------------------------------------------------------------------------
+def tracked() -> list[str]:
+    return subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+
+
+def shipped_records() -> dict[str, dict]:
+    """{results file: its provenance record} for every tracked record: ``X.provenance.json`` beside X, or the
+    ``provenance`` key of a shipped JSON results file."""
+    out = {}
+    for name in tracked():
+        if name.endswith(SUFFIX):
+            out[name[: -len(SUFFIX)]] = json.loads((REPO / name).read_text())
+        elif name.endswith(".json") and name.startswith(("notebooks/figures/", "data/")):
+            data = json.loads((REPO / name).read_text())
+            if isinstance(data, dict) and isinstance(data.get("provenance"), dict):
+                out.setdefault(name, data["provenance"])
+    return out
+
+
+def _utc(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def test_every_shipped_provenance_record_outside_legacy_is_preregistered():
+    """A clean commit, a start time, and a declaration committed before the run's start (and an ancestor of the
+    run's commit). Records that predate the rule are named, with why, in render.LEGACY."""
+    records = shipped_records()
+    assert len(records) >= 20
+    for name, rec in records.items():
+        if name in R.LEGACY:
+            continue
+        assert is_shippable(rec) == [], f"{name}: {is_shippable(rec)}"
+        committed = subprocess.run(["git", "log", "-1", "--format=%cI", rec["declaration"]["commit"]], cwd=REPO,
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        assert _utc(committed) <= _utc(rec["started_at"]), f"{name}: declaration committed after the run started"
+
+
+def test_the_legacy_list_names_only_shipped_records_that_still_fail_the_rule():
+    records = shipped_records()
+    for name, why in R.LEGACY.items():
+        assert (REPO / name).is_file() and name in records, f"LEGACY names {name}: no such shipped results file"
+        assert is_shippable(records[name]), f"{name} now passes is_shippable: take it out of LEGACY"
+        assert ("-dirty" in why) == str(records[name].get("commit", "")).endswith("-dirty"), name
+    for name, why in R.FROZEN_FIGURES.items():
+        assert (REPO / name).is_file() and why, name
