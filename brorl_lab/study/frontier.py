@@ -481,6 +481,41 @@ def noise_table(branches: Sequence[str], ns: Sequence[int], *, b_small: int = NO
     return pd.concat(reps, ignore_index=True), pd.DataFrame(summary)
 
 
+# ---- a plateau where the compared recipe really stalls? (issue 43, item 7) -----------------------------------------
+def continue_plateau(*, steps: int, eval_every: int, seed: int = 1, root: str | Path, threads: int = 1
+                     ) -> tuple[pd.DataFrame, dict]:
+    """Continue the recipe that made data/learned_plateau (its plateau.json config: ProRL v2 at N = 16 x 16 prompts,
+    lr 3e-4, evaluation 200 prompts x 32 samples at T = 0.6) for ``steps`` more steps with a fresh Adam (as every
+    arm starts) and seed ``seed`` (seed 0 would replay the plateau run's first prompts), evaluated every
+    ``eval_every`` steps. Returns (the evaluations: step, cum_samples, pass@1 per family and mean) and the OLS slope
+    of mean pass@1 per 100 steps with its t interval (:func:`brorl_lab.lab.stats.ols_slope_interval`, one curve:
+    n - 2 degrees of freedom; evaluations share the eval set, so its noise is the sampling of 32 draws per prompt)."""
+    import json
+
+    from brorl_lab.lab.stats import ols_slope_interval
+    from brorl_lab.rl.trainer import Trainer
+    from brorl_lab.study.paid import METRIC
+    from brorl_lab.study.recipe import recipe_config, resolve_experiment_model
+
+    meta = json.loads((Path(resolve_experiment_model("learned")) / "plateau.json").read_text())
+    keep = ("rollouts_per_prompt", "prompts_per_step", "optimizer_steps_per_step", "advantage", "eps_low",
+            "eps_high", "kl_beta", "kl_estimator", "reward", "dynamic_sampling", "max_resample_rounds", "lr",
+            "temperature", "eval_prompts", "eval_samples", "eval_temperature", "eval_top_p", "max_new_tokens")
+    over = {k: meta["config"][k] for k in keep if k in meta["config"]}
+    cfg = recipe_config(model="learned", tasks=meta["families"], **over, steps=steps, eval_every=eval_every,
+                        reset_every=0, reset_every_samples=0, seed=seed, torch_threads=threads, run_dir=str(root),
+                        run_name=f"learned_continued_s{seed}", checkpoint_every=steps)
+    with Trainer(cfg, progress=False, overwrite=True) as trainer:
+        df = trainer.run()
+    ev = df[df[METRIC].notna()]
+    cols = ["step", "cum_samples"] + [c for c in ev.columns if c.startswith("eval/") and c.endswith("pass@1")]
+    ev = ev[cols].reset_index(drop=True)
+    r = ols_slope_interval(ev["step"] / 100, ev[METRIC])
+    return ev, {**{k: r[k] for k in ("n", "slope", "lo", "hi", "se")}, "unit": "mean pass@1 per 100 steps",
+                "start": float(ev[METRIC].iloc[0]), "end": float(ev[METRIC].iloc[-1]), "steps": steps, "seed": seed,
+                "config": over}
+
+
 # ---- the command: python -m brorl_lab.study.frontier pilot ... -------------------------------------------------------
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Two exploratory measurements (1 torch thread; neither pre-registered, each record says so):
@@ -515,9 +550,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     q.add_argument("--b-big", type=int, default=NOISE_DESIGN["b_big"])
     q.add_argument("--repeats", type=int, default=NOISE_DESIGN["repeats"])
     q.add_argument("--out", default="runs/frontier_noise")
+    c = sub.add_parser("continue", help="continue the learned plateau's own recipe and read its slope (item 7)")
+    c.add_argument("--steps", type=int, default=100)
+    c.add_argument("--eval-every", type=int, default=10)
+    c.add_argument("--out", default="runs/frontier_continue")
+    c.add_argument("--seed", type=int, default=1, help="1: seed 0 would replay the plateau run's first prompts")
     for x in (p, q):
         x.add_argument("--seed", type=int, default=0)
         x.add_argument("--branches", nargs="+", default=list(BRANCH_POINTS))
+    for x in (p, q, c):
         x.add_argument("--figures", default=None, help="also write the tables here with provenance")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -529,6 +570,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         steps = refill_pilot(args.branches, arms, steps=args.steps, root=out / "runs", seed=args.seed)
         written = {"frontier_pilot_refill_steps.csv": steps, "frontier_pilot_refill.csv": cap_binding(steps)}
         note = "exploratory pilot, not pre-registered: sizes the frontier's budget and round cap (issue 43)"
+    elif args.cmd == "continue":
+        ev, slope = continue_plateau(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                                     root=out / "runs")
+        written = {"frontier_pilot_plateau_continued.csv": ev,
+                   "frontier_pilot_plateau_slope.csv": pd.DataFrame([{k: v for k, v in slope.items() if k != "config"}])}
+        note = ("exploratory, not pre-registered: the learned plateau's own recipe continued (issue 43, item 7); "
+                "recipe fields " + ", ".join(f"{k}={v}" for k, v in slope["config"].items()))
     else:
         reps, summary = noise_table(args.branches, args.ns, b_small=args.b_small, b_big=args.b_big,
                                     repeats=args.repeats, seed=args.seed)
@@ -536,7 +584,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         note = "exploratory, not pre-registered: the simple noise scale at each branch point (issue 43, item 6)"
     wall = time.perf_counter() - t0
     command = "python -m brorl_lab.study.frontier " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-    cks = {b: resolve_experiment_model(BRANCH_POINTS[b][0]) for b in args.branches}
+    cks = {b: resolve_experiment_model(BRANCH_POINTS[b][0]) for b in getattr(args, "branches", ["learned"])}
     for d in [out] + ([Path(args.figures)] if args.figures else []):
         for name, t in written.items():
             t.to_csv(d / name, index=False)
