@@ -447,7 +447,7 @@ def fill_samples_per_step(n: int, prompts: int, q: float) -> float:
 # ---- the critical batch size at each branch point (rl.noise_scale) ----------------------------------------------------
 #: The noise-scale measurement's design: two batch sizes in informative groups, repeats per (branch, N), and the
 #: prompts drawn per collection round at each N (the 4:1 arms' own).
-NOISE_DESIGN = dict(b_small=1, b_big=32, repeats=10, prompts={16: 64, 512: 16})
+NOISE_DESIGN = dict(b_small=1, b_big=16, repeats=8, prompts={16: 64, 512: 16})
 
 
 def noise_table(branches: Sequence[str], ns: Sequence[int], *, b_small: int = NOISE_DESIGN["b_small"],
