@@ -321,8 +321,130 @@ def regime_fields(f: Files) -> dict:
     fits = pd.DataFrame(reading["rho"]["fits"])
     out["regime_fits"] = len(fits)
     out["regime_fits_crossing"] = int(fits["resolved"].sum())
+    below1 = int((above["hi"] < 0.01).sum())
+    out["regime_above_below1"] = ("Each interval lies" if below1 == len(above) else
+                                  f"{word(below1).capitalize()} of the intervals lie")
+    out["regime_above_below0"] = word(int((above["hi"] < 0).sum()))
     out["regime_above_list"] = ", ".join(f"{name} ({r['rho']:.2f}) {iv(r)}" for name, r in above.iterrows())
+    out.update(_regime_reading(f, t, above))
+    out.update(_regime_drift(f, t))
+    out.update(_regime_power(f, t, above))
     return out
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def _names(index) -> str:
+    names = list(index)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _upd(r) -> str:
+    """A regime row's gap at equal optimizer updates with its interval, in points."""
+    return f"{pts(r['gap_updates'])} [{pts(r['lo_updates'])}, {pts(r['hi_updates'])}]"
+
+
+def _regime_reading(f: Files, t: pd.DataFrame, above: pd.DataFrame) -> dict:
+    """The reading's fits and the comparison bases (nominal samples, updates, wall time) of the regime map."""
+    from brorl_lab.study.regime import RHO_RULE
+
+    reading, out = f(f"{FIG}/regime.json"), {}
+    for axis, key in (("rho", "b"), ("rho_run", "r")):
+        fits = pd.DataFrame(reading[axis]["fits"])
+        up, down, cross = fits[fits["b_lo"] > 0], int((fits["b_hi"] < 0).sum()), int(fits["resolved"].sum())
+        loo = up["fit"].str.startswith("without").all()
+        said = (f"none of {len(fits)} resolved either way" if up.empty and not down else
+                f"{len(up)} of {len(fits)}{f' ({word(len(up))} leave-one-out fits)' if loo else ''} resolve the gap "
+                f"rising, {word(down)} falling")
+        out[f"regime_{key}_fits"] = (f"slopes {100 * fits['b'].min():+.1f} to {100 * fits['b'].max():+.1f} points per "
+                                     f"doubling; {said}; {'no' if not cross else cross} crossover ({cross} of "
+                                     f"{len(fits)})")
+    run_above = t[t["rho_run"] >= RHO_RULE]
+    out["regime_run_above"] = (f"{word(len(run_above)).capitalize()} setting{' reaches' if len(run_above) == 1 else 's reach'}"
+                               if len(run_above) else "No setting reaches")
+    out["regime_run_above_list"] = ", ".join(f"{n} ({r['rho_run']:.2f}), {iv(r)}" for n, r in run_above.iterrows())
+    out["regime_generated"] = _span(t["generated_ratio"], lambda v: f"{v:.2f}")
+    out["regime_prorl_generated"] = _span(1 / t["generated_ratio"], lambda v: f"{v:.2f}")
+    out["regime_generated_updates"] = _span(t["generated_ratio_updates"], lambda v: f"{v:.2f}")
+    behind = t[t["hi_updates"] < 0]
+    out["regime_updates_ahead"] = "nowhere" if not (t["lo_updates"] > 0).any() else \
+        _names(t.index[t["lo_updates"] > 0])
+    out["regime_updates_behind"] = _names([f"{n} {_upd(r)}" for n, r in behind.iterrows()])
+    out["regime_above_updates"] = _names([_upd(r) for _, r in above.iterrows()])
+    out["regime_above_generated_updates"] = _span(above["generated_ratio_updates"], lambda v: f"{v:.2f}")
+    out["regime_above_prorl_generated"] = _span(1 / above["generated_ratio"], lambda v: f"{v:.2f}")
+    out["regime_above_prorl_ahead"] = word(int((above["hi"] < 0).sum()))
+    out["regime_above_count"] = word(len(above))
+    out["regime_above_lead"] = _names([pts(v) for v in above["hi_updates"]])
+    out["regime_wall"] = _span(t["wall_ratio"], lambda v: f"{v:.2f}")
+    big = t.loc[t["gap"].idxmin()]
+    out["regime_largest"] = t["gap"].idxmin()
+    out["regime_largest_path"] = f"{big['prorl_0']:.3f} to {big['prorl']:.3f}, BroRL to {big['brorl']:.3f}"
+    out["regime_largest_updates"] = _upd(big)
+    out["regime_largest_resolved"] = "not resolved" if big["lo_updates"] <= 0 <= big["hi_updates"] else "resolved"
+    return out
+
+
+SCARCE_S16 = 0.1  # the regime page's "rare-success settings": E[s_16] at the branch point below this
+
+
+def _regime_drift(f: Files, t: pd.DataFrame) -> dict:
+    """The N=16 arm's drift (first half of training -> second half) in the settings the page names."""
+    d = f(f"{FIG}/regime_drift.csv").set_index(["setting", "arm", "part"])
+    b = f(f"{FIG}/regime_branch.csv").set_index("setting")
+
+    def move(setting: str, col: str, arm: str = "prorl", fmt=_pct) -> str:
+        return f"{fmt(d.loc[(setting, arm, 1), col])} -> {fmt(d.loc[(setting, arm, 2), col])}"
+
+    learned, rare = "spell_backward+gcd@learned", "spell_backward@takeoff (0,1/64]"
+    out = {"drift_gcd": move("gcd", "all_correct"), "drift_gcd_ds": move("gcd", "ds_pass_rate", fmt=lambda v: f"{v:.3f}"),
+           "drift_gcd_s16": f"{t.loc['gcd', 'E_s16']:.3f}", "drift_gcd_band": move("gcd (1/4,1)", "all_correct"),
+           "drift_spell": move("spell_backward", "all_correct"), "drift_gcd_rho_run": f"{t.loc['gcd', 'rho_run']:.2f}",
+           "drift_gcd_rho": f"{t.loc['gcd', 'rho']:.2f}", "drift_learned_correct": move(learned, "all_correct"),
+           "drift_learned_wrong": move(learned, "all_wrong"), "drift_learned_s16": f"{t.loc[learned, 'E_s16']:.3f}",
+           "drift_learned_rho_run": f"{t.loc[learned, 'rho_run']:.2f}",
+           "drift_learned_rare": f"{b.loc[learned, 'rare_success']:g}",
+           "drift_learned_failures": _pct(b.loc[learned, "rare_failure"]), "drift_rare_wrong": move(rare, "all_wrong"),
+           "drift_rare_ds": f"{t.loc[rare, 'ds_prorl']:.3f}", "drift_rare_s16": f"{t.loc[rare, 'E_s16']:.3f}",
+           "drift_rare_rho_run": f"{t.loc[rare, 'rho_run']:.2f}", "drift_rare_rho": f"{t.loc[rare, 'rho']:.2f}"}
+    br = d.xs("brorl", level="arm").groupby(level="setting")[["all_correct", "all_wrong"]].max()
+    easy = br[(br["all_correct"] == 0) & (br["all_wrong"] <= 0.1)]
+    scarce = t.index[t["E_s16"] < SCARCE_S16]
+    out["drift_easy"] = _names([n for n in t.index if n in easy.index])
+    out["drift_easy_wrong"] = _pct(easy["all_wrong"].max())
+    wrong = d.xs("brorl", level="arm").loc[list(scarce), "all_wrong"]
+    out["drift_scarce_wrong"] = _span(wrong, _pct)
+    out["drift_scarce"] = _names(list(scarce))
+    out["drift_scarce_bound"] = f"{SCARCE_S16:g}"
+    return out
+
+
+def _regime_power(f: Files, t: pd.DataFrame, above: pd.DataFrame) -> dict:
+    """Collapse counts, the per-setting sd and seeds a 1-point gap needs, and the arms' training hours."""
+    s, w = f(f"{FIG}/regime_seeds.csv"), f(f"{FIG}/regime_power.csv").set_index("setting")
+    reasons = {a: s[f"collapse_reason_{a}"].fillna("") for a in ("prorl", "brorl")}
+    by_kl = all((reasons[a][s[f"collapsed_{a}"]].str.contains("KL")).all() for a in reasons)
+    lo, hi = w["sd"].idxmin(), w["sd"].idxmax()
+    short = w[~w["enough"]]
+    open_above = above[above["hi"] >= 0]
+    hours = {a: s[f"wall_{a}"].sum() / 3600 for a in ("prorl", "brorl")}
+    return {"collapse_prorl": int(s["collapsed_prorl"].sum()), "collapse_runs": len(s),
+            "collapse_brorl": int(s["collapsed_brorl"].sum()),
+            "collapse_by": "every one by KL" if by_kl else "not every one by KL",
+            "collapse_fell_brorl": word(int(reasons["brorl"].str.contains("pass").sum())),
+            "collapse_fell_prorl": (lambda k: "no ProRL seed" if k == 0 else f"{word(k)} ProRL seeds")(
+                int(reasons["prorl"].str.contains("pass").sum())),
+            "power_seeds": int(w["seeds"].min()), "power_sd_lo": pts(w.loc[lo, "sd"], sign=False),
+            "power_lo": lo, "power_lo_needs": int(w.loc[lo, "seeds_needed"]),
+            "power_sd_hi": pts(w.loc[hi, "sd"], sign=False), "power_hi": hi,
+            "power_hi_needs": int(w.loc[hi, "seeds_needed"]), "power_enough": _names(list(w.index[w["enough"]])),
+            "power_rest": _span(short["seeds_needed"], str),
+            "power_open": ", ".join(f"{n}, which needs {int(w.loc[n, 'seeds_needed'])}, included: its interval's "
+                                    f"upper end is {pts(r['hi'])}" for n, r in open_above.iterrows()),
+            "hours": f"{sum(hours.values()):.2f}", "hours_prorl": f"{hours['prorl']:.2f}",
+            "hours_brorl": f"{hours['brorl']:.2f}"}
 
 
 # ---- Theorem 1 on the model (docs/results/theorem.md) ----------------------------------------------------------------------
