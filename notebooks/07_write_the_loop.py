@@ -230,7 +230,7 @@ def train(n, steps, prompts_per_step):
     reference, engine = make_reference(policy), make_engine("torch", policy, tok)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
     sampling = RolloutSampling(temperature=1.0, max_new_tokens=16)
-    history, t0 = [(0, 0, held_out(engine))], time.perf_counter()
+    history, updates, t0 = [(0, 0, held_out(engine))], 0, time.perf_counter()
     for step in range(1, steps + 1):
         # ---- rollout and reward ----
         items = S.sample_prompts([task], prompts_per_step, seed=seed * 1_000_003 + step)
@@ -258,9 +258,12 @@ def train(n, steps, prompts_per_step):
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
                 optimizer.step()
+                updates += 1
             S.sync(engine, policy)                                                            # the sampler's weights
         if step % max(1, steps // 4) == 0 or step == steps:
             history.append((step, step * prompts_per_step * n, held_out(engine)))
+            print(f"N = {n}: step {step:>4}, {updates} optimizer steps so far, held-out pass@1 {history[-1][2]:.3f} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
     return policy, engine, history, time.perf_counter() - t0
 
 
