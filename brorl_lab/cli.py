@@ -131,7 +131,10 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
             kw.update(type=_json_dict, metavar="JSON")
         else:
             kw["type"] = {int: int, float: float}.get(hint, str)
-        parser.add_argument("--" + dest.replace("_", "-"), **kw)
+        flags = ["--" + dest.replace("_", "-")]  # --samples, --prompts, ...: the short names eval always took
+        if name.startswith("eval_"):  # train's (and the study commands') spelling first: --eval-samples, --eval-k
+            flags.insert(0, "--" + name.replace("_", "-"))
+        parser.add_argument(*flags, **kw)
 
 
 def eval_config(args: argparse.Namespace) -> Config:
@@ -338,7 +341,15 @@ def cmd_eval(args) -> int:
         args.tasks = [t for t in TASKS.names() if t != "code"]
         cfg = eval_config(args)
     spec = resolve(cfg)  # every option against its config field, tasks built, before any load
-    policy, tok = load_policy(args.model)
+    try:
+        policy, tok = load_policy(args.model)
+    except Exception as e:  # damaged weights, no such hub id: one line; anything else keeps its traceback
+        from brorl_lab.rl.trainer import model_load_error
+
+        err = model_load_error(args.model, e)
+        if err is e:
+            raise
+        raise err from e
     spec = spec.with_tokenizer(tok)
     engine = make_engine(args.engine, policy, tok)
     try:
@@ -393,6 +404,13 @@ def cmd_report(args) -> int:
         check_writable(args.out, "--out")
 
     print(f"report: {write_report(args.runs, args.out, x=args.x)}")
+    if len(args.runs) > 1 or not (Path(args.runs[0]) / "metrics.parquet").is_file():  # several runs: compared
+        from brorl_lab.lab.report import collect_runs, compare_text
+        from brorl_lab.lab.tracking import load_run_dirs
+
+        text = compare_text(load_run_dirs(collect_runs(args.runs, allow_empty=True)))
+        if text:
+            print(text)
     return 0
 
 
@@ -401,9 +419,13 @@ def cmd_demo(args) -> int:
 
     nb = NOTEBOOK_DIR / (FLAGSHIP if (NOTEBOOK_DIR / FLAGSHIP).exists() else THEORY)
     out = Path(args.out)
-    params = _params(args.param)
-    params.setdefault("torch_threads", args.threads or max(1, min(2, os.cpu_count() or 1)))  # runs alone: the cores
-    print(f"running {nb.name} under papermill -> {out}/ (progress below; this takes a while on a CPU)")
+    params = _params(args.param)  # the flagship's miniature by default (study.runner.MINIATURE); -p full_size=True
+    params.setdefault("run_dir", str(out.resolve()))  # each study's per-seed files, arm runs and declaration
+    p = _jobs_params(argparse.Namespace(jobs=params.get("jobs"), threads=args.threads or params.get("torch_threads"),
+                                        ray=params.get("ray")))  # the demo runs alone: one arm run per core
+    params.setdefault("jobs", p["jobs"])
+    params.setdefault("torch_threads", p["torch_threads"])
+    print(f"running {nb.name} under papermill -> {out}/ (the flagship in miniature; progress below)")
     status = run_notebook(nb, out, params, progress=True, stream=_stream_kernels())
     print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else ""))
     print(f"executed notebook: {out / nb.name}")
@@ -422,15 +444,20 @@ def cmd_demo(args) -> int:
     return 0 if status["status"] == "finished" else 1
 
 
+def _notebook_path(name: str) -> Path:
+    """A notebook by path or by name under notebooks/, with or without ``.ipynb`` (``00_quickstart``)."""
+    for cand in (Path(name), NOTEBOOK_DIR / name, Path(name + ".ipynb"), NOTEBOOK_DIR / (name + ".ipynb")):
+        if cand.is_file():
+            return cand
+    known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb"))
+    raise ConfigError(f"NOTEBOOK: {name!r} is not a notebook file or a name under notebooks/; allowed: a path, or "
+                      f"one of {', '.join(known)}")
+
+
 def cmd_sweep(args) -> int:
     from brorl_lab.core.rundir import check_writable
-    from brorl_lab.lab.sweep import run_sweep
 
     check_writable(args.out, "--out")
-
-    nb = Path(args.notebook)
-    if not nb.exists() and (NOTEBOOK_DIR / args.notebook).exists():
-        nb = NOTEBOOK_DIR / args.notebook
     grid: dict = {}
     for kv in args.grid or []:
         k, _, v = kv.partition("=")
@@ -438,6 +465,13 @@ def cmd_sweep(args) -> int:
             raise ConfigError(f"--grid: got {kv!r}; allowed: name=v1,v2,...")
         grid[k] = [_literal(x) for x in v.split(",")]
     base = _params(args.param)
+    if args.notebook is None:  # train over a grid of Config fields: no notebook
+        return _train_sweep(args, grid, base)
+    from brorl_lab.lab.sweep import run_sweep
+
+    nb = _notebook_path(args.notebook)
+    if "use_solutions" in nb.read_text():  # a course exercise left unsolved must not fail a sweep point
+        base.setdefault("use_solutions", True)
     if args.threads:
         base.setdefault("torch_threads", args.threads)
     df = run_sweep(nb, grid or {"seed": [0]}, out=args.out, parallel=args.parallel, base=base,
@@ -445,6 +479,28 @@ def cmd_sweep(args) -> int:
     print(df.to_string(index=False))
     print(f"index: {Path(args.out) / 'index.parquet'}")
     return 0 if (df["status"] == "finished").all() else 1
+
+
+def _train_sweep(args, grid: dict, base: dict) -> int:
+    """``sweep --grid rollouts_per_prompt=4,32 --grid seed=0,1 [--steps N] [-p field=value]``: train runs over
+    Config fields (lab.sweep.run_train_sweep), then the runs compared by config, paired by seed."""
+    from brorl_lab.lab.report import compare_text, try_write_report
+    from brorl_lab.lab.sweep import run_train_sweep
+    from brorl_lab.lab.tracking import load_runs
+
+    if getattr(args, "steps", None) is not None:
+        base.setdefault("steps", args.steps)
+    index = run_train_sweep(grid or {"seed": [0]}, out=args.out, base=base, jobs=args.parallel,
+                            threads=args.threads, progress=not args.quiet)
+    print(index.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    text = compare_text(load_runs(args.out))
+    if text:
+        print(text)
+    print(f"index: {Path(args.out) / 'index.parquet'}")
+    report = try_write_report([args.out])
+    if report:
+        print(f"report: {report}")
+    return 0 if (index["status"] == "finished").all() else 130
 
 
 def _stream_kernels() -> bool:
@@ -673,6 +729,7 @@ def cmd_train_default(args) -> int:
     return 0
 
 
+
 def cmd_render(args) -> int:
     """Rebuild the results pages, their figures and the README's headline from the shipped files (study.render);
     with --check, write nothing and exit 1 at the first file that differs from its render."""
@@ -815,10 +872,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "cum_wall_s (checked against lab.plots.X_AXES)")
     r.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("sweep", help="run a notebook over a parameter grid with papermill")
-    s.add_argument("notebook", help="notebook path or name under notebooks/")
-    s.add_argument("--grid", "-g", action="append", metavar="NAME=V1,V2", help="a swept parameter")
-    s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="a fixed parameter")
+    s = sub.add_parser("sweep", help="train over a grid of config fields (no NOTEBOOK), or run a notebook over a "
+                       "parameter grid with papermill")
+    s.add_argument("notebook", nargs="?", default=None, help="notebook path or name under notebooks/ (.ipynb "
+                   "optional); without it, each grid point is a `train` run of those Config fields")
+    s.add_argument("--grid", "-g", action="append", metavar="NAME=V1,V2", help="a swept parameter (a Config field "
+                   "without NOTEBOOK: --grid rollouts_per_prompt=4,32 --grid seed=0,1)")
+    s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="a fixed parameter (a Config field "
+                   "without NOTEBOOK); a notebook with course exercises gets use_solutions=True unless given")
+    s.add_argument("--steps", type=int, default=None, help="train steps of every run (without NOTEBOOK)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--out", default="runs/sweeps/sweep", help="sweep directory")
     s.add_argument("--parallel", type=int, default=1, help="runs at a time (each gets cores // parallel threads)")
     add_threads(s, None, " per run (default: cores // parallel)")

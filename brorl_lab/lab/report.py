@@ -27,7 +27,7 @@ from typing import Optional
 import pandas as pd
 
 from brorl_lab.core.validation import UserError
-from brorl_lab.lab import analysis, plots, tracking
+from brorl_lab.lab import analysis, plots, stats, tracking
 
 REPORT_FILE = "report.html"
 TRAINING_METRICS = ("reward_mean", "pass_at_1", "ds_pass_rate", "kl", "entropy", "clipfrac_high", "clipfrac_low",
@@ -154,6 +154,61 @@ def held_out_section(df: pd.DataFrame, labels: Mapping[str, str], x: str) -> str
                                                              title=f"{family} pass@k before and after training")))
 
 
+#: Config fields that do not make two runs different configs: the seed pairs them; the others say where they ran.
+NOT_CONFIG = ("seed", "run_name", "run_dir", "torch_threads", "report_to")
+COMPARE_METRIC = "eval/mean/pass@1"
+
+
+def compare_runs(df: pd.DataFrame, metric: str = COMPARE_METRIC) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Runs grouped by config (every ``cfg.`` field but :data:`NOT_CONFIG`), each group's seeds and its mean final
+    ``metric``; and, for every two groups that share seeds, the paired t interval of the difference at their
+    last evaluation, b - a over the shared seeds (:func:`brorl_lab.lab.stats.paired_t_interval`: seed s of one
+    config against seed s of the other, so the seed-to-seed spread both share cancels). Returns (groups, pairs);
+    both empty when no run evaluated ``metric``."""
+    if df.empty or metric not in df:
+        return pd.DataFrame(), pd.DataFrame()
+    last = df.dropna(subset=[metric]).sort_values("step").groupby("run").tail(1)
+    fields = [c for c in last.columns if c.startswith("cfg.") and c[4:] not in NOT_CONFIG]
+    varying = [c for c in fields if last[c].astype(str).nunique() > 1]
+    last = last.assign(config=last[varying].astype(str).apply(
+        lambda r: ", ".join(f"{c[4:]}={v}" for c, v in r.items()), axis=1) if varying else "all runs")
+    groups, seeds = [], {}
+    for config, g in last.groupby("config", sort=False):
+        seeds[config] = dict(zip(g["cfg.seed"], g[metric]))
+        groups.append({"config": config, "seeds": " ".join(str(s) for s in sorted(seeds[config])), "runs": len(g),
+                       metric: float(g[metric].mean())})
+    pairs = []
+    names = list(seeds)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = sorted(set(seeds[a]) & set(seeds[b]))
+            if len(shared) >= 2:
+                r = stats.paired_t_interval([seeds[b][s] for s in shared], [seeds[a][s] for s in shared])
+                pairs.append({"b": b, "a": a, "seeds": len(shared), f"{metric} b - a": stats.format_interval(r)})
+    return pd.DataFrame(groups), pd.DataFrame(pairs)
+
+
+def compare_text(df: pd.DataFrame, metric: str = COMPARE_METRIC) -> str:
+    """:func:`compare_runs` as the lines a console prints (empty when there is nothing to compare)."""
+    groups, pairs = compare_runs(df, metric)
+    if groups.empty:
+        return ""
+    text = "by config:\n" + groups.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+    if not pairs.empty:
+        text += "\npaired by seed (95% t interval, points of pass@1):\n" + pairs.to_string(index=False)
+    elif len(groups) > 1:
+        text += "\nno two configs share 2 or more seeds: no paired interval"
+    return text
+
+
+def compare_section(df: pd.DataFrame) -> str:
+    groups, pairs = compare_runs(df)
+    if groups.empty:
+        return _note(f"no run evaluated {COMPARE_METRIC}")
+    return _table(groups) + (_table(pairs) if not pairs.empty else _note(
+        "no two configs share 2 or more seeds: no paired interval"))
+
+
 def report_html(paths: Sequence[str | os.PathLike], *, title: Optional[str] = None, x: str = "step",
                 index: Optional[pd.DataFrame] = None, allow_empty: bool = False) -> str:
     """The report page of the runs at or below ``paths`` (see the module docstring); ``index`` (a sweep's index)
@@ -169,6 +224,7 @@ def report_html(paths: Sequence[str | os.PathLike], *, title: Optional[str] = No
         sections.append(("Runs", _note("no training runs (config.yaml with metrics.parquet) in these directories")))
     else:
         sections += [("Runs", runs_section(runs, labels)), ("Config", config_section(df)),
+                     *([("Compared by config, paired by seed", compare_section(df))] if len(runs) > 1 else []),
                      ("Training curves", training_section(df, labels, x)),
                      ("Held-out evaluation", held_out_section(df, labels, x))]
     return _page(title, sections)

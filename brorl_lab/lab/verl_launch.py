@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -44,8 +45,9 @@ import pandas as pd
 import yaml
 from tqdm.auto import tqdm
 
-from brorl_lab.core.config import Config, ConfigError
+from brorl_lab.core.config import Config, ConfigError, read_config_file
 from brorl_lab.core.rundir import atomic_copy_dir, atomic_write, atomic_write_text
+from brorl_lab.core.trl_names import apply_trl_aliases
 from brorl_lab.lab.verl_names import override_lines, verl_overrides
 
 VERL_VERSION = "0.9.1"
@@ -92,9 +94,10 @@ def load_config(source: str | Path) -> Config:
     if not path.is_file():
         raise ConfigError(f"CONFIG_OR_RUN: {source} is neither a YAML file nor a run directory with config.yaml; "
                           "allowed: a config file (as `train --config` reads) or a run directory")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"CONFIG_OR_RUN: {path} must hold a mapping of config fields")
+    data = read_config_file(path)  # as `train --config` reads it: `lr: 1e-4` a float, a bad file one line
+    data, notes = apply_trl_aliases(data, f"CONFIG_OR_RUN {path}", Config.field_names())
+    for note in notes:
+        print(note, file=sys.stderr)
     return Config.from_dict(data)
 
 
@@ -248,6 +251,10 @@ def launch_verl(cfg: Config, out: str | Path, *, model_path: Optional[str] = Non
 
     if not isinstance(cfg, Config):
         raise ConfigError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab Config")
+    if cfg.rollout_allocation != "uniform":  # refused, not warned: it would run a different experiment
+        raise ConfigError(f"rollout_allocation: {cfg.rollout_allocation!r} cannot run on verl {VERL_VERSION}, which "
+                          "draws the same rollout.n for every prompt of a step (no per-prompt N: verl #4585 asked, "
+                          "closed unanswered); allowed: uniform (train here for a per-prompt allocation)")
     for name, v in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
         if not isinstance(v, int) or v < 1:
             raise ConfigError(f"{name}: got {v!r}; allowed: an integer >= 1")

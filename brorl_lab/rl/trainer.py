@@ -273,6 +273,17 @@ def _resume_target(path: Path, checkpoint: Optional[int | str | Path]) -> tuple[
     return path, d / CHECKPOINT_FILE
 
 
+def model_load_error(model: str, e: Exception) -> Exception:
+    """The one-line :class:`ConfigError` for a model that does not load for a reason on the user's side (no such
+    hub id, no network, damaged or truncated weights: safetensors' own error); any other exception as it is."""
+    if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":
+        return e
+    first = (str(e).strip().splitlines() or [""])[0]
+    return ConfigError(f"config field 'model': could not load {model!r} ({type(e).__name__}: {first[:200]}); "
+                       "allowed: 'default', a local HF model directory or run with intact weights "
+                       "(model.safetensors), or a hub id that is reachable or cached")
+
+
 def _remove_stale_temps(path: Path) -> None:
     """The temp files a killed or failed checkpoint write left (a full disk: ``.policy.*.tmp``), removed with a
     notice; the caller holds the run's lock, so no live writer owns them."""
@@ -349,10 +360,11 @@ class Trainer:
         if policy is None:
             try:
                 policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
-            except OSError as e:  # transformers' "not a valid model identifier" / no network for a hub id
-                raise ConfigError(f"config field 'model': could not load {cfg.model!r} "
-                                  f"({str(e).strip().splitlines()[0]}); allowed: 'default', a local HF model "
-                                  "directory or a hub id that is reachable or cached") from e
+            except Exception as e:  # transformers' "not a valid model identifier", no network, damaged weights
+                err = model_load_error(cfg.model, e)
+                if err is e:
+                    raise
+                raise err from e
         elif tokenizer is None:
             raise ValueError("tokenizer: required when a policy object is passed")
         self.policy, self.tokenizer = policy, tokenizer
@@ -850,7 +862,8 @@ class Trainer:
             kept = (f"the last good checkpoint ({at}) is kept, unchanged, at {target}; free space, then "
                     f"Trainer.resume({str(self.run_dir.path)!r}) continues from it")
         else:
-            kept = f"there is no earlier checkpoint to fall back on ({target} was never written)"
+            kept = (f"there is no earlier checkpoint to fall back on ({target} was never written); free space, then "
+                    "run the same command again (it starts over)")
         try:
             self.run_dir.log_event("checkpoint_failed", step=self.step_idx, error=why,
                                    kept_step=self._checkpoint_step if target.is_file() else None)
