@@ -1,6 +1,5 @@
 """Runs notebooks/00_quickstart.ipynb and notebooks/02_rollout_scaling.ipynb headless under papermill, tiny sizes."""
 
-import json
 import shutil
 from pathlib import Path
 
@@ -9,26 +8,24 @@ import pandas as pd
 import pytest
 from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync, exercise_names
 
-from brorl_lab.study import compare as C
-from brorl_lab.study import revival as R
-
 papermill = pytest.importorskip("papermill")
 
 PLOTLY = "application/vnd.plotly.v1+json"
 QUICK = dict(prompts_per_step=4, rollouts_per_prompt=8, trainer_steps=2, seed=0, torch_threads=1, use_solutions=True)
-SCALING = dict(steps=2, eval_every=1, seeds=[0, 1], n_small=4, n_large=16, prompts_small=2, prompts_large=2,
-               n_mid=8, prompts_mid=2, middle_seeds=[0], optimizer_steps_per_step=1, eval_prompts=8, eval_samples=4,
-               eval_k=[1, 4], torch_threads=1, run_ablations=True, ablation_prompts=[1, 2], ablation_seeds=[0],
-               mechanism_prompts=8, mechanism_draws=16)
+#: notebook 02 (the flagship through study.runner) at a test size: the shipped branch points, arms shrunk through the
+#: arm table, a budget of 64 generated samples, 2 paired seeds
+FLAGSHIP = dict(seeds=[0, 1], budget=64, points=2, eval_prompts=4, eval_samples=2, jobs=1, torch_threads=1,
+                arm_table={"prorl": dict(rollouts_per_prompt=2, prompts_per_step=4),
+                           "brorl": dict(rollouts_per_prompt=8, prompts_per_step=2)})
+SCALING = FLAGSHIP  # the name tests/test_browser.py imports
 
 
-@pytest.mark.parametrize("name, params", [("00_quickstart", QUICK), ("02_rollout_scaling", SCALING)])
+@pytest.mark.parametrize("name, params", [("00_quickstart", QUICK), ("02_rollout_scaling", FLAGSHIP)])
 def test_notebook_pair_is_in_sync_with_outputs_cleared(name, params):
     assert_notebook_pair_in_sync(name, params)
 
 
 def test_the_pair_check_fails_when_only_the_text_file_was_edited(tmp_path):
-    import shutil
 
     for suffix in (".ipynb", ".py"):
         shutil.copy(NOTEBOOKS / f"00_quickstart{suffix}", tmp_path / f"00_quickstart{suffix}")
@@ -86,64 +83,39 @@ def test_quickstart_stub_fails_its_check(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "quickstart").exists()
 
 
-def test_rollout_scaling_notebook_is_a_study_on_a_shared_grid_with_intervals_and_the_rule(tmp_path, monkeypatch):
+def test_the_flagship_notebook_runs_the_study_through_the_runner_and_the_demo_cli_and_paid_read_agree(
+        tmp_path, monkeypatch, capsys):
+    """`make demo` in small (`python -m brorl_lab demo`: notebook 02 under papermill, the flagship through
+    study.runner at a test size): both branch points run, a progress line comes while the arms run, the figures
+    show live and shipped seeds, and the closing line holds the reading that the runner and the CLI's `paid --read`
+    give of the same files (one reading, by behaviour: the demo, the notebook and the CLI agree)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     from brorl_lab.cli import main
+    from brorl_lab.study import runner
 
-    run_dir = tmp_path / "demo"  # through `python -m brorl_lab scaling`: the notebook headless, its verdict printed
-    argv = ["scaling", "--out", str(run_dir), "--steps", "2", "--eval-every", "1", "--seeds", "0", "1",
-            "--middle-seeds", "0", "--n-small", "4", "--n-large", "16", "--prompts-small", "2", "--prompts-large", "2",
-            "--n-mid", "8", "--prompts-mid", "2", "--eval-prompts", "8", "--eval-samples", "4", "--run-ablations"]
-    argv += [x for k, v in SCALING.items() if k not in {a.lstrip("-").replace("-", "_") for a in argv}
-             for x in ("-p", f"{k}={v!r}")]
-    assert main(argv) == 0
-    nb = nbformat.read(run_dir / "02_rollout_scaling.ipynb", as_version=4)
+    monkeypatch.setenv(runner.HEARTBEAT_ENV, "1")  # the kernel's plain progress line: every second here
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), *(f"--param={k}={v!r}" for k, v in FLAGSHIP.items())]) == 0
+    nb = nbformat.read(out / "02_rollout_scaling.ipynb", as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    text = printed(outputs)
     figures = [o.data[PLOTLY] for o in outputs if o.output_type in ("display_data", "execute_result")
                and PLOTLY in o.data]
-    # pass@1 vs samples, vs updates, vs time, diagnostics, grid gaps, mechanism, ablations
-    assert len(figures) == 7
-    names = {t.get("name") for f in figures for t in f["data"]}
-    assert {"ProRL (N=4)", "BroRL (N=16)", "Middle (N=8)"} <= names
-    assert any(str(n).endswith("seed range") for n in names)  # two seeds: the band is drawn
-    assert {"BroRL (N=16) - ProRL (N=4)", "Middle (N=8) - ProRL (N=4)"} <= names  # the paired gaps with intervals
-    assert "P(group of N=4 informative)" in names and "P(group of N=16 informative)" in names
-    text = printed(outputs)
-    assert "The rule, fixed before the run" in text and R.REVIVES_RULE in text
-    assert "Does BroRL revive the plateau?" in text and "MDE" in text and "pass@4 at equal samples" in text
-    assert text.count("Does BroRL revive the plateau?") == 1 and "Verdict (" not in text  # one verdict, the rule's
-    colors = {t.get("name"): t.get("line", {}).get("color") for t in figures[0]["data"]}
-    assert colors["ProRL (N=4)"] == C.ARM_COLORS["prorl"] and colors["BroRL (N=16)"] == C.ARM_COLORS["brorl"]
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    assert set(df["arm"]) == {"prorl", "brorl", "middle"} and set(df["seed"]) == {0, 1}
-    assert df.groupby("arm")["step"].max().to_dict() == {"brorl": 2, "middle": 4, "prorl": 8}
-    assert set(df.loc[df["arm"] == "middle", "seed"]) == {0}
-    # the shared grid: every BroRL-arm budget (samples and updates) is a measured point of both other arms
-    ev = df[df["eval/mean/pass@1"].notna()]
-    for x in R.GRID_AXES:
-        bro = set(ev.loc[ev["arm"] == "brorl", x])
-        assert len(bro) == 3 and all(bro <= set(ev.loc[(ev["arm"] == a) & (ev["seed"] == 0), x])
-                                     for a in ("prorl", "middle"))
-    verdict = json.loads((run_dir / "verdict.json").read_text())
-    assert verdict["seeds"] == 2 and set(verdict["conditions"]) == {
-        "prorl_stalled", "brorl_rising", "ahead_at_equal_samples", "gain_on_rare_side"}
-    assert verdict["revives"] == all(c["met"] for c in verdict["conditions"].values())
-    assert verdict["gap_at_equal_samples"]["t"] == pytest.approx(12.706, abs=1e-3)  # t_{0.975, 1}
-    assert set(verdict["pass_at_k_at_equal_samples"]) == {"1", "4"}
-    mech = verdict["mechanism"]  # condition 4: one paired difference per seed (none when the class is empty)
-    assert set(mech["per_seed"]) == {"0", "1"} and mech["n"] == (2 if mech["prompts"] else 0)
-    assert (run_dir / "verdict.txt").read_text().startswith("Does BroRL revive the plateau?")
-    grid = pd.read_csv(run_dir / "grid_samples.csv")
-    assert list(grid["budget"]) == [0, 32, 64] and (grid["n"] == 2).all()
-    abl = pd.read_csv(run_dir / "ablations.csv", index_col="variant")
-    assert list(abl.index) == ["main", "prompts_large=1", "lr_scaling=sqrt_samples, prompts_large=1",
-                               "lr_scaling=sqrt_samples", "advantage=grpo"]
-    prompts = pd.read_csv(run_dir / "mechanism_prompts.csv")
-    assert len(prompts) == 8 and {"p", "reach", "p after ProRL (N=4) s1", "p after BroRL (N=16) s0"} <= set(prompts)
-    pngs = sorted(p.name for p in run_dir.glob("*.png"))
-    if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
-        assert pngs == ["ablations.png", "diagnostics.png", "grid_gaps.png", "mechanism.png",
-                        "pass_at_1_vs_samples.png", "pass_at_1_vs_time.png", "pass_at_1_vs_updates.png"]
-    else:
-        assert "PNG export skipped" in text
+    assert len(figures) == 5  # per branch point: pass@1 vs generated samples, the gaps; then live beside shipped
+    dots = {t["name"]: t for t in figures[-1]["data"]}
+    assert set(dots) == {"live: one seed", "shipped: one seed"}
+    assert len(dots["live: one seed"]["text"]) == 2 * 2 and len(dots["shipped: one seed"]["text"]) == 20 + 10
+    closing = [line for line in text.splitlines() if line.startswith("Reading (study.paid.headline_reading")]
+    assert len(closing) == 1
+    assert "learned_miniature: " in text and " arm runs finished" in text  # progress while the arms ran
+    for name in ("learned", "takeoff"):
+        live = out / name / "points.csv"
+        assert (out / name / "declaration.json").is_file() and (out / name / "verdict.txt").is_file()
+        assert runner.headline_line(live) in closing[0]
+        assert runner.headline_line(runner.shipped_points(name)) in closing[0]
+        capsys.readouterr()
+        assert main(["paid", "--read", str(live)]) == 0  # the CLI's reading of the demo's file: the same line
+        assert capsys.readouterr().out.strip() == runner.headline_line(live)
+        assert runner.reading_of_points(live) in runner.headline_line(live)
+    assert "-0.63 [-1.09, -0.17] points at 131,072 generated samples, 20 paired seeds: BroRL behind" in closing[0]

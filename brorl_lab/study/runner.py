@@ -29,11 +29,14 @@ one path by which the CLI (``paid --read``), the notebook and the demo read a fo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -200,8 +203,11 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
     decl_path = write_declaration(out, study.declaration())
     declared = require_preregistered(decl_path) if (ship or study.full_size) else declaration_record(decl_path)
     arms = study.configs(threads=threads)
-    df = paid.run_paid(arms, seeds=study.seeds, root=out / "arms", progress=progress, jobs=jobs, ray=ray,
-                       threads=threads)
+    from brorl_lab.core.console import live_bars
+
+    with heartbeat(out / "arms", study.name, runs=len(arms) * len(study.seeds), enabled=progress and not live_bars()):
+        df = paid.run_paid(arms, seeds=study.seeds, root=out / "arms", progress=progress, jobs=jobs, ray=ray,
+                           threads=threads)
     spent = len(df) and df.groupby("run")["cum_samples"].max().ge(study.budget).all()
     if not spent or df["run"].nunique() < len(arms) * len(study.seeds):
         return StudyResult(study, out, False, {}, "stopped before every arm spent its budget: run the same command "
@@ -234,6 +240,43 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
     (out / "verdict.txt").write_text(text + "\n")
     return StudyResult(study, out, True, report, text, study.reading(report["headline"]),
                        files + [out / "verdict.json", out / "verdict.txt"], record)
+
+
+HEARTBEAT_S = 20.0  # a plain progress line at least this often where no bar renders (papermill, a log file)
+HEARTBEAT_ENV = "BRORL_HEARTBEAT_S"  # overrides HEARTBEAT_S (seconds), also in a kernel papermill starts
+
+
+@contextlib.contextmanager
+def heartbeat(root: Path, name: str, *, runs: int, enabled: bool, every_s: Optional[float] = None
+              ) -> Iterator[None]:
+    """While the body runs, print one plain line every ``every_s`` seconds: the study, the time so far, the arm runs
+    finished of ``runs`` and each run in flight at its step (read from the run directories under ``root``). For
+    consoles where a tqdm bar shows nothing: a notebook under papermill (``BRORL_PLAIN_PROGRESS=1``), a log file;
+    worker processes' own lines do not reach a kernel's output."""
+    if not enabled:
+        yield
+        return
+    from brorl_lab.core.rundir import RunDir
+    from brorl_lab.lab.sweep import progress_text
+
+    every_s = every_s or float(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_S)
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            dirs = sorted(d for d in Path(root).glob("*_s*") if d.is_dir())
+            done = [d for d in dirs if RunDir(d).read_status().get("status") == "finished"]
+            busy = [d for d in dirs if d not in done]
+            print(f"{time.strftime('%H:%M:%S')} {name}: {time.monotonic() - t0:.0f} s, {len(done)} of {runs} arm runs "
+                  f"finished" + (f"; {progress_text(busy)}" if busy else ""), flush=True)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 # ---- reading a folder: the one path the CLI, the notebook and the demo share -------------------------------------------
