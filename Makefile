@@ -14,7 +14,7 @@ FILES ?= .
 .PHONY: env demo test test-fast lint format lab browser-deps bench book clean-runs help
 
 help:
-	@echo "make demo   - create .venv if needed, run the flagship experiment under papermill (outputs in runs/)"
+	@echo "make demo   - create .venv if needed, run the flagship study in miniature under papermill (outputs in runs/demo)"
 	@echo "make test   - create .venv if needed, install Chromium for the browser test, lint, run the whole test suite"
 	@echo "make test-fast - the inner loop: lint + every test not marked slow, browser, ray, vllm or notebook (~2 min)"
 	@echo "make lint   - ruff check (settings in pyproject.toml); make format rewrites files with ruff format"
@@ -44,7 +44,9 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/verl-hydra.txt
 	$(BIN)/python -c "import torch; assert not torch.version.cuda, 'a CUDA torch was installed: ' + torch.__version__"
 	@touch $@
 
-demo: env browser-deps
+# The flagship in miniature (notebook 02 through study.runner, about 3 minutes on 2 cores; no Chromium needed):
+# progress lines as it runs, the executed notebook and its HTML in runs/demo/. Full size: -p full_size=True.
+demo: env
 	$(BIN)/python -m brorl_lab demo
 
 # Chromium for the real-browser test and for kaleido's PNG export (Debian packages; needs root or passwordless sudo).
