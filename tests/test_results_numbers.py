@@ -1,28 +1,23 @@
-"""Numbers a results page writes as prose, not yet through a template field, come from its results files.
+"""Results pages carry no hand-written measured number: every one enters through a template field.
 
 Results pages (docs/results/*.md) and the README's headline block are rendered from the shipped files
-(brorl_lab.study.render; tests/test_render.py holds each page to its render byte for byte). A number that enters a
-page through a template field ``{{name}}`` is computed from the files by code. A number still written in a
-template's prose (``brorl_lab/study/templates/*.md.tmpl``) is held here to the looser rule it had before
-templating: it must equal a value of the page's files, or a value recomputed from them by the page's derivation
-below, as the text rounds it. The page's ``<!-- results: ... -->`` comment (rendered from render.PAGES) names the
-files; numbers that are not measurements (settings, a paper's claims) are declared in the template::
+(brorl_lab.study.render; tests/test_render.py holds each page to its render byte for byte). A template
+(``brorl_lab/study/templates/*.md.tmpl``) names each number as a field ``{{name}}`` computed from the files by
+code; what a template still writes as prose must be a declared non-measurement (a setting, a paper's claim)::
 
     <!-- not measured: 95% 80% (interval level and power); 41% 62% (BroRL's Table 2) -->
 
-The test reads every *quoted number* of a template's prose (code spans, code blocks, link targets, comments and
+The number reader below finds every *quoted number* of a text (code spans, code blocks, link targets, comments and
 fields left out): each decimal number (``0.27``, ``-1.46``, ``+27.9``, ``-1.25e+03``) and each percentage
-(``46.1%``, ``53%``). ``x`` written with d decimals matches a value v when |s*v - x| <= 0.5e-d for a scale s of 1
-or 100 (pass@1 as points or percent), signs included; ``a.bcde+NN`` matches 3 significant digits. A percentage
-may also be a share written as a percentage of a value in [0, 1]. Every named file must be tracked by git and
-carry a provenance record (command, commit, checkpoints, machine, wall time, date; ``brorl_lab.study.results``).
-A template with no free number left (the flagship's, the README headline's) passes with nothing to check.
+(``46.1%``, ``53%``). The README's speed block is held to the older rule against its benchmark files: ``x`` written
+with d decimals matches a value v when |s*v - x| <= 0.5e-d for a scale s of 1 or 100, signs included;
+``a.bcde+NN`` matches 3 significant digits. Every results file a page names must be tracked by git and carry a
+provenance record (command, commit, checkpoints, machine, wall time, date; ``brorl_lab.study.results``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 from pathlib import Path
@@ -41,7 +36,6 @@ NOT_MEASURED = re.compile(r"<!--\s*not measured:\s*(.*?)\s*-->", re.S)
 # A number: an optional sign only where it cannot be a range's dash (not after a digit), digits with thousands
 # commas, a decimal part and/or an exponent; or any of those followed by %.
 NUMBER = re.compile(r"(?<![\w.])([+\-−]?)(?<![\d])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(e[+\-]?\d+)?(%?)(?![\w])")
-MIN_CHECKED = 10
 
 
 # ---- reading a page ------------------------------------------------------------------------------------------------
@@ -102,60 +96,6 @@ def file_values(data) -> list[float]:
     return leaves(data)
 
 
-def derive_flagship(files: dict) -> list[float]:
-    """What docs/results/flagship.md computes from the verdict: each arm's mean change of p on the rare side, the
-    slopes' upper ends over the whole branch, and the seeds a 1-point gap needs at 80% power."""
-    from brorl_lab.lab.stats import t_quantile
-
-    v = files["notebooks/figures/flagship_verdict.json"]
-    per = v["mechanism"]["per_seed"].values()
-    out = [float(np.mean([r[a] for r in per])) for a in ("brorl", "prorl")]
-    budget = v["gap_at_equal_samples"]["budget"]
-    out += [s[k] * budget / s["per_samples"] for s in v["slopes"].values() for k in ("lo", "hi", "mean")]
-    sd = 100 * v["gap_at_equal_samples"]["sd"]
-    need = next(n for n in range(2, 200) if (t_quantile(0.975, n - 1) + t_quantile(0.8, n - 1)) * sd / math.sqrt(n)
-                <= 1.0)
-    return out + [float(need), sd]
-
-
-def derive_regime(files: dict) -> list[float]:
-    """What docs/results/regime_map.md counts and sums from the regime map's files: settings behind / not resolved
-    at equal samples, the fits per axis and how many resolve the gap rising, collapsed seeds per arm, ProRL's
-    generated samples over BroRL's, and the arms' training hours summed over runs."""
-    t, s = files["notebooks/figures/regime_map.csv"], files["notebooks/figures/regime_seeds.csv"]
-    out = [float((t["hi"] < 0).sum()), float(((t["lo"] <= 0) & (t["hi"] >= 0)).sum())]
-    for rd in files["notebooks/figures/regime.json"].values():
-        fits = pd.DataFrame(rd["fits"])
-        out += [float(len(fits)), float((fits["b_lo"] > 0).sum())]
-    out += [float(s["collapsed_prorl"].sum()), float(s["collapsed_brorl"].sum())]
-    out += list(1 / t["generated_ratio"])
-    hours = [s["wall_prorl"].sum() / 3600, s["wall_brorl"].sum() / 3600]
-    return out + hours + [sum(hours)]
-
-
-def derive_theorem(files: dict) -> list[float]:
-    """The theorem page's ranges: per model and split, the smallest and largest mean of each metric over N."""
-    s = files["notebooks/figures/theorem_on_the_model_summary.csv"]
-    cols = [c for c in s.columns if c.startswith(("share_neg", "dq_per_lr", "n_dq_per_lr"))]
-    g = s.groupby(["model", "split"])[cols]
-    return list(g.min().to_numpy(float).ravel()) + list(g.max().to_numpy(float).ravel())
-
-
-DERIVE = {"floor.md": derive_flagship, "regime_map.md": derive_regime,
-          "theorem.md": derive_theorem}
-
-
-def page_values(page: Path) -> tuple[list[float], list[str]]:
-    """(values the page may quote, its result files) from its ``<!-- results: ... -->`` comment."""
-    text = page.read_text()
-    names = declared(text, RESULTS)
-    files = {n: load(REPO / n) for n in names}
-    values = [v for d in files.values() for v in file_values(d)]
-    if page.name in DERIVE:
-        values += DERIVE[page.name](files)
-    return values, names
-
-
 # ---- matching --------------------------------------------------------------------------------------------------------
 def matches(number: tuple, values: list[float]) -> bool:
     """Whether ``number`` (from :func:`quoted_numbers`) is one of ``values`` as the text rounds it. A signed number
@@ -204,13 +144,14 @@ def test_the_checker_reads_numbers_as_written_and_refuses_a_changed_one():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_every_free_number_of_a_results_template_comes_from_its_page_files(page):
-    """The page's files are tracked, carry provenance and are named in its text; each number its template still
-    writes as prose (not a field) is a value of those files."""
+def test_a_results_page_is_rendered_from_tracked_files_and_its_template_writes_no_measured_number(page):
+    """The page's files (its rendered ``<!-- results: -->`` comment) are tracked and carry provenance, a template
+    renders it, and every measured number of that template enters through a field: what it writes as prose is
+    only declared non-measurements (settings, a paper's claims)."""
     from brorl_lab.study.render import PAGES as RENDERED
     from brorl_lab.study.render import TEMPLATES
 
-    values, names = page_values(page)
+    names = declared(page.read_text(), RESULTS)
     assert names, f"{page.name}: no <!-- results: ... --> comment naming its files"
     missing = [n for n in names if n not in tracked()]
     assert not missing, f"{page.name}: results files not tracked by git: {missing}"
@@ -220,8 +161,14 @@ def test_every_free_number_of_a_results_template_comes_from_its_page_files(page)
         assert not absent, f"{page.name}: {n}'s provenance record lacks {absent}"
     spec = next((s for s in RENDERED if s.path == f"docs/results/{page.name}"), None)
     assert spec is not None, f"{page.name}: no template renders it (brorl_lab.study.render.PAGES)"
-    bad, checked = check_page((TEMPLATES / spec.template).read_text(), values)
-    assert bad == [], f"{page.name}: template numbers found in none of {names} (nor derived from them): {bad}"
+    free, _ = check_page((TEMPLATES / spec.template).read_text(), [])
+    assert free == [], f"{spec.template}: numbers written as prose, not through a field: {free}"
+
+
+def test_the_readme_headline_template_writes_no_measured_number():
+    from brorl_lab.study.render import TEMPLATES
+
+    assert check_page((TEMPLATES / "readme_headline.md.tmpl").read_text() + "<!-- not measured: 95% -->", [])[0] == []
 
 
 def headline_rows(readme: str) -> list[tuple[str, str]]:
