@@ -578,9 +578,7 @@ def cmd_plateau(args) -> int:
     return 0 if res.passed else 3
 
 
-SCALING_OPTIONS = ("steps", "eval_every", "seeds", "middle_seeds", "n_small", "n_large", "prompts_small",
-                   "prompts_large", "n_mid", "prompts_mid", "model", "eval_prompts", "eval_samples",
-                   "measure_mechanism", "run_ablations")
+SCALING_OPTIONS = ("steps", "eval_every", "seeds", "model", "eval_prompts", "eval_samples", "measure_mechanism")
 
 
 def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str = "") -> int:
@@ -620,12 +618,22 @@ def cmd_reach(args) -> int:
 
 
 def cmd_scaling(args) -> int:
-    """The flagship study headless: notebook 02 into ``--out`` (resumable: finished arm runs are read back, a
-    partial one resumes), then its verdict.txt (verdict.json beside it)."""
-    params = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k) is not None}
-    params.update(_params(args.param), full_size=args.full_size, **_jobs_params(args))
-    return _run_study(FLAGSHIP, Path(args.out), params, "verdict.txt",
-                      " (full size: 8 paired seeds)" if args.full_size else "")
+    """The floor study (docs/results/floor.md; the flagship before issue 42), headless: argument parsing and ONE
+    call of :func:`brorl_lab.study.runner.run_floor` into ``--out`` (resumable), then its verdict.txt."""
+    from brorl_lab.study import runner
+
+    p = _jobs_params(args)
+    settings = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k, None) is not None}
+    settings.update(_params(args.param))
+    if args.full_size:
+        settings["seeds"] = sorted(set(settings.get("seeds", runner.FLOOR["seeds"])) | set(range(runner.FLOOR_FULL_SEEDS)))
+    res = runner.run_floor(args.out, settings=settings, middle=args.full_size or args.middle_seeds is not None,
+                           middle_seeds=args.middle_seeds, jobs=p["jobs"], ray=p["ray"], threads=p["torch_threads"],
+                           command=_command_line(args))
+    print(res.text, file=sys.stdout if res.finished else sys.stderr)
+    if res.finished:
+        print(f"written: {Path(args.out) / 'verdict.txt'} (verdict.json and metrics.parquet beside it)")
+    return 0 if res.finished else 130
 
 
 def cmd_paid(args) -> int:
@@ -997,26 +1005,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_jobs_options(pa)
     pa.set_defaults(func=cmd_paid)
 
-    s = sub.add_parser("scaling", help="the flagship study headless (notebook 02): arms on the shared grid, paired "
-                       "intervals and the pre-declared revives test")
-    s.add_argument("--full-size", action="store_true", help="8 paired seeds and the middle arm N=64")
+    s = sub.add_parser("scaling", help="the floor study headless (docs/results/floor.md): from data/plateau_model, "
+                       "arms on a shared grid of nominal samples, read by its own rule (study.revival.brorl_revives)")
+    s.add_argument("--full-size", action="store_true", help="8 paired seeds and the middle arm (floor.md's run)")
     s.add_argument("--out", default="runs/scaling", help="run directory (arm runs in OUT/arms; resumable)")
     s.add_argument("--steps", type=int, default=None, help="BroRL-arm steps (the ProRL arm gets ratio x as many)")
     s.add_argument("--eval-every", type=int, default=None, help="BroRL-arm steps between shared-grid points")
     s.add_argument("--seeds", type=int, nargs="+", default=None)
-    s.add_argument("--middle-seeds", type=int, nargs="+", default=None, help="seeds of the middle arm")
-    s.add_argument("--n-small", type=int, default=None)
-    s.add_argument("--n-large", type=int, default=None)
-    s.add_argument("--prompts-small", type=int, default=None)
-    s.add_argument("--prompts-large", type=int, default=None)
-    s.add_argument("--n-mid", type=int, default=None, help="middle arm's N (0: none)")
-    s.add_argument("--prompts-mid", type=int, default=None)
+    s.add_argument("--middle-seeds", type=int, nargs="+", default=None, help="seeds of the middle arm (given: the "
+                   "middle arm runs)")
     s.add_argument("--model", default=None, help="default: plateau")
     s.add_argument("--eval-prompts", type=int, default=None)
     s.add_argument("--eval-samples", type=int, default=None)
     s.add_argument("--measure-mechanism", action=argparse.BooleanOptionalAction, default=None)
-    s.add_argument("--run-ablations", action=argparse.BooleanOptionalAction, default=None)
-    s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other notebook parameter")
+    s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other setting of "
+                   "study.runner.FLOOR (lr, reward, eval_k, mechanism_prompts, mechanism_draws, tasks, ...)")
     add_jobs_options(s)
     s.set_defaults(func=cmd_scaling)
 

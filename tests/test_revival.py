@@ -116,3 +116,34 @@ def test_mechanism_gaps_read_the_rare_side_class():
              for s in range(3)}
     m = R.mechanism_gaps(before, after)
     assert m["prompts"] == 2 and m["mean"] == pytest.approx(0.11) and m["lo"] > 0
+
+
+def test_the_floor_runs_through_the_library_and_reads_its_own_rule(tmp_path, capsys, monkeypatch):
+    """`python -m brorl_lab scaling` (docs/results/floor.md's command) is one call of study.runner.run_floor: both
+    arms on the shared grid, the mechanism, the floor's rule in verdict.txt/json with provenance; a setting it does
+    not know is one line, exit 2."""
+    import json
+
+    from brorl_lab.cli import main
+
+    out = tmp_path / "floor"
+    argv = ["scaling", "--out", str(out), "--model", "default", "--steps", "1", "--eval-every", "1", "--seeds", "0",
+            "1", "--eval-prompts", "4", "--eval-samples", "2", "--jobs", "1", "--threads", "1",
+            "-p", "tasks=['gcd']", "-p", "mechanism_prompts=4", "-p", "mechanism_draws=16", "-p", "eval_k=[1]"]
+    from brorl_lab.study import runner
+
+    table = {"prorl": dict(rollouts_per_prompt=2, prompts_per_step=4), "brorl": dict(rollouts_per_prompt=8,
+                                                                                       prompts_per_step=2)}
+    monkeypatch.setattr(runner, "ARM_TABLE", table)  # the recipe's arm table, shrunk for the test
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "\nDoes BroRL revive the plateau?" in "\n" + text and "gain_on_rare_side" in text
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["seeds"] == 2 and verdict["revives"] == all(c["met"] for c in verdict["conditions"].values())
+    assert verdict["provenance"]["started_at"] and verdict["provenance"]["arms"] == {"prorl": "2 x 4", "brorl": "8 x 2"}
+    try:
+        main(["scaling", "--out", str(tmp_path / "x"), "-p", "budget=3"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("an unknown setting must be refused")

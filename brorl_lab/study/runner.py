@@ -43,6 +43,7 @@ from typing import Optional
 
 import pandas as pd
 
+from brorl_lab.core.console import live_bars
 from brorl_lab.core.paths import NOTEBOOK_DIR, repo_relative
 from brorl_lab.core.validation import UserError, check_seeds
 from brorl_lab.study import paid
@@ -187,7 +188,8 @@ class StudyResult:
     record: dict
 
     def __repr__(self) -> str:
-        return f"StudyResult({self.study.name!r}, {'finished' if self.finished else 'unfinished'}: {self.reading})"
+        state = "finished" if self.finished else "unfinished"
+        return f"StudyResult({getattr(self.study, 'name', 'floor')!r}, {state}: {self.reading})"
 
 
 def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Optional[str] = None,
@@ -203,8 +205,6 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
     decl_path = write_declaration(out, study.declaration())
     declared = require_preregistered(decl_path) if (ship or study.full_size) else declaration_record(decl_path)
     arms = study.configs(threads=threads)
-    from brorl_lab.core.console import live_bars
-
     with heartbeat(out / "arms", study.name, runs=len(arms) * len(study.seeds), enabled=progress and not live_bars()):
         df = paid.run_paid(arms, seeds=study.seeds, root=out / "arms", progress=progress, jobs=jobs, ray=ray,
                            threads=threads)
@@ -344,3 +344,82 @@ def live_and_shipped_figure(table: pd.DataFrame, *, title: Optional[str] = None)
                       legend=dict(orientation="h", y=-0.25))
     return fig
 
+
+
+# ---- the floor (docs/results/floor.md): the superseded design, kept as a named setting with its own command --------
+#: The floor's design as shipped (notebook 02 before issue 42; `python -m brorl_lab scaling`): from data/plateau_model,
+#: arms on a shared grid of *nominal* samples (steps x prompts x N), read by its own rule fixed before that run
+#: (study.revival.brorl_revives). The arms' N and prompts per step are the recipe's arm table's.
+FLOOR = dict(model="plateau", steps=8, eval_every=1, seeds=(0, 1, 2), optimizer_steps_per_step=2, lr=3e-4,
+             lr_scaling="none", lr_warmup_steps=0, reward="correct", eval_prompts=64, eval_samples=64,
+             eval_k=[1, 8, 64], mechanism_prompts=64, mechanism_draws=512, measure_mechanism=True)
+FLOOR_FULL_SEEDS = 8  # --full-size: 8 paired seeds and the middle arm
+
+
+def run_floor(out: str | Path, *, settings: Optional[Mapping] = None, middle_seeds=None, middle: bool = False,
+              arm_table: Optional[Mapping] = None, jobs: Optional[int] = 1, ray: Optional[str] = None,
+              threads: Optional[int] = None, progress: bool = True, command: Optional[str] = None) -> StudyResult:
+    """The floor study (:data:`FLOOR`, ``settings`` overriding it) into ``out``: the arms of
+    :func:`brorl_lab.study.arms.arm_configs` (N and prompts per step from ``arm_table``, default the recipe's) for
+    every seed in ``out/arms`` (resumable), the mechanism on ``mechanism_prompts`` training prompts at
+    ``mechanism_draws`` draws (condition 4), then its one reading :func:`brorl_lab.study.revival.revival_report`
+    (``revives``) and text; metrics.parquet, verdict.json and verdict.txt with their provenance."""
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rl.steps import sample_prompts
+    from brorl_lab.study import arms as arms_
+    from brorl_lab.study import mechanism
+    from brorl_lab.study import revival as R
+    from brorl_lab.study.compare import ARMS
+
+    unknown = sorted(set(settings or {}) - set(FLOOR) - {"tasks"})
+    if unknown:
+        raise UserError(f"settings: unknown {', '.join(unknown)}; allowed: {', '.join(sorted(FLOOR))}, tasks")
+    out, s = Path(out), {**FLOOR, **(settings or {})}
+    start, t0 = start_of_run(), time.perf_counter()
+    t = arm_table or ARM_TABLE
+    opts = dict(n_small=t["prorl"]["rollouts_per_prompt"], prompts_small=t["prorl"]["prompts_per_step"],
+                n_large=t["brorl"]["rollouts_per_prompt"], prompts_large=t["brorl"]["prompts_per_step"],
+                lr_scaling=s["lr_scaling"])
+    if middle:
+        opts.update(n_mid=t["middle"]["rollouts_per_prompt"], prompts_mid=t["middle"]["prompts_per_step"])
+    base = recipe_config(model=s["model"], steps=s["steps"], eval_every=s["eval_every"],
+                         checkpoint_every=s["eval_every"], optimizer_steps_per_step=s["optimizer_steps_per_step"],
+                         lr=s["lr"], lr_warmup_steps=s["lr_warmup_steps"], reward=s["reward"],
+                         eval_prompts=s["eval_prompts"], eval_samples=s["eval_samples"], eval_k=list(s["eval_k"]),
+                         **({"tasks": s["tasks"]} if s.get("tasks") else {}),
+                         **({"torch_threads": threads} if threads else {}))
+    seeds = list(check_seeds(list(s["seeds"])))
+    planned = arms_.arm_configs(base, **opts)
+    with heartbeat(out / "arms", "floor", runs=len(planned) * len(seeds), enabled=progress and not live_bars()):
+        df = arms_.run_rollout_scaling(base, seeds=seeds, root=out / "arms", progress=progress,
+                                       middle_seeds=middle_seeds, jobs=jobs, ray=ray, threads=threads, **opts)
+    steps = df.groupby("arm")["step"].max().to_dict() if len(df) else {}
+    if any(steps.get(a) != c.steps for a, c in planned.items()):
+        return StudyResult(None, out, False, {}, "stopped before every arm finished: run the same command again to "
+                           "resume", "not read: unfinished", [], {})
+    mech = None
+    if s["measure_mechanism"]:
+        items = sample_prompts(base.tasks, s["mechanism_prompts"], seed=paid.MECHANISM_ITEM_SEED)
+
+        def rates(model_dir) -> pd.DataFrame:
+            policy, tok = load_policy(str(model_dir))
+            return mechanism.prompt_pass_rates(policy, tok, items, base, n_draws=s["mechanism_draws"],
+                                               n_small=opts["n_small"])
+
+        before = rates(base.model)
+        mech = R.mechanism_gaps(before, {seed: {a: rates(out / "arms" / f"{a}_s{seed}") for a in ARMS}
+                                         for seed in seeds})
+    report = R.revival_report(df, mechanism=mech)
+    text = R.revival_text(report)
+    df.to_parquet(out / "metrics.parquet")
+    record = provenance(command or "brorl_lab.study.runner.run_floor()", {"branch": base.model},
+                        time.perf_counter() - t0, commit=start["commit"], started_at=start["started_at"],
+                        declaration=None, seeds=seeds, settings={k: v for k, v in s.items() if k != "seeds"},
+                        arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}" for a, c in planned.items()})
+    write_provenance(out / "metrics.parquet", record)
+    (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
+    (out / "verdict.txt").write_text(text + "\n")
+    verdict = "revives" if report["revives"] else "does not revive"
+    return StudyResult(None, out, True, report, text, f"by the floor's rule (study.revival.brorl_revives): BroRL "
+                       f"{verdict} the plateau", [out / "metrics.parquet", out / "verdict.json", out / "verdict.txt"],
+                       record)
