@@ -18,8 +18,10 @@
 #
 # BroRL compares N = 16 with N = 512. Between and beyond them lies a question the paper leaves unswept: at a fixed
 # number of **samples per step** (prompts x N), where does a larger N stop paying? This notebook trains **one**
-# setting, from the flagship's branch point (`data/plateau_model`) with the flagship's recipe, and evaluates pass@k at
-# several k. The sweep runs it once per (N, prompts per step) pair of the iso-compute planner and per seed:
+# setting, from the flagship's branch point (`data/learned_plateau`: ProRL v2 at N = 16 raised it, then it stalled;
+# the headline of docs/results/flagship.md) with the flagship's recipe, and evaluates pass@k at several k. (Until
+# issue 42 it started from the products_2d floor, `data/plateau_model`, which the flagship has left: `model="floor"`
+# still runs from there.) The sweep runs it once per (N, prompts per step) pair of the iso-compute planner and per seed:
 #
 #     python -m brorl_lab iso-compute --samples-per-step 512 --n 4 16 64 256 512 --seeds 0 1 2
 #
@@ -28,8 +30,8 @@
 # against N, and whether a larger N widens the boundary (pass@k at large k) or only sharpens pass@1.
 
 # %% tags=["parameters"]
-model = "plateau"              # "plateau" is data/plateau_model; or "default", or an HF model directory
-families = None                # None: the families the plateau model was trained on
+model = "learned"              # "learned" is data/learned_plateau; "floor" data/plateau_model; or "default", a directory
+families = None                # None: the families the branch point was trained on (its plateau.json)
 rollouts_per_prompt = 16       # N
 prompts_per_step = 32          # prompts x N is the fixed samples per step of the sweep
 steps = 20

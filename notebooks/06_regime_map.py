@@ -38,6 +38,13 @@
 #    branch-point rho and on the in-run rho (the measured DS pass rates' ratio), with unweighted, weighted and
 #    leave-one-out fits, the crossover only when every fit resolves it.
 #
+# **Branch points.** The flagship now branches from the learned plateau and the takeoff base (notebook 02). The
+# map keeps the products_2d floor (`data/plateau_model`) as its default branch point because its constructed
+# settings filter a family's prompts into bands of p at the branch point, and the learned plateau's prompts were
+# polarised by learning (0.8% of them with rare successes, docs/results/paid.md), which leaves its low-p bands
+# nearly empty. The learned plateau and the takeoff base enter as named settings of their own
+# (`spell_backward+gcd@learned`, the `@takeoff` settings), so the map covers the flagship's branch points too.
+#
 # Run headless: `python -m brorl_lab regime-map` (resumable: pools, branch-point rates and each setting's arm runs
 # are read back when finished, a partial run resumes). `-p quick=True` is the tiny preset the test suite runs.
 
