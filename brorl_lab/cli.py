@@ -677,14 +677,14 @@ def cmd_regime_map(args) -> int:
     import time
 
     from brorl_lab.study import regime
-    from brorl_lab.study.results import git_commit, provenance
+    from brorl_lab.study.results import provenance, start_of_run
 
     params = {**_params(args.param), **_jobs_params(args), **({"quick": True} if args.quick else {})}
-    commit, start = git_commit(), time.time()  # the code that ran: taken when the run starts
+    began, start = start_of_run(), time.time()  # the code that ran and when: taken when the run starts
     rc = _run_study(REGIME_MAP, Path(args.out), params, "regime.txt")
     if rc == 0:  # a provenance record beside every results file the run wrote
         record = provenance(_command_line(args), regime.checkpoints_of(Path(args.out)), time.time() - start,
-                            commit=commit)
+                            commit=began["commit"], started_at=began["started_at"], declaration=None)
         regime.write_provenances(Path(args.out), record)
     return rc
 

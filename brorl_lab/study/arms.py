@@ -24,13 +24,17 @@ from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
 from brorl_lab.core.validation import check_int, check_seeds, is_int, is_number
 from brorl_lab.study.compare import ARM_NAMES
-from brorl_lab.study.recipe import IGNORED_FIELDS, check_same_config, open_trainer
+from brorl_lab.study.recipe import ARM_TABLE, IGNORED_FIELDS, check_same_config, open_trainer
 
 DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 
 
 # ---- the arms ----------------------------------------------------------------------------------------------------------
-def arm_configs(base: Config, *, n_small: int = 16, n_large: int = 512, prompts_small: int = 64,  # noqa: C901 - one branch per arm option, each checked where the arm is built
+_PRORL, _BRORL = ARM_TABLE["prorl"], ARM_TABLE["brorl"]  # the defaults: the recipe's arm table
+
+
+def arm_configs(base: Config, *, n_small: int = _PRORL["rollouts_per_prompt"],  # noqa: C901 - one branch per arm option
+                n_large: int = _BRORL["rollouts_per_prompt"], prompts_small: int = _PRORL["prompts_per_step"],
                 prompts_large: Optional[int] = None, samples_ratio: float = 8, lr_scaling: str = "none",
                 n_mid: Optional[int] = None, prompts_mid: Optional[int] = None) -> dict[str, Config]:
     """The arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}`` (and ``"middle"``

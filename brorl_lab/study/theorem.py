@@ -437,9 +437,9 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
     the Python call). Resumable like run_theorem."""
     import time
 
-    from brorl_lab.study.results import git_commit, provenance, write_provenance
+    from brorl_lab.study.results import provenance, start_of_run, write_provenance
 
-    t0, commit = time.perf_counter(), git_commit()
+    t0, start = time.perf_counter(), start_of_run()  # the commit and UTC time when the run starts
     seeds = check_seeds(seeds)
     frames, theories, preds, setups = [], [], [], []
     for model in models:
@@ -469,7 +469,8 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
         png = Path(figure_dir) / f"{FIGURE_NAME}.png"
         png.parent.mkdir(parents=True, exist_ok=True)
         record = provenance(command or f"brorl_lab.study.theorem.theorem_study({list(models)!r}, seeds={len(seeds)})",
-                            models_used, time.perf_counter() - t0, commit=commit, settings=dict(
+                            models_used, time.perf_counter() - t0, commit=start["commit"],
+                            started_at=start["started_at"], declaration=None, settings=dict(
                                 n_values=list(n_values), seeds=len(seeds), prompts=prompts, held_out=held_out,
                                 lr=lr, optimizer=optimizer, trials=trials))
         for fname, t in (("summary", summary), ("per_seed", per_seed(df)), ("theory", theory)):  # its numbers
