@@ -84,3 +84,14 @@ def test_the_readme_is_short_and_every_relative_link_of_it_and_the_docs_resolves
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert broken == []
+
+
+def test_the_headline_and_its_figure_are_on_the_readme_first_screen():
+    """The headline table (rendered from the shipped files by ``python -m brorl_lab render``) opens the README,
+    with its figure (a dot per seed, the interval) right under it."""
+    readme = (REPO / "README.md").read_text()
+    start, end = readme.index("<!-- headline -->"), readme.index("<!-- /headline -->")
+    assert start < 3000, "the headline results must be on the README's first screen"
+    block = readme[start:end]
+    assert block.count("\n| ") >= 3 and "](notebooks/figures/headline.png)" in block
+    assert (REPO / "notebooks" / "figures" / "headline.png").is_file()

@@ -18,6 +18,8 @@ layer below: core, theory, rollout, rl, lab):
     regime     the regime map: the BroRL - ProRL gap per seed across settings spanning rho (named and constructed
                pools), and the rho rule read before the run (broadening_pays)
     theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt
+    render     results pages rendered from the shipped files (`python -m brorl_lab render`): templates with fields,
+               deterministic figures, the README headline, and the provenance gate (LEGACY names pre-rule records)
     runner     ONE runner: a study declared as data (Study: branch point, arms from recipe.ARM_TABLE, seeds, budget,
                grid, its one reading and thresholds) and run_study (declaration and pre-registration, the arm x seed
                grid, per-seed files with provenance, the reading); the CLI, notebook 02 and `make demo` call it

@@ -925,15 +925,20 @@ def render(root: Optional[Path] = None, only: Optional[set[str]] = None) -> dict
     return out
 
 
-def differences(rendered: Mapping[str, bytes], root: Optional[Path] = None) -> list[str]:
-    """One line per rendered file that differs from the one on disk: for text, its first differing line."""
+def _changed(rendered: Mapping[str, bytes], root: Optional[Path]):
+    """(repo path, rendered bytes, bytes on disk or None) of each rendered file that differs from the one on disk."""
     root = Path(root) if root is not None else ROOT
-    out = []
     for name, data in rendered.items():
         path = root / name
         have = path.read_bytes() if path.is_file() else None
-        if have == data:
-            continue
+        if have != data:
+            yield name, data, have
+
+
+def differences(rendered: Mapping[str, bytes], root: Optional[Path] = None) -> list[str]:
+    """One line per rendered file that differs from the one on disk: for text, its first differing line."""
+    out = []
+    for name, data, have in _changed(rendered, root):
         if have is None:
             out.append(f"{name}: missing (render writes it)")
         elif name.endswith(".png"):
@@ -949,12 +954,10 @@ def differences(rendered: Mapping[str, bytes], root: Optional[Path] = None) -> l
 
 def write(rendered: Mapping[str, bytes], root: Optional[Path] = None) -> list[str]:
     """Write each rendered file that differs from the one on disk; returns the paths written."""
-    root = Path(root) if root is not None else ROOT
     written = []
-    for name, data in rendered.items():
-        path = root / name
-        if not (path.is_file() and path.read_bytes() == data):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            written.append(name)
+    for name, data, _ in list(_changed(rendered, root)):
+        path = (Path(root) if root is not None else ROOT) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append(name)
     return written
