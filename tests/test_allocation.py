@@ -369,3 +369,13 @@ def test_config_names_and_bounds_of_the_allocation():
         Config(rollout_allocation="two_stage", rollouts_per_prompt=4, allocation_probe=8)
     with pytest.raises(ConfigError, match="allocation_cap.*at least rollouts_per_prompt=16"):
         Config(rollout_allocation="until_signal", rollouts_per_prompt=16, allocation_cap=8)
+
+
+def test_launch_to_verl_refuses_a_per_prompt_allocation_in_one_line(tmp_path):
+    from brorl_lab.lab.verl_launch import launch_verl
+
+    cfg = Config(rollout_allocation="two_stage", rollouts_per_prompt=16, prompts_per_step=4)
+    with pytest.raises(ConfigError, match=r"^rollout_allocation: 'two_stage' cannot run on verl .*no per-prompt N.*"
+                                          r"allowed: uniform"):
+        launch_verl(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

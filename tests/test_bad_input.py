@@ -28,6 +28,7 @@ from brorl_lab.core.config import Config, ConfigError
 from brorl_lab.core.rundir import RunDir
 from brorl_lab.lab import sweep
 from brorl_lab.rl import algo
+from brorl_lab.rl.allocation import ALLOCATORS
 from brorl_lab.rl.spec import resolve
 from brorl_lab.rl.trackers import TRACKERS
 from brorl_lab.rollout.engines import ENGINES
@@ -49,9 +50,11 @@ FIELDS = Config.field_names()
 INT_MIN = {  # integer fields and their smallest allowed value
     **dict.fromkeys(["rollouts_per_prompt", "prompts_per_step", "max_new_tokens", "rollout_chunk_sequences",
                      "optimizer_steps_per_step", "train_micro_batch_tokens", "steps", "eval_samples",
-                     "eval_prompts", "lr_reference_samples", "lr_reference_prompts", "ray_workers", "max_bad_steps"], 1),
+                     "eval_prompts", "lr_reference_samples", "lr_reference_prompts", "ray_workers", "max_bad_steps",
+                     "allocation_probe", "allocation_cap", "allocation_round"], 1),
     **dict.fromkeys(["eval_every", "checkpoint_every", "keep_checkpoints", "reset_every", "reset_every_samples",
-                     "lr_warmup_steps", "max_resample_rounds", "torch_threads", "seed", "max_samples"], 0),
+                     "lr_warmup_steps", "max_resample_rounds", "torch_threads", "seed", "max_samples",
+                     "allocation_prior_draws"], 0),
 }
 # float fields: (low, low_inclusive, high, high_inclusive); None = unbounded (but always finite)
 FLOAT_RANGE = {
@@ -72,6 +75,7 @@ CHOICES = {  # string fields with a fixed or registered set of names
     "reward": ["correct", "score"], "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"], "template": ["auto", "plain", "chat"],
     "logprob_layout": ["auto", "shared_prefix", "packed"], "lr_scheduler_type": ["constant", "linear", "cosine"],
+    "rollout_allocation": ALLOCATORS.names(),
 }
 BOOLS = ["adv_std_norm", "dynamic_sampling", "reset_optimizer", "compile_step"]
 SMALL = dict(rollouts_per_prompt=4, prompts_per_step=2, max_new_tokens=4, eval_prompts=4, eval_samples=4,

@@ -118,6 +118,12 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "ray_address": ("-", "`ray start` before launching: verl joins the cluster it finds"),
     "device": ("trainer.device", "cuda"),
     "rollout_chunk_sequences": ("-", "memory only: vllm batches itself"),
+    "rollout_allocation": ("-", "uniform only: verl draws one rollout.n for every prompt (no per-prompt N; verl "
+                                "#4585, closed unanswered); any other allocator is refused"),
+    "allocation_probe": ("-", "with rollout_allocation only (refused on verl)"),
+    "allocation_cap": ("-", "with rollout_allocation only (refused on verl)"),
+    "allocation_round": ("-", "with rollout_allocation only (refused on verl)"),
+    "allocation_prior_draws": ("-", "with rollout_allocation only (refused on verl)"),
     "logprob_layout": ("-", "same numbers in every layout"),
     "compile_step": ("-", "speed only, same numbers: verl's engines and actor bring their own fused kernels"),
     "torch_threads": ("-", "CPU threads of this process only"),
