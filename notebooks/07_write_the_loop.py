@@ -35,11 +35,11 @@
 model = "takeoff"                # the takeoff base (data/takeoff_base): solves spell_backward rarely, can learn it
 task = "spell_backward"
 pieces = "mine"                  # "mine": your functions below; "library": brorl_lab's
-steps = 120                      # RL steps of the loop
-prompts_per_step = 16            # P, prompts (groups) drawn per step
+steps = 450                      # RL steps of the loop
+prompts_per_step = 32            # P, prompts (groups) drawn per step
 rollouts_per_prompt = 16         # N, samples per prompt
 minibatches = 2                  # optimizer steps per RL step (the second one is off-policy: the clip matters)
-lr = 1e-3
+lr = 5e-4                        # 1e-3 wrecked the base here (held-out pass@1 0.022 -> 0.003 in 120 steps)
 eps_low = 0.2                    # PPO clip range [1 - eps_low, 1 + eps_high]
 eps_high = 0.28                  # DAPO's clip-higher: eps_high > eps_low
 kl_beta = 1e-3                   # weight of the KL to the reference (0: no reference forward)

@@ -129,8 +129,10 @@ def local_target(url: str) -> tuple[Path, str] | None:
 def test_every_page_loads_offline_draws_its_figures_and_its_links_resolve(tiny_book, chromium):  # noqa: F811, C901 - one crawl
     out, _ = tiny_book
     html = out / "html"
-    figures = {stem: sum(PLOTLY in o.get("data", {}) for o in outputs(nbformat.read(p, as_version=4)))
-               for stem, p in ((p.stem, p) for p in (out / "executed").glob("*.ipynb"))}
+    # the figures each page must draw: its notebook's plotly outputs, plus the still copies of its widgets' plots
+    figures = {p.stem: sum("plotly-graph-div" in o.get("data", {}).get("text/html", "")
+                           for o in outputs(nbformat.read(p, as_version=4)))
+               for p in (out / "src" / "notebooks").glob("*.ipynb")}
     todo, seen, links, remote, report = [html / "search.html", html / "index.html"], set(), [], [], {}
     anchors: dict[Path, set[str]] = {}  # page -> its element ids
     wanted: dict[Path, set[str]] = {}  # page -> the #fragments links point to
@@ -232,6 +234,7 @@ def test_notebook_pages_render_tables_fit_their_figures_and_picture_every_widget
         finally:
             page.close()
     widget_pages = {stem: cells for stem, cells in notes.items() if any(note for note, _ in cells)}
-    assert {"01_mass_balance_theory", "01b_theorem_on_the_model"} <= set(widget_pages), sorted(widget_pages)
+    assert {"01_mass_balance_theory", "01b_theorem_on_the_model", "01c_allocation"} <= set(widget_pages), \
+        sorted(widget_pages)
     for stem, cells in widget_pages.items():  # the note and the still figures sit in the same cell's output
         assert all(figures >= 1 for note, figures in cells if note), f"{stem}: a widget without a picture"

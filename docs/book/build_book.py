@@ -69,8 +69,8 @@ NOT_PAGES = ("book",)  # docs/book is the book's own sources
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_NOTE = ("*An interactive widget is drawn here when the notebook runs in JupyterLab (`make lab`); a static "
-               "page has no kernel behind it. The figures right below are its default view, drawn when the book was "
-               "built (the notebook's `static_views` parameter).*")
+               "page has no kernel behind it. The figures right below are its plots as the executed notebook left "
+               "them (its default view), kept from the notebook's saved widget state.*")
 TEXT_BARS = BOOK / "text_bars.py"  # the kernels' IPython startup file: tqdm.auto draws a text bar, once, at close
 
 
@@ -173,11 +173,39 @@ def cached(stem: str, key: str, out: Path) -> bool:
     return dest.is_file() and nbformat.read(dest, as_version=4).metadata.get("brorl_book", {}).get("key") == key
 
 
+def widget_figures(state: dict, model_id: str) -> list[dict]:
+    """The plotly figures inside the widget ``model_id`` as its saved state holds them (``{"data", "layout"}``, in
+    the order they sit in the widget): plotly's FigureWidget is an anywidget model whose state keeps the figure it
+    shows as ``_widget_data`` / ``_widget_layout``; containers list their children as ``"IPY_MODEL_<id>"``."""
+    figures, todo, seen = [], [model_id], set()
+    while todo:
+        mid = todo.pop(0)
+        if mid in seen or mid not in state:
+            continue
+        seen.add(mid)
+        model = state[mid].get("state", {})
+        if "_widget_data" in model:
+            figures.append({"data": model["_widget_data"], "layout": model.get("_widget_layout", {})})
+        todo += [c[len("IPY_MODEL_"):] for c in model.get("children", []) if str(c).startswith("IPY_MODEL_")]
+    return figures
+
+
+def still_figure(fig: dict) -> dict:
+    """A display output drawing ``fig`` as a static page does every other figure: plotly's HTML, no plotly.js."""
+    import plotly.io as pio
+
+    html = pio.to_html(fig, include_plotlyjs=False, include_mathjax=False, full_html=False, default_width="100%",
+                       default_height=fig.get("layout", {}).get("height") or 450, validate=False)
+    return nbformat.v4.new_output("display_data", data={"text/html": html})
+
+
 def for_the_page(nb, plotlyjs_id: str):
     """The executed notebook as the page shows it: the inert plotly.js copy dropped (the page loads
     _static/plotly.min.js once), each figure's plotly JSON dropped beside its HTML twin, each widget replaced by a
-    note, the widget state dropped (myst-nb would load the
-    widget manager from a CDN for it), and a line under the title saying how the notebook was run."""
+    note followed by still copies of the plotly figures it showed (from the widget state), the widget state dropped
+    (myst-nb would load the widget manager from a CDN for it), and a line under the title saying how the notebook
+    was run."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -187,8 +215,11 @@ def for_the_page(nb, plotlyjs_id: str):
             if plotlyjs_id in data.get("text/html", "") and f'id="{plotlyjs_id}"' in data["text/html"][:300]:
                 continue
             if WIDGET in data:
-                o.data = {"text/markdown": WIDGET_NOTE}
-            elif PLOTLY in data and "text/html" in data:
+                figures = widget_figures(state, data[WIDGET].get("model_id", ""))
+                o.data = {"text/markdown": WIDGET_NOTE if figures else WIDGET_NOTE.split(" The figures")[0] + "*"}
+                kept += [o, *(still_figure(f) for f in figures)]
+                continue
+            if PLOTLY in data and "text/html" in data:
                 del data[PLOTLY]  # the page draws the HTML twin; myst-nb has no renderer for plotly's JSON
             kept.append(o)
         cell.outputs = kept
