@@ -57,11 +57,16 @@ browser-deps:
 	elif sudo -n true 2>/dev/null; then (sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || echo "chromium could not be installed: the browser test will skip"; \
 	else echo "not root: chromium not installed, the browser test will skip"; fi
 
+# Two pytest-xdist workers at one torch thread each (tests/conftest.py: which tests share a worker, and why);
+# TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
+
 test: env browser-deps lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: env lint
-	$(BIN)/python -m pytest -q -m "not slow and not browser and not ray and not vllm and not notebook" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not browser and not ray and not vllm and not notebook" $(PYTEST_ARGS)
 
 lint: env
 	$(BIN)/ruff check .

@@ -10,8 +10,10 @@ its own ``run_dir`` and returns a picklable value. Jobs must not depend on each 
 would be alone, so a study run at ``workers=1`` and ``workers=K`` gives the same numbers (run by run, for the same
 seeds and torch thread count; see *Reproducibility*).
 
-**This machine** (``workers = K >= 2``). At most K jobs at once, each in a fresh process (``spawn``: no state
-shared with the caller or an earlier job) with ``torch.set_num_threads(threads)`` and ``OMP_NUM_THREADS`` /
+**This machine** (``workers = K >= 2``). At most K jobs at once in K worker processes (``spawn``: no state shared
+with the caller), each kept warm for the next job (imports and torch start-up paid once per worker, not once per
+job; a job's numbers depend on its inputs and thread count only, as at ``workers=1``, where every job shares this
+process), with ``torch.set_num_threads(threads)`` and ``OMP_NUM_THREADS`` /
 ``MKL_NUM_THREADS`` = ``threads``, by default physical cores // K (:func:`split_threads`): two torch processes with
 2 threads each on 2 cores thrash (ARCHITECTURE.md: 0.3 s -> 3.5 s per step). ``workers=1`` runs the jobs one after
 another in the calling process (a notebook keeps each run's own progress bar).
@@ -294,15 +296,39 @@ class _Stopper:
                 signal.signal(s, h)
 
 
+class _Worker:
+    """A spawned worker process kept warm across jobs (imports, torch and the model files loaded once per process,
+    not once per job: a study's arm x seed runs are short). A job goes down its pipe, its outcome comes back."""
+
+    def __init__(self, ctx, threads: int):
+        self.conn, theirs = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_child, args=(theirs, threads, os.getpid()), name="brorl-job-worker",
+                                daemon=False)
+        with thread_count(threads):  # the child's OMP/MKL variables at exec
+            self.proc.start()
+        theirs.close()
+
+    def close(self, kill: bool = False) -> None:
+        if kill:
+            self.proc.kill()
+        else:
+            with contextlib.suppress(OSError):
+                self.conn.send(None)  # no more jobs: the worker exits
+        self.proc.join()
+        self.conn.close()
+
+
 def _run_local(jobs, res, workers, threads, bar, stop_if, poll_s) -> None:  # noqa: C901 - start, wait, collect, stop: one loop
-    """K >= 2: a fresh spawned process per job, at most ``workers`` alive; results come back through a pipe."""
+    """K >= 2: at most ``workers`` spawned processes, each running one job at a time and kept for the next one;
+    results come back through each worker's pipe. Signals go to the workers with a job in flight only."""
     ctx = mp.get_context("spawn")
-    running: dict[int, tuple[Any, Any, float]] = {}  # job index -> (process, parent end of its pipe, start time)
+    running: dict[int, tuple[_Worker, float]] = {}  # job index -> (its worker, start time)
+    idle: list[_Worker] = []
 
     def forward(signum: int) -> None:
-        for proc, _, _ in running.values():
+        for w, _ in running.values():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signum)
+                os.kill(w.proc.pid, signum)
 
     stopper, todo, failed = _Stopper(forward), list(range(len(jobs))), None
     with stopper.installed():
@@ -310,26 +336,24 @@ def _run_local(jobs, res, workers, threads, bar, stop_if, poll_s) -> None:  # no
             while todo or running:
                 while todo and len(running) < workers and stopper.reason is None:
                     i = todo.pop(0)
-                    ours, theirs = ctx.Pipe(duplex=False)
-                    proc = ctx.Process(target=_child, args=(theirs, jobs[i], threads, os.getpid()),
-                                       name=f"job-{_job_name(jobs, i)}", daemon=False)
-                    with thread_count(threads):  # the child's OMP/MKL variables at exec
-                        proc.start()
-                    theirs.close()
-                    running[i] = (proc, ours, time.perf_counter())
+                    w = idle.pop() if idle else _Worker(ctx, threads)
+                    w.conn.send(jobs[i])
+                    running[i] = (w, time.perf_counter())
                     bar(0, list(running))
                 if not running:
                     break
-                wait_ready([c for _, c, _ in running.values()] + [p.sentinel for p, _, _ in running.values()],
+                wait_ready([w.conn for w, _ in running.values()] + [w.proc.sentinel for w, _ in running.values()],
                            timeout=poll_s)
-                for i, (proc, conn, t0) in list(running.items()):
-                    msg = _receive(conn, proc)
+                for i, (w, t0) in list(running.items()):
+                    msg = _receive(w.conn, w.proc)
                     if msg is None:
                         continue
-                    proc.join()
-                    conn.close()
                     del running[i]
-                    res.wall_s[i], res.where[i] = time.perf_counter() - t0, f"pid {proc.pid}"
+                    if w.proc.is_alive():
+                        idle.append(w)
+                    else:
+                        w.close()
+                    res.wall_s[i], res.where[i] = time.perf_counter() - t0, f"pid {w.proc.pid}"
                     kind, value, tb = msg
                     if kind == "ok":
                         res[i] = value
@@ -342,17 +366,17 @@ def _run_local(jobs, res, workers, threads, bar, stop_if, poll_s) -> None:  # no
                     bar(1, list(running))
                 bar(0, list(running))
         finally:
-            for proc, conn, _ in running.values():  # only on an error in the runner itself: leave nothing behind
-                proc.kill()
-                proc.join()
-                conn.close()
+            for w, _ in running.values():  # only on an error in the runner itself: leave nothing behind
+                w.close(kill=True)
+            for w in idle:
+                w.close()
     if stopper.reason is not None and not stopper.reason.startswith("failed"):
         res.stopped = stopper.reason
     _raise_failure(jobs, failed)
 
 
 def _receive(conn, proc) -> Optional[tuple[str, Any, str]]:
-    """The child's message once it has sent one or exited; None while it runs."""
+    """The worker's message once it has sent one or exited; None while it runs."""
     if conn.poll():
         try:
             return conn.recv()
@@ -366,27 +390,36 @@ def _receive(conn, proc) -> Optional[tuple[str, Any, str]]:
     return ("error", RuntimeError(f"worker process exited with code {proc.exitcode} without a result"), "")
 
 
-def _child(conn, job: Job, threads: int, parent: int) -> None:
+def _child(conn, threads: int, parent: int) -> None:
     """A worker process: its own process group (a terminal's Ctrl-C reaches it through the runner only), a watch on
-    the parent (gone: stop like a Ctrl-C), ``threads`` torch threads, the job, and its outcome sent back."""
+    the parent (gone: stop like a Ctrl-C), ``threads`` torch threads, then jobs from the pipe one at a time, each
+    one's outcome sent back, until the runner sends None (or is gone)."""
     with contextlib.suppress(OSError):
         os.setpgrp()
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     import torch
 
     torch.set_num_threads(threads)
-    try:
-        msg = ("ok", job(), "")
-    except KeyboardInterrupt:
-        msg = ("stopped", None, "")
-    except BaseException as e:  # noqa: BLE001 - every failure goes back to the runner, which names the job
-        msg = ("error", _picklable(e), traceback.format_exc(limit=-4))
-    try:
-        conn.send(msg)
-    except (pickle.PicklingError, TypeError, AttributeError) as e:
-        conn.send(("error", RuntimeError(f"the job's result could not be pickled ({e})"), ""))
-    except OSError:  # the runner is gone (killed): the run directory holds the outcome
-        pass
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            break
+        if job is None:
+            break
+        try:
+            msg = ("ok", job(), "")
+        except KeyboardInterrupt:
+            msg = ("stopped", None, "")
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the runner, which names the job
+            msg = ("error", _picklable(e), traceback.format_exc(limit=-4))
+        torch.set_num_threads(threads)  # whatever the job did, the next one starts alike
+        try:
+            conn.send(msg)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            conn.send(("error", RuntimeError(f"the job's result could not be pickled ({e})"), ""))
+        except OSError:  # the runner is gone (killed): the run directory holds the outcome
+            break
     conn.close()
 
 
