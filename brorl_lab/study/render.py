@@ -885,40 +885,47 @@ def _with_banner(text: str, note: str) -> str:
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------------------------
+def render_page(f: Files, page: Page) -> dict[str, bytes]:
+    """One page and its figures, from the files ``f`` reads (provenance checked first)."""
+    legacy = check_files(f, page.files, page.path)
+    text = fill((TEMPLATES / page.template).read_text(), page.fields(f), name=page.template)
+    text = f"<!-- results: {' '.join(page.files)} -->\n" + text
+    if legacy:
+        text = _with_banner(text, banner(f, legacy))
+    elif page.frozen:
+        raise RenderError(f"{page.path}: figures {list(page.frozen)} cannot be redrawn from shipped files; "
+                          "allowed only on a legacy page")
+    missing = [name for name in page.frozen if not (f.root / name).is_file()]
+    if missing:
+        raise RenderError(f"{page.path}: frozen figures not found: {missing}")
+    return {page.path: text.encode(), **{name: draw(f) for name, draw in (page.figures or {}).items()}}
+
+
+def render_readme(f: Files) -> dict[str, bytes]:
+    """The README with its headline block rendered (the rest of it as it is on disk), and the headline's figure."""
+    legacy = check_files(f, README_FILES, README)
+    block = fill((TEMPLATES / "readme_headline.md.tmpl").read_text(), readme_fields(f), name="readme_headline.md.tmpl")
+    if legacy:
+        dirty = sum("-dirty" in str(f.provenance(n).get("commit", "")) for n in legacy)
+        block += (f"\n*Legacy results: the runs behind this table predate enforced pre-registration (issue 42); "
+                  f"{dirty} of its {len(legacy)} results files carry a `-dirty` commit. Each page names them.*\n")
+    readme = (f.root / README).read_text()
+    start, end = readme.index(HEADLINE[0]) + len(HEADLINE[0]), readme.index(HEADLINE[1])
+    return {README: (readme[:start] + block + readme[end:]).encode(), f"{FIG}/headline.png": headline_png(f)}
+
+
 def render(root: Optional[Path] = None, only: Optional[set[str]] = None) -> dict[str, bytes]:
     """Every page, figure and the README as rendered from the results files under ``root`` (default: this
     checkout): {repo-relative path: bytes}; ``only``: the pages (and/or README.md) to render, with their figures.
     Reads files only; writes nothing."""
-    root = Path(root) if root is not None else ROOT
-    f = Files(root)
+    f = Files(Path(root) if root is not None else ROOT)
     _PAIRED.clear()
     out: dict[str, bytes] = {}
     for page in PAGES:
-        if only is not None and page.path not in only:
-            continue
-        legacy = check_files(f, page.files, page.path)
-        fields = page.fields(f)
-        text = fill((TEMPLATES / page.template).read_text(), fields, name=page.template)
-        text = f"<!-- results: {' '.join(page.files)} -->\n" + text
-        if legacy:
-            text = _with_banner(text, banner(f, legacy))
-        elif page.frozen:
-            raise RenderError(f"{page.path}: figures {list(page.frozen)} cannot be redrawn from shipped files; "
-                              "allowed only on a legacy page")
-        for name in page.frozen:
-            if not (root / name).is_file():
-                raise RenderError(f"{page.path}: frozen figure {name} not found")
-        out[page.path] = text.encode()
-        for name, draw in (page.figures or {}).items():
-            out[name] = draw(f)
-    if only is not None and README not in only:
-        return out
-    check_files(f, README_FILES, README)
-    block = fill((TEMPLATES / "readme_headline.md.tmpl").read_text(), readme_fields(f), name="readme_headline.md.tmpl")
-    readme = (root / README).read_text()
-    start, end = readme.index(HEADLINE[0]) + len(HEADLINE[0]), readme.index(HEADLINE[1])
-    out[README] = (readme[:start] + block + readme[end:]).encode()
-    out[f"{FIG}/headline.png"] = headline_png(f)
+        if only is None or page.path in only:
+            out.update(render_page(f, page))
+    if only is None or README in only:
+        out.update(render_readme(f))
     unread = sorted(set(f.read) - set(README_FILES) - {n for p in PAGES for n in p.files})
     if unread:
         raise RenderError(f"files read but named by no page: {unread}")
