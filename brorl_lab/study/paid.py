@@ -41,7 +41,7 @@ from brorl_lab.lab.analysis import MEAN, PASS1
 from brorl_lab.lab.stats import change_bound, paired_t_interval, seeds_for_power, t_interval
 from brorl_lab.study.arms import arm_configs, plan_arms, run_plans
 from brorl_lab.study.compare import COLLAPSE, collapse_flags  # noqa: F401 (COLLAPSE: part of this module's readings)
-from brorl_lab.study.recipe import ARM_TABLE, resolve_experiment_model
+from brorl_lab.study.recipe import ARM_TABLE, arm_options, resolve_experiment_model
 
 METRIC = f"eval/{MEAN}/{PASS1}"
 GRID_POINTS = 8  # thresholds per budget: budget * k / GRID_POINTS, k = 1..8
@@ -51,10 +51,7 @@ GRID_POINTS = 8  # thresholds per budget: budget * k / GRID_POINTS, k = 1..8
 LR_ABLATION = {"brorl_lr_sqrt8": math.sqrt(8), "brorl_lr_half": 0.5}
 # The takeoff race's level, fixed before the run: +10 points of held-out pass@1 on the takeoff family.
 TAKEOFF_LEVEL = 0.10
-# the arms (study.recipe.ARM_TABLE) as arm_configs' options
-ARM_SHAPES = dict(n_small=ARM_TABLE["prorl"]["rollouts_per_prompt"], prompts_small=ARM_TABLE["prorl"]["prompts_per_step"],
-                  n_large=ARM_TABLE["brorl"]["rollouts_per_prompt"], prompts_large=ARM_TABLE["brorl"]["prompts_per_step"],
-                  n_mid=ARM_TABLE["middle"]["rollouts_per_prompt"], prompts_mid=ARM_TABLE["middle"]["prompts_per_step"])
+ARM_SHAPES = arm_options(ARM_TABLE, middle=True)  # the arms (study.recipe.ARM_TABLE) as arm_configs' options
 
 
 def plateau_lr(model: str) -> float:

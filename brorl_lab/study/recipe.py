@@ -59,6 +59,16 @@ ARM_TABLE = {"prorl": dict(rollouts_per_prompt=16, prompts_per_step=64),
              "brorl": dict(rollouts_per_prompt=512, prompts_per_step=16),
              "middle": dict(rollouts_per_prompt=64, prompts_per_step=32)}
 
+
+def arm_options(table: dict, middle: bool) -> dict:
+    """An arm table's rows ({arm: {rollouts_per_prompt, prompts_per_step}}) as
+    :func:`brorl_lab.study.arms.arm_configs`' options (n_small, prompts_small, n_large, prompts_large, and the
+    middle arm's when ``middle``)."""
+    names = {"prorl": "small", "brorl": "large", **({"middle": "mid"} if middle else {})}
+    return {k: v for arm, tag in names.items() for k, v in (
+        (f"n_{tag}", table[arm]["rollouts_per_prompt"]), (f"prompts_{tag}", table[arm]["prompts_per_step"]))}
+
+
 # Fields that may differ between a saved run and the request without changing what the run computes.
 IGNORED_FIELDS = ("torch_threads", "run_dir")
 

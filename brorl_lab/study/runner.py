@@ -47,7 +47,7 @@ from brorl_lab.core.console import live_bars
 from brorl_lab.core.paths import NOTEBOOK_DIR, repo_relative
 from brorl_lab.core.validation import UserError, check_seeds
 from brorl_lab.study import paid
-from brorl_lab.study.recipe import ARM_TABLE, recipe_config, resolve_experiment_model
+from brorl_lab.study.recipe import ARM_TABLE, arm_options, recipe_config, resolve_experiment_model
 from brorl_lab.study.results import (
     declaration_record,
     provenance,
@@ -109,13 +109,9 @@ class Study:
         lr = over.pop("lr", None)
         lr = paid.plateau_lr(self.model) if lr is None else lr
         base = recipe_config(model=self.model, lr=lr, **({"torch_threads": threads} if threads else {}), **over)
-        t = self.arm_table
-        shapes = dict(n_small=t["prorl"]["rollouts_per_prompt"], prompts_small=t["prorl"]["prompts_per_step"],
-                      n_large=t["brorl"]["rollouts_per_prompt"], prompts_large=t["brorl"]["prompts_per_step"])
-        if "middle" in self.arms:
-            shapes.update(n_mid=t["middle"]["rollouts_per_prompt"], prompts_mid=t["middle"]["prompts_per_step"])
         return paid.paid_arm_configs(base, budget=self.budget, points=self.points, middle="middle" in self.arms,
-                                     lr_factor=self.brorl_lr_factor, **shapes)
+                                     lr_factor=self.brorl_lr_factor, **arm_options(self.arm_table,
+                                                                                    "middle" in self.arms))
 
     def declaration(self) -> dict:
         """The study as declared before the run (:func:`brorl_lab.study.results.write_declaration`): plain JSON."""
@@ -135,6 +131,16 @@ class Study:
                                "reach": "only N=512", "control_draw_seed": paid.CONTROL_DRAW_SEED}
                               if self.mechanism else None),
                 "brorl_lr_factor": self.brorl_lr_factor, "full_size": self.full_size}
+
+
+def write_verdict(out: Path, files: list, record: Mapping, report: Mapping, text: str) -> list:
+    """``record`` beside every per-seed file of ``files``, then ``out/verdict.json`` (the record and every reading)
+    and ``out/verdict.txt`` (the text); returns every path written."""
+    for path in files:  # every per-seed file carries its provenance: shippable as it is
+        write_provenance(path, record)
+    (out / "verdict.json").write_text(json.dumps({"provenance": dict(record), **report}, indent=1, default=float))
+    (out / "verdict.txt").write_text(text + "\n")
+    return [*files, out / "verdict.json", out / "verdict.txt"]
 
 
 # ---- the presets ------------------------------------------------------------------------------------------------------
@@ -233,13 +239,9 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
                         seeds=list(study.seeds), budget=study.budget, lr=arms["brorl"].lr / study.brorl_lr_factor,
                         collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
                                                            for a, c in arms.items()})
-    for path in files:  # every per-seed file carries its provenance: shippable as it is
-        write_provenance(path, record)
-    (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
     text = paid.paid_text(report)
-    (out / "verdict.txt").write_text(text + "\n")
     return StudyResult(study, out, True, report, text, study.reading(report["headline"]),
-                       files + [out / "verdict.json", out / "verdict.txt"], record)
+                       write_verdict(out, files, record, report, text), record)
 
 
 HEARTBEAT_S = 20.0  # a plain progress line at least this often where no bar renders (papermill, a log file)
@@ -376,12 +378,7 @@ def run_floor(out: str | Path, *, settings: Optional[Mapping] = None, middle_see
         raise UserError(f"settings: unknown {', '.join(unknown)}; allowed: {', '.join(sorted(FLOOR))}, tasks")
     out, s = Path(out), {**FLOOR, **(settings or {})}
     start, t0 = start_of_run(), time.perf_counter()
-    t = arm_table or ARM_TABLE
-    opts = dict(n_small=t["prorl"]["rollouts_per_prompt"], prompts_small=t["prorl"]["prompts_per_step"],
-                n_large=t["brorl"]["rollouts_per_prompt"], prompts_large=t["brorl"]["prompts_per_step"],
-                lr_scaling=s["lr_scaling"])
-    if middle:
-        opts.update(n_mid=t["middle"]["rollouts_per_prompt"], prompts_mid=t["middle"]["prompts_per_step"])
+    opts = {**arm_options(arm_table or ARM_TABLE, middle), "lr_scaling": s["lr_scaling"]}
     base = recipe_config(model=s["model"], steps=s["steps"], eval_every=s["eval_every"],
                          checkpoint_every=s["eval_every"], optimizer_steps_per_step=s["optimizer_steps_per_step"],
                          lr=s["lr"], lr_warmup_steps=s["lr_warmup_steps"], reward=s["reward"],
@@ -416,10 +413,7 @@ def run_floor(out: str | Path, *, settings: Optional[Mapping] = None, middle_see
                         time.perf_counter() - t0, commit=start["commit"], started_at=start["started_at"],
                         declaration=None, seeds=seeds, settings={k: v for k, v in s.items() if k != "seeds"},
                         arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}" for a, c in planned.items()})
-    write_provenance(out / "metrics.parquet", record)
-    (out / "verdict.json").write_text(json.dumps({"provenance": record, **report}, indent=1, default=float))
-    (out / "verdict.txt").write_text(text + "\n")
     verdict = "revives" if report["revives"] else "does not revive"
     return StudyResult(None, out, True, report, text, f"by the floor's rule (study.revival.brorl_revives): BroRL "
-                       f"{verdict} the plateau", [out / "metrics.parquet", out / "verdict.json", out / "verdict.txt"],
+                       f"{verdict} the plateau", write_verdict(out, [out / "metrics.parquet"], record, report, text),
                        record)
