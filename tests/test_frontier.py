@@ -123,3 +123,17 @@ def test_declaration_and_configs():
     assert st["overrides"]["max_resample_rounds"] == 32 and st["takeoff_family"] == "spell_backward"
     with pytest.raises(ValueError, match="round_cap"):
         F.Frontier(round_cap=4)
+
+
+def test_budgets_from_pilot_and_its_table():
+    rows = [{"branch": b, "arm": a, "N": F.arm_n(a), "prompts_per_step": 64, "cap": c, "steps": 5, "bound": 5 - i,
+             "share": 0.0, "lo": 0.0, "hi": 0.43, "samples_per_update": spu, "q": 0.1, "refills_mean": 3.0,
+             "refills_max": 4}
+            for b in ("takeoff", "learned") for a, spu in (("n16x64", 8000.0), ("n512x16", 12000.0))
+            for i, c in enumerate((4, 8))]
+    t = pd.DataFrame(rows)
+    b = F.budgets_from_pilot(t)
+    assert b["learned"] == F.size_budget(12000.0) == 983_040  # 64 updates x 12,000 x 1.25 = 960,000 -> 15 x 65,536
+    assert b["takeoff"] == F.size_budget(12000.0, at_least=1_000_000) == 1_048_576  # 100 x 8,000 x 1.25 < 1M
+    md = F.pilot_markdown(t).splitlines()
+    assert len(md) == 2 + 4 and md[2].startswith("| takeoff | n16x64 | 5 | 3.0 (4) | 0.100 | 8,000 | 5/5 [0.00, 0.43] |")

@@ -444,6 +444,45 @@ def fill_samples_per_step(n: int, prompts: int, q: float) -> float:
     return n * prompts / q
 
 
+#: The takeoff race needs the N=16 arm to reach +10 points: a pilot on the takeoff base crossed it near optimizer
+#: update 100 (issue 43; the capped protocol). The budget from the takeoff base covers that many N=16 updates too.
+RACE_UPDATES = 100
+MIN_TAKEOFF_BUDGET = 1_000_000  # the issue's floor for the takeoff base
+
+
+def budgets_from_pilot(refill: pd.DataFrame, *, brorl_arm: str = "n512x16", prorl_arm: str = "n16x64") -> dict:
+    """Each branch point's budget (generated samples per arm) from the refill pilot's :func:`cap_binding` table:
+    :func:`size_budget` of the BroRL arm's generated samples per update for :data:`MIN_BRORL_UPDATES` updates; from
+    the takeoff base at least :data:`MIN_TAKEOFF_BUDGET` and :data:`RACE_UPDATES` of the N=16 arm's updates (same
+    margin). Returns {branch: budget}."""
+    per = refill.drop_duplicates(["branch", "arm"]).set_index(["branch", "arm"])["samples_per_update"]
+    out = {}
+    for branch in dict.fromkeys(refill["branch"]):
+        floor = 0
+        if branch == "takeoff":
+            floor = max(MIN_TAKEOFF_BUDGET, int(math.ceil(per[(branch, prorl_arm)] * RACE_UPDATES * 1.25)))
+        out[branch] = size_budget(per[(branch, brorl_arm)], at_least=floor)
+    return out
+
+
+def pilot_markdown(refill: pd.DataFrame) -> str:
+    """The refill pilot as a markdown table (the design page's block is this function of the shipped
+    frontier_pilot_refill.csv; a test rebuilds it): per branch point and arm, the steps, refills per step (mean,
+    max), the informative-group rate q, generated samples per optimizer update at fill-to-full, and per cap the
+    steps it would have bound on (Wilson 95%)."""
+    caps = sorted(refill["cap"].unique())
+    head = ["| branch | arm | steps | refills per step, mean (max) | q | generated samples per update |"
+            + "".join(f" binds at cap {c} |" for c in caps),
+            "|---|---|---:|---:|---:|---:|" + "---:|" * len(caps)]
+    for (branch, arm), g in refill.groupby(["branch", "arm"], sort=False):
+        r = g.iloc[0]
+        cells = "".join(f" {int(x['bound'])}/{int(x['steps'])} [{x['lo']:.2f}, {x['hi']:.2f}] |"
+                        for _, x in g.sort_values("cap").iterrows())
+        head.append(f"| {branch} | {arm} | {int(r['steps'])} | {r['refills_mean']:.1f} ({int(r['refills_max'])}) | "
+                    f"{r['q']:.3f} | {r['samples_per_update']:,.0f} |{cells}")
+    return "\n".join(head)
+
+
 # ---- the critical batch size at each branch point (rl.noise_scale) ----------------------------------------------------
 #: The noise-scale measurement's design: two batch sizes in informative groups, repeats per (branch, N), and the
 #: prompts drawn per collection round at each N (the 4:1 arms' own).
