@@ -148,3 +148,18 @@ def test_the_legacy_list_names_only_shipped_records_that_still_fail_the_rule():
         assert ("-dirty" in why) == str(records[name].get("commit", "")).endswith("-dirty"), name
     for name, why in R.FROZEN_FIGURES.items():
         assert (REPO / name).is_file() and why, name
+
+
+def test_render_check_exits_1_naming_the_first_differing_line(rendered, monkeypatch, capsys):
+    from brorl_lab.cli import main
+
+    lines = rendered[FLAGSHIP].decode().splitlines(keepends=True)
+    lines[9] = lines[9].replace("0", "1", 1) if "0" in lines[9] else "changed\n"
+    edited = {FLAGSHIP: "".join(lines).encode()}
+    assert R.differences(edited)[0].startswith(f"{FLAGSHIP}:10: shipped ")
+    monkeypatch.setattr(R, "render", lambda: edited)
+    assert main(["render", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{FLAGSHIP}:10:") and len(err.strip().splitlines()) == 1
+    monkeypatch.setattr(R, "render", lambda: {FLAGSHIP: rendered[FLAGSHIP]})
+    assert main(["render", "--check"]) == 0
