@@ -267,22 +267,25 @@ def train(n, steps, prompts_per_step):
     return policy, engine, history, time.perf_counter() - t0
 
 
-def show_answers(engine, title, count=6):
-    """The model's greedy-ish answers (T = 0.6) to the first held-out prompts, marked right or wrong."""
+def show_answers(engine, title, count=8):
+    """The model's answers (T = 0.6) to the first held-out prompts, marked right or wrong."""
     from brorl_lab.rollout.tasks import eval_set
 
     items = eval_set(task, limit=count)
     batch = S.rollout(engine, items, n=1, sampling=RolloutSampling(temperature=0.6, top_p=0.95, seed=seed))
-    print(title)
-    for item, text in zip(items, batch.texts):
-        print(f"  {item.question.split(': ')[-1]:>8} -> {text.strip()!r:<12} {'right' if reward_fn(text, item) else ''}")
+    right = [bool(reward_fn(text, item)) for item, text in zip(items, batch.texts)]
+    print(f"{title} {sum(right)} of {count} right")
+    for item, text, ok in zip(items, batch.texts, right):
+        print(f"  {item.question.split(': ')[-1]:>8} -> {text.strip()!r:<12} (wants {item.answer!r}){'  right' if ok else ''}")
 
 
 # %% [markdown]
-# **What you should see:** before training the base spells almost no word backward (held-out pass@1 near 0.01);
-# after the loop, held-out pass@1 several points higher and more right answers among the printed ones. The cell
-# prints the measured rise: at this scale RL from rare successes is slow (a group of 16 of a prompt the base solves
-# once in 200 draws is all wrong 92% of the time, and the filter drops it), so how far it gets depends on steps and lr.
+# **What you should see:** before training the base spells almost no word backward (held-out pass@1 about 0.02).
+# For the first ~150 steps almost nothing moves: a group of 16 of a prompt the base solves once in 250 draws is all
+# wrong 94% of the time, the filter drops it, and most steps make no update (the progress lines count the optimizer
+# steps). Then the few kept groups have taught it enough that successes stop being rare, more groups survive, and
+# held-out pass@1 takes off: the *takeoff* the base is named for. The cell prints the measured rise and says so if
+# this run did not take off.
 
 # %%
 base_policy, base_tok = load_policy(resolve_experiment_model(model))
@@ -294,6 +297,9 @@ for step, samples, p1 in history:
 rise = history[-1][2] - history[0][2]
 print(f"held-out pass@1 {history[0][2]:.3f} -> {history[-1][2]:.3f} ({100 * rise:+.1f} points) in {wall:.0f} s "
       f"({steps} steps, {torch_threads} thread(s))")
+if rise < 0.05:
+    print("this run did not take off (under 5 points): too few steps or too few kept groups for this seed and lr; "
+          "more steps, or a larger prompts_per_step (more groups with a success), give it the updates it needs")
 
 # %% [markdown]
 # ## 8 · The same samples at N = 512
