@@ -179,3 +179,42 @@ def test_iso_compute_notebook_pair_is_in_sync():
 
     assert_notebook_pair_in_sync("05_iso_compute", ["rollouts_per_prompt", "prompts_per_step", "steps", "seed",
                                                     "eval_k", "run_dir", "optimizer_steps_per_step"])
+
+
+# ---- pre-registration (study.results, issue 42) -----------------------------------------------------------------
+def test_a_shipped_run_needs_its_declaration_committed_and_a_clean_tree(tmp_path):
+    """require_preregistered refuses (one line naming what to commit) an uncommitted or edited declaration and a dirty
+    tree, and passes once both are committed; is_shippable names what a record lacks."""
+    import subprocess
+
+    from brorl_lab.core.validation import UserError
+    from brorl_lab.study import results as RS
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-qm", "code")
+    path = RS.write_declaration(tmp_path / "out", {"study": "s", "seeds": [0, 1]})
+    with pytest.raises(UserError, match="declaration: .* is not committed as written.*git add -f"):
+        RS.require_preregistered(path)
+    git("add", "out/declaration.json")
+    git("commit", "-qm", "declare s")
+    rec = RS.require_preregistered(path)
+    assert rec["commit"] and rec["path"].endswith("declaration.json")
+    assert RS.write_declaration(tmp_path / "out", {"seeds": [0, 1], "study": "s"}) == path  # same data, same bytes
+    assert RS.require_preregistered(path) == rec
+    (tmp_path / "code.py").write_text("x = 2\n")  # a tracked change: the tree is dirty
+    with pytest.raises(UserError, match="tree: uncommitted changes \\(code.py\\)"):
+        RS.require_preregistered(path)
+    RS.write_declaration(tmp_path / "out", {"study": "s", "seeds": [0, 1, 2]})  # the declaration edited after commit
+    with pytest.raises(UserError, match="not committed as written"):
+        RS.require_preregistered(path)
+    start = RS.start_of_run(tmp_path)
+    assert start["commit"].endswith("-dirty") and start["started_at"].endswith("Z")
+    assert "no committed declaration" in RS.is_shippable({**start, "declaration": None})
+    assert any("not a clean commit" in w for w in RS.is_shippable({**start, "declaration": rec}))
