@@ -12,8 +12,9 @@ layer below: core, theory, rollout, rl, lab):
     arms       the ProRL and BroRL arms branched from one config, run on one shared evaluation grid
     paid       the flagship paid in generated samples (issue 38): arms on a grid of generated-sample thresholds,
                and every reading declared before the run (collapse rule, change bounds, the mechanism's no-training
-               control, the lr ablation, the takeoff race as time to a fixed level)
-    revival    THE verdict: the rule fixed before the run (brorl_revives) on the shared grid, in numbers and words
+               control, the lr ablation, the takeoff race as time to a fixed level); its one reading:
+               headline_reading
+    revival    the floor's reading: its rule fixed before that run (brorl_revives) on the shared grid, in words
     ablations  the branch re-run with one knob changed at a time, each variant against its own ProRL arm
     regime     the regime map: the BroRL - ProRL gap per seed across settings spanning rho (named and constructed
                pools), and the rho rule read before the run (broadening_pays)
