@@ -503,12 +503,14 @@ def readme_fields(f: Files) -> dict:
     reading = headline_reading(lp.to_dict()).split(":")[0]
     treading = headline_reading(tp.to_dict()).split(":")[0]
     keep = ("budget", "plateau_gain", "learned_seeds", "learned_head", "takeoff_seeds", "takeoff_head",
-            "takeoff_updates", "takeoff_updates_gap", "updates_ratio", "mech_brorl", "rare_share")
+            "takeoff_updates", "takeoff_updates_gap", "updates_ratio", "mech_brorl", "rare_share", "wall_learned",
+            "wall_takeoff", "pilot_seeds", "learned_sd", "learned_seeds_needed")
     out = {k: fl[k] for k in keep}
     out["learned_reading"], out["takeoff_reading"] = reading, treading
     out.update({k: th[k] for k in ("theorem_seeds", "theorem_n_lo", "theorem_n_hi", "theorem_dq_lo", "theorem_dq_hi")})
     out.update({k: rg[k] for k in ("regime_above", "regime_above_built", "regime_above_chosen",
-                                   "regime_verdict", "regime_ahead", "regime_behind")})
+                                   "regime_verdict", "regime_ahead", "regime_behind", "regime_settings", "hours")})
+    out["regime_runs"] = 2 * len(f(f"{FIG}/regime_seeds.csv"))
     from brorl_lab.study.regime import RHO_RULE
 
     t = f(f"{FIG}/regime_map.csv")
