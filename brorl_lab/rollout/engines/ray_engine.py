@@ -590,6 +590,8 @@ class RayEngine(RolloutEngine):
         meta = _merged_meta(self.name, self.worker_engine, sampling, shards, parts, [sp.seed for sp in runs],
                             time.perf_counter() - t0)
         meta["ray_workers"] = self.workers
+        for d in meta["shards"]:  # shard i ran on worker i mod W (a per-prompt n may make more shards than workers)
+            d["shard"], d["worker"] = d["worker"], d["worker"] % self.workers
         return merge_shards(prompts, n, shards, parts, meta)
 
     def sync_weights(self, model) -> None:
