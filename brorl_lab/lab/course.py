@@ -170,7 +170,7 @@ def check_advantage(fn: Callable, kind: str = "grpo", *, eps: float = 1e-6) -> s
                              f"advantages are not exactly 0 (largest {mine.detach()[p].abs().max().item():.3g}); "
                              "a float mean can miss the rewards by an ulp, so test for uniform groups")
         _compare(mine, ref, what=name, case=case, rows="[group, sample]")
-    return f"your {kind.upper()} advantages match rl.algo.{kind} on {len(_reward_groups())} cases: correct"
+    return f"your advantages match rl.algo.{kind} on {len(_reward_groups())} cases ({kind.upper()}): correct"
 
 
 def check_response_logprobs(fn: Callable, *, seed: int = 0) -> str:

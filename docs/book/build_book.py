@@ -28,6 +28,11 @@ the book preset, per notebook: 00 39 s, 01 345 s, 01b 149 s, 02 2,798 s (47 min:
 03 64 s, 05 53 s, 06 728 s (a 3-setting preset since replaced by its quick preset), 04 10 s: 4,204 s (70 min) in
 all; Sphinx alone 8 to 18 s. A rebuild with nothing changed executes nothing
 (about 20 s); a change under brorl_lab/ re-executes every notebook.
+Measured again 2026-12-07 (load 20 to 25 from other jobs): the tiny preset from scratch, 10 notebooks, 903 s (00 78 s,
+01 79, 01b 94, 01c 67, 02 110, 03 101, 04 32, 05 49, 06 206, 07 42; Sphinx 28). The book preset was not built in one
+go since notebook 02 became the flagship miniature; its new parts measured alone at that load: 01 at its defaults
+308 s (50 s of CPU), 01b 297 s (44 s of CPU), 07 at its defaults: see the notebook's first cell. Its old total of
+70 min was dominated by the old 02 (47 min); the notebooks' own first cells state their times.
 
 Why the committed notebooks stay without outputs and the book is where they are read executed: an executed notebook
 carries each plotly figure twice (its JSON and an HTML twin) plus the 4.8 MB plotly.js, 5 to 20 MB per notebook
