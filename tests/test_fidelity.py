@@ -338,8 +338,8 @@ def test_new_trainer_refuses_an_existing_run_dir(tmp_path):
 
 def test_cli_train_refuses_then_overwrites(tmp_path, capsys):
     run = tmp_path / "r"
-    run.mkdir()
-    (run / "metrics.parquet").write_bytes(b"old")
+    (run / "checkpoint").mkdir(parents=True)  # only a checkpoint makes a run to protect (docs/runs.md, issue 46)
+    (run / "checkpoint" / "state.pt").write_bytes(b"old")
     argv = ["train", "--quiet", "--run-dir", str(tmp_path), "--run-name", "r", "--steps", "1", "--eval-every", "0",
             "--rollouts-per-prompt", "2", "--prompts-per-step", "1", "--max-new-tokens", "2", "--kl-beta", "0",
             "--no-dynamic-sampling", "--torch-threads", "1"]
