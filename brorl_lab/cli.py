@@ -483,10 +483,10 @@ def cmd_sweep(args) -> int:
 
 def _train_sweep(args, grid: dict, base: dict) -> int:
     """``sweep --grid rollouts_per_prompt=4,32 --grid seed=0,1 [--steps N] [-p field=value]``: train runs over
-    Config fields (lab.sweep.run_train_sweep), then the runs compared by config, paired by seed."""
+    Config fields (lab.train_sweep.run_train_sweep), then the runs compared by config, paired by seed."""
     from brorl_lab.lab.report import compare_text, try_write_report
-    from brorl_lab.lab.sweep import run_train_sweep
     from brorl_lab.lab.tracking import load_runs
+    from brorl_lab.lab.train_sweep import run_train_sweep
 
     if getattr(args, "steps", None) is not None:
         base.setdefault("steps", args.steps)
