@@ -25,14 +25,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from brorl_lab.core.config import Config, ConfigError, check_choice, require_field
-from brorl_lab.core.paths import looks_local
-from brorl_lab.core.rundir import hf_model_dir
-from brorl_lab.core.validation import did_you_mean
 from brorl_lab.rl import algo, allocation
-from brorl_lab.rl.trackers import TRACKERS
-from brorl_lab.rollout.engines import ENGINES
-from brorl_lab.rollout.tasks import TASKS, TaskFamily, build_tasks
-from brorl_lab.rollout.tasks.templates import TEMPLATES, resolve_template
+from brorl_lab.rl.names import check_names
+from brorl_lab.rollout.tasks import TaskFamily, build_tasks
+from brorl_lab.rollout.tasks.templates import resolve_template
 from brorl_lab.rollout.tasks.user import TaskFileError
 
 __all__ = ["RunSpec", "check", "resolve"]
@@ -61,26 +57,11 @@ def check(cfg: Config) -> Config:
     if not isinstance(cfg, Config):
         raise ValueError(f"cfg: got {type(cfg).__name__}; allowed: a brorl_lab.Config")
     cfg.validate()
-    engines = ENGINES.names()
-    check_choice("engine", cfg.engine, engines)
-    check_choice("ray_worker_engine", cfg.ray_worker_engine, [e for e in engines if e != "ray"])
-    check_choice("advantage", cfg.advantage, algo.ADVANTAGES.names())
+    check_names(cfg)  # every registry name and the model path (rl.names: what the CLI checks before torch loads)
     check_choice("rollout_allocation", cfg.rollout_allocation, allocation.ALLOCATORS.names())
-    check_choice("policy_loss", cfg.policy_loss, algo.POLICY_LOSSES.names())
-    check_choice("loss_agg", cfg.loss_agg, algo.LOSS_AGGREGATIONS.names())
-    check_choice("kl_estimator", cfg.kl_estimator, algo.KL_ESTIMATORS.names())
-    check_choice("is_correction", cfg.is_correction, algo.IS_CORRECTIONS)
-    check_choice("template", cfg.template, ("auto", *TEMPLATES))
     if getattr(algo.ADVANTAGES.get(cfg.advantage), "needs_group", True):
         require_field("rollouts_per_prompt", cfg.rollouts_per_prompt >= 2,
                       f"an integer >= 2 for the group estimator advantage='{cfg.advantage}'", cfg.rollouts_per_prompt)
-    for t in cfg.report_to:
-        check_choice("report_to", t, TRACKERS.names())
-    _check_task_names(cfg)
-    if cfg.model != "default" and looks_local(cfg.model):
-        require_field("model", hf_model_dir(cfg.model) is not None,
-                      "an existing HF model directory (with config.json), a run directory with policy/, 'default' "
-                      "or a hub id", cfg.model)
     return cfg
 
 
@@ -97,18 +78,3 @@ def resolve(cfg: Config, *, tokenizer: Any = None) -> RunSpec:
     except ValueError as e:
         raise ConfigError(f"config field 'task_configs': got {cfg.task_configs!r}; {e}") from None
     return RunSpec(cfg, families, resolve_template(cfg.template, cfg.model, tokenizer))
-
-
-def _check_task_names(cfg: Config) -> None:
-    known = TASKS.names()
-    for name, value in (("tasks", cfg.tasks), ("eval_tasks", cfg.eval_tasks or [])):
-        for t in value:
-            if ":" in t:
-                try:
-                    TASKS.check_name(t)
-                except ValueError as e:
-                    raise ConfigError(f"config field '{name}': {e}") from None  # e names the value
-            elif t not in known:
-                raise ConfigError(f"config field '{name}': got {t!r}{did_you_mean(t, known)}; "
-                                  f"allowed: {TASKS.allowed()}")
-
