@@ -244,7 +244,7 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
                        write_verdict(out, files, record, report, text), record)
 
 
-HEARTBEAT_S = 20.0  # a plain progress line at least this often where no bar renders (papermill, a log file)
+HEARTBEAT_S = 15.0  # a plain progress line at least this often where no bar renders (papermill, a log file)
 HEARTBEAT_ENV = "BRORL_HEARTBEAT_S"  # overrides HEARTBEAT_S (seconds), also in a kernel papermill starts
 
 
@@ -263,6 +263,9 @@ def heartbeat(root: Path, name: str, *, runs: int, enabled: bool, every_s: Optio
 
     every_s = every_s or float(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_S)
     stop, t0 = threading.Event(), time.monotonic()
+
+    print(f"{time.strftime('%H:%M:%S')} {name}: {runs} arm runs to run or read back (a line every {every_s:g} s)",
+          flush=True)
 
     def beat() -> None:
         while not stop.wait(every_s):
