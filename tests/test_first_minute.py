@@ -256,3 +256,19 @@ def test_a_sweep_over_train_flags_and_its_report_pair_the_seeds(tiny_model, tmp_
     rc, out, err = cli(argv[3:], capsys)  # resumable: every point finished, read back, not trained again
     assert rc == 0 and "paired by seed" in out, err
     assert (tmp_path / "sw" / "rollouts_per_prompt2_seed0" / "checkpoint" / "state.pt").stat().st_mtime_ns == before
+
+
+def test_the_declared_names_are_exactly_the_registered_implementations():
+    """A registry's names are known before torch loads (rl.names, rollout.engine_names); once the implementations
+    are imported, every declared name has one and nothing undeclared could register."""
+    import brorl_lab.rl.algo  # noqa: F401 - registers the estimators, losses and KL estimators
+    import brorl_lab.rl.trackers  # noqa: F401
+    import brorl_lab.rollout.engines  # noqa: F401
+    from brorl_lab.rl import names
+    from brorl_lab.rollout.engine_names import ENGINES
+
+    for reg in (names.ADVANTAGES, names.POLICY_LOSSES, names.KL_ESTIMATORS, names.LOSS_AGGREGATIONS, names.TRACKERS,
+                ENGINES):
+        assert reg.declared and set(reg.declared) == set(reg._items), reg.kind
+    with pytest.raises(ValueError, match="is not declared"):
+        names.ADVANTAGES.register("grpo_typo", lambda r: r)

@@ -10,7 +10,7 @@ Registries load lazily: a registry built with ``names=(...)`` knows its names be
 imported (``rl.names``, ``rollout.engine_names`` declare them in modules that import no torch), so the CLI refuses
 ``--advantage grop`` or ``--engine trch`` in a fraction of a second. Registering a name that was not declared, or
 looking up a declared name whose implementation module was never imported, is an error, so the declaration and the
-implementations cannot drift apart unseen (``tests/test_first_hour.py`` checks they are the same).
+implementations cannot drift apart unseen (``tests/test_first_minute.py`` checks they are the same).
 """
 
 from __future__ import annotations
