@@ -328,6 +328,10 @@ def cmd_eval(args) -> int:
         from brorl_lab.core.rundir import check_writable
 
         check_writable(args.json, "--json")
+    from brorl_lab.rl.names import check_names
+
+    check_names(cfg)  # engine, tasks, the model path: before torch loads
+    print(f"evaluating {args.model} (loading torch and the model)", file=sys.stderr, flush=True)
     set_threads(args.threads)
     _offline_if_unreachable(args.model)
     from brorl_lab.core.models import load_policy
@@ -396,6 +400,7 @@ def cmd_tensorboard(args) -> int:
 
 
 def cmd_report(args) -> int:
+    print(f"reading {len(args.runs)} path(s) for the report", file=sys.stderr, flush=True)
     from brorl_lab.lab.report import write_report
 
     if args.out:
@@ -465,6 +470,8 @@ def cmd_sweep(args) -> int:
             raise ConfigError(f"--grid: got {kv!r}; allowed: name=v1,v2,...")
         grid[k] = [_literal(x) for x in v.split(",")]
     base = _params(args.param)
+    print(f"sweep into {args.out}: {' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) or 'one point'}",
+          file=sys.stderr, flush=True)
     if args.notebook is None:  # train over a grid of Config fields: no notebook
         return _train_sweep(args, grid, base)
     from brorl_lab.lab.sweep import run_sweep
