@@ -6,7 +6,7 @@ and so does every process it starts (OMP_NUM_THREADS=1): two torch processes tha
 (ARCHITECTURE.md). The tests of a module that builds something once for the module (a module- or session-scoped
 fixture of its own: a trained tiny run, a built book, a bench run) stay together on one worker, so that fixture is
 built once; the modules in SERIAL run on one worker, one after another (they watch the repository or the process
-group, or start Ray). The slowest modules are handed out first, so neither worker is left with one at the end.
+group, or start a Ray cluster). The slowest modules are handed out first, so neither worker is left with one at the end.
 Without ``-n`` none of this changes anything."""
 
 import os
@@ -24,7 +24,7 @@ if XDIST_WORKER:  # before torch is imported: this worker and everything it star
 NOTEBOOK_MODULES = ("test_notebooks_flagship", "test_notebooks_analysis", "test_theory_notebook", "test_theorem_notebook",
                     "test_allocation_notebook")
 # One worker, one after another: the browser test checks nothing is written into the repo's notebooks/ and runs/
-# while it runs; the Ray tests start local clusters.
+# while it runs; the Ray tests (these modules, and every test marked `ray`) start local clusters.
 SERIAL = ("test_browser", "test_ray_engine")
 # Measured slowest first (bench/results/test_durations_*.txt): started first, they do not end the run alone.
 SLOW_FIRST = ("test_book", "test_bench", "test_notebooks_flagship", "test_browser", "test_notebooks_analysis",
@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
         if name in NOTEBOOK_MODULES and "pair" not in item.name:
             item.add_marker(pytest.mark.notebook)
         if item.get_closest_marker("xdist_group") is None:
-            if name in SERIAL:
+            if name in SERIAL or item.get_closest_marker("ray"):
                 item.add_marker(pytest.mark.xdist_group("serial"))
             elif _builds_once(item):
                 item.add_marker(pytest.mark.xdist_group(name))
