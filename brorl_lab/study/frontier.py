@@ -550,7 +550,12 @@ def continue_plateau(*, steps: int, eval_every: int, seed: int = 1, root: str | 
     cols = ["step", "cum_samples"] + [c for c in ev.columns if c.startswith("eval/") and c.endswith("pass@1")]
     ev = ev[cols].reset_index(drop=True)
     r = ols_slope_interval(ev["step"] / 100, ev[METRIC])
-    return ev, {**{k: r[k] for k in ("n", "slope", "lo", "hi", "se")}, "unit": "mean pass@1 per 100 steps",
+    from brorl_lab.study.compare import COLLAPSE
+
+    trained = df[df["step"] > 0]
+    health = {"kl_max": float(trained["kl"].max()), "kl_steps_over_bound": int((trained["kl"] > COLLAPSE["kl_max"]).sum()),
+              "cap_hit_steps": int(trained["ds_cap_hit"].astype(bool).sum()), "trained_steps": len(trained)}
+    return ev, {**{k: r[k] for k in ("n", "slope", "lo", "hi", "se")}, **health, "unit": "mean pass@1 per 100 steps",
                 "start": float(ev[METRIC].iloc[0]), "end": float(ev[METRIC].iloc[-1]), "steps": steps, "seed": seed,
                 "config": over}
 
