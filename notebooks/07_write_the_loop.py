@@ -284,7 +284,7 @@ def show_answers(engine, title, count=8):
 
 # %% [markdown]
 # **What you should see:** before training the base spells almost no word backward (held-out pass@1 about 0.02).
-# For the first ~150 steps almost nothing moves: a group of 16 of a prompt the base solves once in 250 draws is all
+# For the first ~200 steps almost nothing moves: a group of 16 of a prompt the base solves once in 250 draws is all
 # wrong 94% of the time, the filter drops it, and most steps make no update (the progress lines count the optimizer
 # steps). Then the few kept groups have taught it enough that successes stop being rare, more groups survive, and
 # held-out pass@1 takes off: the *takeoff* the base is named for. The cell prints the measured rise and says so if
