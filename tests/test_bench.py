@@ -274,3 +274,20 @@ def test_bench_json_records_the_command_without_the_machines_paths():
     assert command_line(["checkout/brorl_lab/__main__.py", "bench", "--only", "long"]) == \
         "python -m brorl_lab bench --only long"
     assert command_line(["checkout/bench/run_all.py", "--smoke"]) == "python run_all.py --smoke"
+
+
+def test_study_profile_shares_cover_each_run_and_the_shipped_run_is_read():
+    """bench_study's accounting: the stages' CPU seconds and shares of one arm's run add up to its CPU time (the
+    rest is "other", never negative by construction of the numbers below), and the full-size takeoff run's own step
+    timings are read from its shipped metrics, each arm's shares summing to one."""
+    from bench import bench_study as B
+
+    res = {"startup": 5.0, "cpu": 40.0, "wall": 400.0, "times": {"rollout": 10.0, "refill_rollout": 6.0,
+                                                                  "update": 12.0, "eval": 4.0, "checkpoint": 0.5}}
+    s = B.shares(res)
+    assert set(s["share"]) == set(B.STAGES) and abs(sum(s["share"].values()) - 1) < 1e-3
+    assert s["cpu_seconds"]["other"] == 2.5 and s["wall_s"] == 400.0 and s["cpu_s"] == 40.0
+    shipped = B.shipped_shares()
+    for arm in ("prorl", "brorl"):
+        assert abs(sum(shipped[arm]["share"].values()) - 1) < 1e-3 and shipped[arm]["total_s"] > 0
+        assert shipped[arm]["seconds"]["rollout"] > 0 and shipped[arm]["seconds"]["update"] > 0
