@@ -192,7 +192,7 @@ def cmd_train(args) -> int:
         cfg, args.resume = restart, None
     if cfg is not None:
         _offline_if_unreachable(cfg.model)
-    print(f"{'resuming' if args.resume else 'training'} {_run_path(cfg, args)} (loading torch and the model)",
+    print(f"note: {'resuming' if args.resume else 'training'} {_run_path(cfg, args)} (loading torch and the model)",
           file=sys.stderr, flush=True)
     from brorl_lab.rl.trainer import CheckpointError, Trainer
 
@@ -252,17 +252,22 @@ def _precheck_train(cfg: Optional[Config], args) -> Optional[Config]:
 
     if cfg is not None:
         check_names(cfg)
+    elif getattr(args, "steps", None) is not None:
+        from brorl_lab.core.validation import check_int
+
+        check_int("steps", args.steps, 1)
     path = _run_path(cfg, args)
-    if cfg is None and not path.is_dir():
-        raise ConfigError(f"--resume: {path} is not a directory; allowed: a run directory with a checkpoint")
-    check_writable(path, "--resume" if cfg is None else "run_dir")
+    if cfg is None and not Path(args.resume).is_dir():
+        raise ConfigError(f"run_dir: {args.resume} is not a directory; allowed: a run directory with a checkpoint "
+                          "(or its checkpoints/step_N)")
+    check_writable(path, "run_dir")
     if lock_held(path):
         RunLock.acquire(path).release()  # held: the one-line refusal naming the writer (pid, host, command)
     if cfg is not None or Path(args.resume).parent.name == "checkpoints" or RunDir.holds_run(path):
         return None
     if not (path / "config.yaml").is_file():
-        raise ConfigError(f"--resume: {path} holds no checkpoint and no config.yaml; allowed: a run directory "
-                          "written by train")
+        raise ConfigError(f"run_dir: {path} has no checkpoint and no config.yaml; nothing to resume; allowed: a run "
+                          "directory written by train")
     again = Config.from_dict(RunDir(path).read_config())
     if getattr(args, "steps", None) is not None:
         again = again.replace(steps=args.steps)
@@ -331,7 +336,7 @@ def cmd_eval(args) -> int:
     from brorl_lab.rl.names import check_names
 
     check_names(cfg)  # engine, tasks, the model path: before torch loads
-    print(f"evaluating {args.model} (loading torch and the model)", file=sys.stderr, flush=True)
+    print(f"note: evaluating {args.model} (loading torch and the model)", file=sys.stderr, flush=True)
     set_threads(args.threads)
     _offline_if_unreachable(args.model)
     from brorl_lab.core.models import load_policy
@@ -400,7 +405,7 @@ def cmd_tensorboard(args) -> int:
 
 
 def cmd_report(args) -> int:
-    print(f"reading {len(args.runs)} path(s) for the report", file=sys.stderr, flush=True)
+    print(f"note: reading {len(args.runs)} path(s) for the report", file=sys.stderr, flush=True)
     from brorl_lab.lab.report import write_report
 
     if args.out:
@@ -470,7 +475,7 @@ def cmd_sweep(args) -> int:
             raise ConfigError(f"--grid: got {kv!r}; allowed: name=v1,v2,...")
         grid[k] = [_literal(x) for x in v.split(",")]
     base = _params(args.param)
-    print(f"sweep into {args.out}: {' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) or 'one point'}",
+    print(f"note: sweep into {args.out}: {' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) or 'one point'}",
           file=sys.stderr, flush=True)
     if args.notebook is None:  # train over a grid of Config fields: no notebook
         return _train_sweep(args, grid, base)

@@ -318,11 +318,16 @@ def test_a_bad_yaml_config_through_the_cli_exits_with_one_line_and_leaves_the_ru
     cfg_file.write_text(yaml.safe_dump(fields))
     with pytest.raises(SystemExit) as e:
         cli.main(["train", "--config", str(cfg_file), "--quiet"])
-    err = capsys.readouterr().err
+    err = without_notes(capsys.readouterr().err)
     assert e.value.code == 2
     assert err.startswith("python -m brorl_lab train: error: config field") and err.count("\n") == 1, err
     assert f"'{name}'" in err and "Traceback" not in err
     assert snapshot(finished_run.parent) == before
+
+
+def without_notes(err: str) -> str:
+    """stderr without the ``note:`` / ``notice:`` lines (a command's first line, `training runs/x (loading ...)`)."""
+    return "".join(ln for ln in err.splitlines(keepends=True) if not ln.startswith(("notice:", "note:")))
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -346,7 +351,7 @@ def test_cli_errors_are_one_line_and_write_nothing(argv, needle, finished_run, c
     argv = [a.format(run=finished_run, root=root) for a in argv]
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
-    err = capsys.readouterr().err
+    err = without_notes(capsys.readouterr().err)
     assert e.value.code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert snapshot(root) == before
     assert not (root / "no_such_run").exists(), "resume must not create the directory it was pointed at"

@@ -66,7 +66,7 @@ def cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def last_line(err: str) -> str:
     assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("notice:", "note:", "training "))]
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("notice:", "note:"))]
     return lines[-1]
 
 
