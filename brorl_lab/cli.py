@@ -166,7 +166,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
             print(note, file=sys.stderr)
         data.update(loaded)
     data.update({f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if hasattr(args, f.name)})
-    return Config.from_dict(data)
+    return Config.from_dict(trim_eval_k(data))
+
+
+def trim_eval_k(fields: dict) -> dict:
+    """``fields`` with the default ``eval_k`` cut to the k that ``eval_samples`` allows when eval_samples is given
+    and eval_k is not (``--eval-samples 2`` works alone, as in ``eval``); an eval_k the user gave is checked as is."""
+    n = fields.get("eval_samples")
+    if "eval_k" not in fields and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        fields = {**fields, "eval_k": [k for k in Config().eval_k if k <= n] or [1]}
+    return fields
 
 
 # ---- commands -------------------------------------------------------------------------------------------------------
@@ -502,6 +511,9 @@ def _train_sweep(args, grid: dict, base: dict) -> int:
 
     if getattr(args, "steps", None) is not None:
         base.setdefault("steps", args.steps)
+    base = trim_eval_k({**base, **({"eval_samples": min(grid["eval_samples"])} if "eval_samples" in grid else {})})
+    if "eval_samples" in grid:
+        base.pop("eval_samples")
     index = run_train_sweep(grid or {"seed": [0]}, out=args.out, base=base, jobs=args.parallel,
                             threads=args.threads, progress=not args.quiet)
     print(index.to_string(index=False, float_format=lambda v: f"{v:.4f}"))

@@ -272,3 +272,11 @@ def test_the_declared_names_are_exactly_the_registered_implementations():
         assert reg.declared and set(reg.declared) == set(reg._items), reg.kind
     with pytest.raises(ValueError, match="is not declared"):
         names.ADVANTAGES.register("grpo_typo", lambda r: r)
+
+
+@pytest.mark.parametrize("argv, eval_k", [(["--eval-samples", "2"], [1]), (["--eval-samples", "8"], [1, 4]),
+                                          (["--eval-samples", "8", "--eval-k", "2"], [2])])
+def test_eval_k_is_cut_to_eval_samples_unless_given(argv, eval_k):
+    from brorl_lab.cli import build_parser, config_from_args
+
+    assert config_from_args(build_parser().parse_args(["train", *argv])).eval_k == eval_k
