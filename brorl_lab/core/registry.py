@@ -8,9 +8,10 @@ imports nothing above core. Engines are registered as import strings, so naming 
 
 Registries load lazily: a registry built with ``names=(...)`` knows its names before any implementation is
 imported (``rl.names``, ``rollout.engine_names`` declare them in modules that import no torch), so the CLI refuses
-``--advantage grop`` or ``--engine trch`` in a fraction of a second. Registering a name that was not declared, or
-looking up a declared name whose implementation module was never imported, is an error, so the declaration and the
-implementations cannot drift apart unseen (``tests/test_first_minute.py`` checks they are the same).
+``--advantage grop`` or ``--engine trch`` in a fraction of a second. Looking up a declared name whose implementation
+module was never imported is an error, and ``tests/test_first_minute.py`` checks that the package's implementations
+are exactly the declared names, so the two cannot drift apart unseen. A name registered at run time (a notebook's own
+policy loss) joins the names from then on; a fresh process (the CLI) knows the declared ones.
 """
 
 from __future__ import annotations
@@ -58,9 +59,6 @@ class Registry:
         def add(o):
             if name in self._items:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
-            if self.declared and name not in self.declared:
-                raise ValueError(f"{self.kind} '{name}' is not declared; allowed: add it to the names this registry "
-                                 f"is built with ({', '.join(self.declared)})")
             self._items[name] = o
             return o
 
@@ -144,8 +142,8 @@ class Registry:
         return len(self._items)
 
     def names(self) -> list[str]:
-        """The declared names (known without importing anything), else the registered ones."""
-        return list(self.declared) if self.declared else list(self._items)
+        """The declared names (known without importing anything), then any other registered ones."""
+        return [*self.declared, *(n for n in self._items if n not in self.declared)]
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._items)})"
