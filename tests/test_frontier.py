@@ -137,3 +137,16 @@ def test_budgets_from_pilot_and_its_table():
     assert b["takeoff"] == F.size_budget(12000.0, at_least=1_000_000) == 1_048_576  # 100 x 8,000 x 1.25 < 1M
     md = F.pilot_markdown(t).splitlines()
     assert len(md) == 2 + 4 and md[2].startswith("| takeoff | n16x64 | 5 | 3.0 (4) | 0.100 | 8,000 | 5/5 [0.00, 0.43] |")
+
+
+def test_the_declared_budgets_and_the_design_pages_pilot_table_come_from_the_shipped_pilot():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    refill = pd.read_csv(root / "notebooks/figures/frontier_pilot_refill.csv")
+    assert F.FRONTIER.budgets == F.budgets_from_pilot(refill)
+    assert F.FRONTIER.round_cap > 2 * refill["refills_max"].max()
+    assert {b: v // 8 for b, v in F.FRONTIER.budgets.items()} == F.FRONTIER.lr_pilot_budget
+    page = (root / "docs/results/frontier_design.md").read_text()
+    block = page.split("<!-- pilot-table -->\n", 1)[1].split("\n<!-- /pilot-table -->", 1)[0]
+    assert block == F.pilot_markdown(refill)

@@ -560,6 +560,14 @@ def continue_plateau(*, steps: int, eval_every: int, seed: int = 1, root: str | 
                 "config": over}
 
 
+#: The frontier as declared for review (not yet pre-registered). Budgets: :func:`budgets_from_pilot` of the shipped
+#: refill pilot (notebooks/figures/frontier_pilot_refill.csv; a test recomputes them): takeoff 1,048,576 (the 1M
+#: floor binds: BroRL's 64 updates need 721k, N=16's 100 race updates 1.01M), learned 917,504 (64 x 11,469 x 1.25).
+#: Round cap 63 refills: 3 times the pilot's largest need (21 refills; a cap of 32 bound on 0 of its 40 steps).
+FRONTIER = Frontier(budgets={"takeoff": 1_048_576, "learned": 917_504}, round_cap=63,
+                    lr_pilot_budget={"takeoff": 131_072, "learned": 114_688})
+
+
 # ---- the command: python -m brorl_lab.study.frontier pilot ... -------------------------------------------------------
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Two exploratory measurements (1 torch thread; neither pre-registered, each record says so):
