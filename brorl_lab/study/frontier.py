@@ -10,6 +10,12 @@ data, before any full-size run, with every reading as a function on per-seed tab
     takeoff_race(df, a, b)                     # study.paid.time_to_level + race, per pair of arms
     seeds_for_gap(per_seed_gaps)               # seeds for a 0.5-point gap at 80% power (lab.stats.seeds_for_power)
     refill_pilot(...) / cap_binding(steps)     # the refill protocol measured: how often a round cap binds
+    budgets_from_pilot(cap_binding(steps))     # the budgets FRONTIER declares (>= 64 BroRL updates at fill-to-full)
+    noise_table(...)                           # rl.noise_scale's B_simple per branch point and N
+    continue_plateau(...)                      # the learned plateau's own recipe continued: its slope (item 7)
+
+The pilots run as ``python -m brorl_lab.study.frontier pilot|noise|continue`` (:func:`main`); each writes its tables
+with a provenance record marked exploratory.
 
 Units. A *generated sample* is one response (prompt x rollout), every dynamic-sampling round counted (BroRL's unit,
 ``cum_samples``); a *trained sample* one that survived the filter (``cum_trained_samples``); an *optimizer update*
