@@ -283,3 +283,15 @@ def test_eval_k_is_cut_to_eval_samples_unless_given(argv, eval_k):
     from brorl_lab.cli import build_parser, config_from_args
 
     assert config_from_args(build_parser().parse_args(["train", *argv])).eval_k == eval_k
+
+
+def test_overwrite_says_what_it_removed_naming_the_users_own_files(tiny_model, tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoint").mkdir(parents=True)
+    (run_dir / "checkpoint" / "state.pt").write_bytes(b"old")
+    (run_dir / "notes.txt").write_text("mine")
+    rc, _, err = cli(train_cmd(tiny_model, tmp_path, "r", steps=1)[3:] + ["--overwrite"], capsys)
+    assert rc == 0, err
+    line = next(ln for ln in err.splitlines() if "--overwrite removed" in ln)
+    assert "checkpoint" in line and "notes.txt" in line and "not written by a run: notes.txt" in line, line
+    assert not (run_dir / "notes.txt").exists()
