@@ -150,3 +150,7 @@ def test_the_declared_budgets_and_the_design_pages_pilot_table_come_from_the_shi
     page = (root / "docs/results/frontier_design.md").read_text()
     block = page.split("<!-- pilot-table -->\n", 1)[1].split("\n<!-- /pilot-table -->", 1)[0]
     assert block == F.pilot_markdown(refill)
+    noise = pd.read_csv(root / "notebooks/figures/noise_scale.csv")
+    block = page.split("<!-- noise-table -->\n", 1)[1].split("\n<!-- /noise-table -->", 1)[0]
+    assert block == F.noise_markdown(noise)
+

@@ -489,6 +489,19 @@ def pilot_markdown(refill: pd.DataFrame) -> str:
     return "\n".join(head)
 
 
+def noise_markdown(noise: pd.DataFrame) -> str:
+    """:func:`noise_table`'s summary as the design page's markdown table (a test rebuilds the page's block from the
+    shipped noise_scale.csv): per branch point and N, q and B_simple with its bootstrap interval in groups, rollouts
+    and generated samples."""
+    rows = ["| branch point | N | q (kept groups) | B_simple, groups | in rollouts (x N) | in generated samples (x N / q) |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for _, r in noise.iterrows():
+        cells = " | ".join(f"{r[f'b_{u}']:,.0f} [{r[f'b_{u}_lo']:,.0f}, {r[f'b_{u}_hi']:,.0f}]"
+                           for u in ("groups", "rollouts", "generated"))
+        rows.append(f"| {r['branch']} | {int(r['N'])} | {r['q']:.3f} | {cells} |")
+    return "\n".join(rows)
+
+
 # ---- the critical batch size at each branch point (rl.noise_scale) ----------------------------------------------------
 #: The noise-scale measurement's design: two batch sizes in informative groups, repeats per (branch, N), and the
 #: prompts drawn per collection round at each N (the 4:1 arms' own).
