@@ -295,3 +295,14 @@ def test_overwrite_says_what_it_removed_naming_the_users_own_files(tiny_model, t
     line = next(ln for ln in err.splitlines() if "--overwrite removed" in ln)
     assert "checkpoint" in line and "notes.txt" in line and "not written by a run: notes.txt" in line, line
     assert not (run_dir / "notes.txt").exists()
+
+
+def test_a_notebook_is_named_with_or_without_ipynb():
+    from brorl_lab.cli import _notebook_path
+    from brorl_lab.core.config import ConfigError
+    from brorl_lab.core.paths import NOTEBOOK_DIR
+
+    assert _notebook_path("00_quickstart") == _notebook_path("00_quickstart.ipynb") == \
+        NOTEBOOK_DIR / "00_quickstart.ipynb"
+    with pytest.raises(ConfigError, match="NOTEBOOK: '00_quickstar' .*00_quickstart"):
+        _notebook_path("00_quickstar")
