@@ -76,6 +76,11 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_NOTE = ("*An interactive widget is drawn here when the notebook runs in JupyterLab (`make lab`); a static "
                "page has no kernel behind it. The figures right below are its plots as the executed notebook left "
                "them (its default view), kept from the notebook's saved widget state.*")
+#: the note where a widget's saved state holds no figure to keep (its traces were added after it was built: plotly
+#: sends those as a message whose content the saved state does not keep)
+WIDGET_NOTE_BARE = ("*An interactive widget is drawn here when the notebook runs in JupyterLab (`make lab`); a static "
+                    "page has no kernel behind it, and its plots could not be kept: the saved widget state holds no "
+                    "figure data for them.*")
 TEXT_BARS = BOOK / "text_bars.py"  # the kernels' IPython startup file: tqdm.auto draws a text bar, once, at close
 
 
@@ -188,11 +193,44 @@ def widget_figures(state: dict, model_id: str) -> list[dict]:
         if mid in seen or mid not in state:
             continue
         seen.add(mid)
-        model = state[mid].get("state", {})
-        if "_widget_data" in model:
-            figures.append({"data": model["_widget_data"], "layout": model.get("_widget_layout", {})})
+        model = with_buffers(state[mid])
+        if "_widget_data" in model:  # traces added after the widget was built come in its last addTraces message
+            data = model["_widget_data"] or (model.get("_py2js_addTraces") or {}).get("trace_data") or []
+            if data:  # a figure with no trace draws nothing: no still for it
+                figures.append({"data": data, "layout": model.get("_widget_layout", {})})
         todo += [c[len("IPY_MODEL_"):] for c in model.get("children", []) if str(c).startswith("IPY_MODEL_")]
     return figures
+
+
+def with_buffers(saved: dict) -> dict:
+    """A widget's saved ``state`` with its binary ``buffers`` put back: plotly sends numpy arrays as
+    ``{"dtype", "shape"}`` plus a buffer stored apart (base64, at a path into the state); each becomes a list."""
+    import base64
+    import copy
+
+    import numpy as np
+
+    state = copy.deepcopy(saved.get("state", {}))
+    for buf in saved.get("buffers", []):
+        *path, last = buf["path"]
+        node = state
+        try:
+            for key in path:
+                node = node[key]
+            node[last] = base64.b64decode(buf["data"])
+        except (KeyError, IndexError, TypeError):  # a buffer of a model field the figure does not use
+            continue
+
+    def arrays(x):
+        if isinstance(x, dict) and isinstance(x.get("buffer"), bytes) and "dtype" in x:
+            return np.frombuffer(x["buffer"], dtype=x["dtype"]).reshape(x.get("shape", -1)).tolist()
+        if isinstance(x, dict):
+            return {k: arrays(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [arrays(v) for v in x]
+        return x
+
+    return arrays(state)
 
 
 def still_figure(fig: dict) -> dict:
@@ -221,7 +259,7 @@ def for_the_page(nb, plotlyjs_id: str):
                 continue
             if WIDGET in data:
                 figures = widget_figures(state, data[WIDGET].get("model_id", ""))
-                o.data = {"text/markdown": WIDGET_NOTE if figures else WIDGET_NOTE.split(" The figures")[0] + "*"}
+                o.data = {"text/markdown": WIDGET_NOTE if figures else WIDGET_NOTE_BARE}
                 kept += [o, *(still_figure(f) for f in figures)]
                 continue
             if PLOTLY in data and "text/html" in data:
