@@ -443,7 +443,18 @@ plots.paper_simulation_figure(runs_wd0, title="The same without weight decay (we
 # the change" is the difference). What remains there is the unsampled term, and it is systematic, not noise: each
 # step pushes the undrawn tokens down in proportion to $p_j$ (with $S_R > 0$), and at small $N$ the undrawn tokens
 # are mostly the concentrated correct ones. (AdamW's `eps` keeps these tiny gradients in a plain-gradient regime, so
-# they keep their $p_j$ weighting.)
+# they keep their $p_j$ weighting.) This run:
+
+# %%
+lo, hi = min(n_values), max(n_values)
+fell, q0 = int(final.loc[lo, "steps Q_pos fell (wd 0)"]), runs_wd0.q_pos.iloc[0]
+as_said = fell >= 0.8 * steps and final.loc[hi, "q_pos (wd 0)"] > q0 > final.loc[lo, "q_pos (wd 0)"]
+print(f"weight_decay=0, from Q_pos {q0:.4f}: N={hi} ends at {final.loc[hi, 'q_pos (wd 0)']:.4f}, N={lo} at "
+      f"{final.loc[lo, 'q_pos (wd 0)']:.4f}, falling on {fell} of {steps} steps: "
+      + ("as described" if as_said else
+         f"this run went the other way for N={lo}: the fall is the unsampled term outweighing the sampled ones, which "
+         f"needs most of the correct mass on tokens a draw of {lo} misses (the paper's V = 128,000 with 10,000 correct "
+         f"tokens); this run's V = {vocab:,} with {n_correct:,} correct did not get there"))
 #
 # ## 8 · What the theory does not say
 #
@@ -473,6 +484,16 @@ plots.budget_figure(budget, title="Fixed budget of draws: final Q_pos against N 
 # %% [markdown]
 # **What you should see:** $Q_{pos}$ falls at the smallest $N$ (many steps, each losing mass through the unsampled
 # term), rises towards an interior best $N$, and flattens or falls again at the largest $N$ (too few steps to move).
+# This run:
+
+# %%
+best = int(budget.loc[budget.q_pos.idxmax(), "n"])
+interior = best not in (budget.n.min(), budget.n.max()) and budget.q_pos_gain.iloc[0] < 0
+print(f"best N {best} of {budget.n.tolist()}; the smallest N's gain {budget.q_pos_gain.iloc[0]:+.4f}: "
+      + ("as described" if interior else
+         "this run went the other way: the smallest N did not lose mass or the best N sits at an end of the grid; the "
+         "shape needs the paper's vocabulary (most correct mass on tokens small draws miss) and a budget that gives the "
+         f"large N a few steps; this run has V = {vocab:,} and {budget_draws:,} draws"))
 
 # %% [markdown]
 # ### Exercise 6 · Make an update lose correct mass
