@@ -284,6 +284,20 @@ def model_load_error(model: str, e: Exception) -> Exception:
                        "(model.safetensors), or a hub id that is reachable or cached")
 
 
+def _load_model(cfg: Config):
+    """(policy, tokenizer) of ``cfg.model``; a model that does not load for a reason on the user's side (no such
+    hub id, no network, damaged weights) is one :class:`ConfigError` (:func:`model_load_error`)."""
+    from brorl_lab.core.models import load_policy
+
+    try:
+        return load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    except Exception as e:  # transformers' "not a valid model identifier", no network, damaged weights
+        err = model_load_error(cfg.model, e)
+        if err is e:
+            raise
+        raise err from e
+
+
 def _remove_stale_temps(path: Path) -> None:
     """The temp files a killed or failed checkpoint write left (a full disk: ``.policy.*.tmp``), removed with a
     notice; the caller holds the run's lock, so no live writer owns them."""
@@ -348,7 +362,7 @@ class Trainer:
             raise
 
     def _setup(self, cfg, spec, path, policy, tokenizer, engine, progress, callbacks, overwrite, resuming) -> None:
-        from brorl_lab.core.models import load_policy, make_reference, pick_device
+        from brorl_lab.core.models import make_reference, pick_device
 
         if not (resuming or overwrite) and RunDir.holds_run(path):
             raise _run_exists(path)
@@ -358,13 +372,7 @@ class Trainer:
             torch.set_num_threads(cfg.torch_threads)
         self.device = pick_device(cfg.device)
         if policy is None:
-            try:
-                policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
-            except Exception as e:  # transformers' "not a valid model identifier", no network, damaged weights
-                err = model_load_error(cfg.model, e)
-                if err is e:
-                    raise
-                raise err from e
+            policy, tokenizer = _load_model(cfg)
         elif tokenizer is None:
             raise ValueError("tokenizer: required when a policy object is passed")
         self.policy, self.tokenizer = policy, tokenizer
