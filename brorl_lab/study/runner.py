@@ -133,7 +133,7 @@ class Study:
                 "brorl_lr_factor": self.brorl_lr_factor, "full_size": self.full_size}
 
 
-def write_verdict(out: Path, files: list, record: Mapping, report: Mapping, text: str) -> list:
+def write_study_files(out: Path, files: list, record: Mapping, report: Mapping, text: str) -> list:
     """``record`` beside every per-seed file of ``files``, then ``out/verdict.json`` (the record and every reading)
     and ``out/verdict.txt`` (the text); returns every path written."""
     for path in files:  # every per-seed file carries its provenance: shippable as it is
@@ -241,7 +241,7 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
                                                            for a, c in arms.items()})
     text = paid.paid_text(report)
     return StudyResult(study, out, True, report, text, study.reading(report["headline"]),
-                       write_verdict(out, files, record, report, text), record)
+                       write_study_files(out, files, record, report, text), record)
 
 
 HEARTBEAT_S = 15.0  # a plain progress line at least this often where no bar renders (papermill, a log file)
@@ -418,5 +418,5 @@ def run_floor(out: str | Path, *, settings: Optional[Mapping] = None, middle_see
                         arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}" for a, c in planned.items()})
     verdict = "revives" if report["revives"] else "does not revive"
     return StudyResult(None, out, True, report, text, f"by the floor's rule (study.revival.brorl_revives): BroRL "
-                       f"{verdict} the plateau", write_verdict(out, [out / "metrics.parquet"], record, report, text),
+                       f"{verdict} the plateau", write_study_files(out, [out / "metrics.parquet"], record, report, text),
                        record)
