@@ -66,7 +66,7 @@ def _timed(owner, name: str, bucket, key=None):
 
 
 def _child(cfg, t_spawn: float, profile: bool, out) -> None:
-    """One arm in a fresh process, as lab.jobs runs it: start-up timed from the parent's spawn call."""
+    """One arm in a fresh process, as a new --jobs worker starts it: start-up timed from the parent's spawn call."""
     import torch
 
     torch.set_num_threads(1)
