@@ -8,7 +8,9 @@ The page holds the runs (status, steps, final numbers), their config (for severa
 first, the shared ones folded), the training curves (reward, pass rate, KL, entropy, clipped shares, response
 length, samples/s: whichever the runs logged), held-out pass@1 per family during training, and the pass@k table
 with pass@k against k. Several runs are overlaid in every panel, each labelled by the config settings that tell it
-apart: the run browser's view, without a kernel. plotly.js is embedded once, so the page opens offline.
+apart: the run browser's view, without a kernel. plotly.js (4.8 MB) is not inside the page: :func:`write_report`
+writes it once beside the page as ``plotly-<version>.min.js`` (every report in that folder shares it), so a page
+stays well under 1 MB and still opens offline; :func:`report_html` alone embeds it (a string has no folder).
 
 Figures come from :mod:`brorl_lab.lab.plots`, tables from :mod:`brorl_lab.lab.analysis` and
 :mod:`brorl_lab.lab.tracking`; this module only picks the panels and lays out the page.
@@ -210,9 +212,11 @@ def compare_section(df: pd.DataFrame) -> str:
 
 
 def report_html(paths: Sequence[str | os.PathLike], *, title: Optional[str] = None, x: str = "step",
-                index: Optional[pd.DataFrame] = None, allow_empty: bool = False) -> str:
+                index: Optional[pd.DataFrame] = None, allow_empty: bool = False,
+                plotlyjs_src: Optional[str] = None) -> str:
     """The report page of the runs at or below ``paths`` (see the module docstring); ``index`` (a sweep's index)
-    adds a table of every run the sweep made, its status and parameters."""
+    adds a table of every run the sweep made, its status and parameters. plotly.js is embedded in the page, or, with
+    ``plotlyjs_src`` (a path relative to the page), loaded from that file."""
     if x not in plots.X_AXES:
         raise UserError(f"x: got {x!r}; allowed: {', '.join(plots.X_AXES)}")
     runs = collect_runs(paths, allow_empty=allow_empty)
@@ -227,16 +231,18 @@ def report_html(paths: Sequence[str | os.PathLike], *, title: Optional[str] = No
                      *([("Compared by config, paired by seed", compare_section(df))] if len(runs) > 1 else []),
                      ("Training curves", training_section(df, labels, x)),
                      ("Held-out evaluation", held_out_section(df, labels, x))]
-    return _page(title, sections)
+    return _page(title, sections, plotlyjs_src)
 
 
-def _page(title: str, sections: Sequence[tuple[str, str]]) -> str:
+def _page(title: str, sections: Sequence[tuple[str, str]], plotlyjs_src: Optional[str] = None) -> str:
     from plotly.offline import get_plotlyjs
 
     body = "".join(f"<h2>{html.escape(head)}</h2>\n{content}\n" for head, content in sections)
     made = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    script = (f'<script src="{html.escape(plotlyjs_src)}"></script>' if plotlyjs_src
+              else f"<script>{get_plotlyjs()}</script>")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style><script>{get_plotlyjs()}</script></head>\n<body><h1>{html.escape(title)}</h1>"
+            f"<style>{CSS}</style>{script}</head>\n<body><h1>{html.escape(title)}</h1>"
             f'<p class="note">brorl_lab report, written {made}</p>\n{body}</body></html>\n')
 
 
@@ -244,8 +250,26 @@ def write_report(paths: Sequence[str | os.PathLike], out: Optional[str | os.Path
     """Write :func:`report_html` of ``paths`` to ``out`` (default: ``<path>/report.html`` for a single path; an
     existing directory gets ``report.html`` inside) atomically; returns the file written."""
     out = _out_path(paths, out)
-    text = report_html(paths, **options)
+    text = report_html(paths, plotlyjs_src=plotlyjs_name(), **options)  # checks the runs before anything is written
+    write_plotlyjs(out.parent)
     return tracking.atomic_write_text(out, text)
+
+
+def plotlyjs_name() -> str:
+    import plotly
+
+    return f"plotly-{plotly.__version__}.min.js"
+
+
+def write_plotlyjs(folder: str | os.PathLike) -> Path:
+    """``folder/plotly-<version>.min.js``, written once (atomically) and shared by every report page in ``folder``."""
+    from plotly.offline import get_plotlyjs
+
+    path = Path(folder) / plotlyjs_name()
+    js = get_plotlyjs()
+    if not path.is_file() or path.stat().st_size != len(js.encode()):
+        tracking.atomic_write_text(path, js)
+    return path
 
 
 def _out_path(paths: Sequence[str | os.PathLike], out: Optional[str | os.PathLike]) -> Path:
