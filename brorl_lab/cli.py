@@ -602,7 +602,7 @@ def cmd_plateau(args) -> int:
     return 0 if res.passed else 3
 
 
-SCALING_OPTIONS = ("steps", "eval_every", "seeds", "model", "eval_prompts", "eval_samples", "measure_mechanism")
+SCALING_OPTIONS = ("steps", "eval_every", "seeds", "model", "eval_prompts", "eval_samples", "eval_k", "measure_mechanism")
 
 
 def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str = "") -> int:
@@ -649,6 +649,9 @@ def cmd_scaling(args) -> int:
     p = _jobs_params(args)
     settings = {k: getattr(args, k) for k in SCALING_OPTIONS if getattr(args, k, None) is not None}
     settings.update(_params(args.param))
+    if "eval_samples" in settings and "eval_k" not in settings:  # --eval-samples 8 alone works, as in train and eval
+        n = settings["eval_samples"]
+        settings["eval_k"] = [k for k in runner.FLOOR["eval_k"] if isinstance(n, int) and k <= n] or [1]
     if args.full_size:
         settings["seeds"] = sorted(set(settings.get("seeds", runner.FLOOR["seeds"])) | set(range(runner.FLOOR_FULL_SEEDS)))
     res = runner.run_floor(args.out, settings=settings, middle=args.full_size or args.middle_seeds is not None,
@@ -1040,7 +1043,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "middle arm runs)")
     s.add_argument("--model", default=None, help="default: plateau")
     s.add_argument("--eval-prompts", type=int, default=None)
-    s.add_argument("--eval-samples", type=int, default=None)
+    s.add_argument("--eval-samples", type=int, default=None, help="samples per held-out prompt; alone, it trims "
+                   "the floor's eval_k to the k it allows")
+    s.add_argument("--eval-k", type=int, nargs="+", default=None, help="the k of pass@k (each <= --eval-samples)")
     s.add_argument("--measure-mechanism", action=argparse.BooleanOptionalAction, default=None)
     s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other setting of "
                    "study.runner.FLOOR (lr, reward, eval_k, mechanism_prompts, mechanism_draws, tasks, ...)")

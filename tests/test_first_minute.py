@@ -306,3 +306,30 @@ def test_a_notebook_is_named_with_or_without_ipynb():
         NOTEBOOK_DIR / "00_quickstart.ipynb"
     with pytest.raises(ConfigError, match="NOTEBOOK: '00_quickstar' .*00_quickstart"):
         _notebook_path("00_quickstar")
+
+
+@pytest.mark.parametrize("argv, eval_k", [(["--eval-samples", "8"], [1, 8]), (["--eval-samples", "4"], [1]),
+                                          (["--eval-samples", "8", "--eval-k", "1", "2"], [1, 2])])
+def test_scaling_eval_samples_alone_trims_eval_k_and_eval_k_is_a_flag(argv, eval_k, tmp_path, monkeypatch):
+    """Issue 46: `scaling --eval-samples 8` died after 18 s on the floor's eval_k [1, 8, 64]; it now trims eval_k to
+    what the samples allow (as train and eval do), and --eval-k sets it. The settings reach the runner, whose Config
+    accepts them (the floor's run itself is not started here: its own tests run it)."""
+    from brorl_lab import cli
+    from brorl_lab.study import runner
+    from brorl_lab.study.recipe import recipe_config
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(out, *, settings, **kw):
+        seen.update(settings)
+        raise Stop
+
+    monkeypatch.setattr(runner, "run_floor", capture)
+    with pytest.raises(Stop):
+        cli.main(["scaling", "--out", str(tmp_path / "floor"), *argv])
+    assert seen["eval_k"] == eval_k
+    cfg = recipe_config(eval_samples=seen["eval_samples"], eval_k=seen["eval_k"])  # a Config the floor can build
+    assert cfg.eval_k == eval_k
