@@ -918,7 +918,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=None, help="train steps of every run (without NOTEBOOK)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--out", default="runs/sweeps/sweep", help="sweep directory")
-    s.add_argument("--parallel", type=int, default=1, help="runs at a time (each gets cores // parallel threads)")
+    s.add_argument("--jobs", "--parallel", dest="parallel", type=int, default=1,
+                   help="runs at a time, as --jobs of the study commands (each gets cores // jobs threads)")
     add_threads(s, None, " per run (default: cores // parallel)")
     s.set_defaults(func=cmd_sweep)
 
