@@ -55,7 +55,10 @@ def main(out: str | None = None) -> dict:
     rows = [row("demo", "make demo from a fresh clone (env built): wall", wall, "s", "<= 300", note),
             row("demo", "longest silence between console lines", max(gaps), "s", "<= 30", note)]
     print(format_table(rows))
-    result = {"rows": rows, "rc": rc, "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    from brorl_lab.study.results import machine_info
+
+    result = {"command": "python -m bench.bench_demo", "machine": machine_info(), "rows": rows, "rc": rc,
+              "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "load_before": load0, "load_after": load1, "lines": len(lines), "line_times_s": times,
               "tail": lines[-15:]}
     path = Path(out or REPO / "bench" / "results" / f"demo_{time.strftime('%Y-%m-%d')}.json")
