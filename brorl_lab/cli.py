@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -205,7 +206,7 @@ def cmd_train(args) -> int:
           file=sys.stderr, flush=True)
     from brorl_lab.rl.trainer import CheckpointError, Trainer
 
-    trainer = None
+    trainer, started = None, time.time()
     try:
         if args.resume:
             trainer = Trainer.resume(args.resume, progress=not args.quiet, steps=getattr(args, "steps", None))
@@ -215,10 +216,40 @@ def cmd_train(args) -> int:
         with trainer:
             df = trainer.run()  # returns on a finished run and on a clean stop (first Ctrl-C): both get a report
     except KeyboardInterrupt as e:  # before the first step could finish (loading, the first evaluation), or a
+        if _finished(trainer, started):  # ... or after the last step, once this run had finished: nothing is left
+            return _finished_anyway(trainer)
         e.hint = _interrupt_hint(trainer)  # second Ctrl-C: one line (main) saying what is left
         raise
     except CheckpointError as e:  # a full disk or quota mid-run: the file system said no; the message says what stays
         raise UserError(str(e)) from e
+    try:
+        return _after_training(trainer, df)
+    except KeyboardInterrupt:  # a signal while the report is written: the run itself had finished
+        if _finished(trainer, started):
+            return _finished_anyway(trainer)
+        raise
+
+
+def _finished(trainer, since: float) -> bool:
+    """Whether this command's run wrote status ``finished`` (a status file older than ``since`` is an earlier run's:
+    resuming a finished run to extend it, stopped while loading, has not finished)."""
+    try:
+        path = trainer.run_dir.path / "status.json"
+        return path.stat().st_mtime >= since and trainer.run_dir.read_status().get("status") == "finished"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _finished_anyway(trainer) -> int:
+    """A signal that came after the last step had finished the run: exit 0, and say where the report comes from."""
+    print(f"a signal came after the last step; the run finished (status finished); its report: python -m brorl_lab "
+          f"report {trainer.run_dir.path}", file=sys.stderr)
+    return 0
+
+
+def _after_training(trainer, df) -> int:
+    """What `train` prints and writes once the loop returned: the run's files, its report, its last evaluations, and
+    the exit code (128 + the signal of a clean stop, 0 for a finished run)."""
     print(f"run directory: {trainer.run_dir.path}")
     print(f"metrics: {trainer.run_dir.metrics_path} ({len(df)} rows)")
     from brorl_lab.lab.report import try_write_report

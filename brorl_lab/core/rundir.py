@@ -301,7 +301,8 @@ class RunDir:
 
     #: What a Trainer writes into its run directory: what ``--overwrite`` moves aside.
     RUN_FILES = ("config.yaml", "metrics.parquet", "events.jsonl", "checkpoint", "checkpoints", "policy",
-                 "environment.json", "tensorboard", "wandb", "train.log", "status.json", "report.html")
+                 "environment.json", "tensorboard", "wandb", "train.log", "status.json", "report.html",
+                 "plotly.min.js")  # the report's plotly.js (lab.report.write_plotlyjs)
     #: Files a papermill run (lab.sweep.run_notebook) owns in a directory whose notebook trains into it.
     NOTEBOOK_FILES = ("parameters.json", "status.json")
     #: The Hugging Face export of the last checkpoint's policy (written with every checkpoint).

@@ -9,7 +9,7 @@ first, the shared ones folded), the training curves (reward, pass rate, KL, entr
 length, samples/s: whichever the runs logged), held-out pass@1 per family during training, and the pass@k table
 with pass@k against k. Several runs are overlaid in every panel, each labelled by the config settings that tell it
 apart: the run browser's view, without a kernel. plotly.js (4.8 MB) is not inside the page: :func:`write_report`
-writes it once beside the page as ``plotly-<version>.min.js`` (every report in that folder shares it), so a page
+writes it once beside the page as ``plotly.min.js`` (every report in that folder shares it), so a page
 stays well under 1 MB and still opens offline; :func:`report_html` alone embeds it (a string has no folder).
 
 Figures come from :mod:`brorl_lab.lab.plots`, tables from :mod:`brorl_lab.lab.analysis` and
@@ -32,6 +32,7 @@ from brorl_lab.core.validation import UserError
 from brorl_lab.lab import analysis, plots, stats, tracking
 
 REPORT_FILE = "report.html"
+PLOTLYJS_FILE = "plotly.min.js"  # beside the page, shared by every report in its folder (see write_plotlyjs)
 TRAINING_METRICS = ("reward_mean", "pass_at_1", "ds_pass_rate", "kl", "entropy", "clipfrac_high", "clipfrac_low",
                     "response_length_mean", "samples_per_s")
 # A run's legend label names the config settings that differ between the runs, the seed included (runs are not
@@ -256,18 +257,18 @@ def write_report(paths: Sequence[str | os.PathLike], out: Optional[str | os.Path
 
 
 def plotlyjs_name() -> str:
-    import plotly
-
-    return f"plotly-{plotly.__version__}.min.js"
+    """The file beside a report page that holds plotly.js (rewritten when the installed plotly.js differs)."""
+    return PLOTLYJS_FILE
 
 
 def write_plotlyjs(folder: str | os.PathLike) -> Path:
-    """``folder/plotly-<version>.min.js``, written once (atomically) and shared by every report page in ``folder``."""
+    """``folder/plotly.min.js``, written (atomically) unless it already holds this plotly.js; shared by every report
+    page in ``folder``."""
     from plotly.offline import get_plotlyjs
 
     path = Path(folder) / plotlyjs_name()
     js = get_plotlyjs()
-    if not path.is_file() or path.stat().st_size != len(js.encode()):
+    if not path.is_file() or path.read_text() != js:
         tracking.atomic_write_text(path, js)
     return path
 
