@@ -380,7 +380,7 @@ def _receive(conn, proc) -> Optional[tuple[str, Any, str]]:
     if conn.poll():
         try:
             return conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # it exited (or was stopped mid-start) without a whole message
             pass
     elif proc.is_alive():
         return None
