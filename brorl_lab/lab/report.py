@@ -251,14 +251,9 @@ def write_report(paths: Sequence[str | os.PathLike], out: Optional[str | os.Path
     """Write :func:`report_html` of ``paths`` to ``out`` (default: ``<path>/report.html`` for a single path; an
     existing directory gets ``report.html`` inside) atomically; returns the file written."""
     out = _out_path(paths, out)
-    text = report_html(paths, plotlyjs_src=plotlyjs_name(), **options)  # checks the runs before anything is written
+    text = report_html(paths, plotlyjs_src=PLOTLYJS_FILE, **options)  # checks the runs before anything is written
     write_plotlyjs(out.parent)
     return tracking.atomic_write_text(out, text)
-
-
-def plotlyjs_name() -> str:
-    """The file beside a report page that holds plotly.js (rewritten when the installed plotly.js differs)."""
-    return PLOTLYJS_FILE
 
 
 def write_plotlyjs(folder: str | os.PathLike) -> Path:
@@ -266,7 +261,7 @@ def write_plotlyjs(folder: str | os.PathLike) -> Path:
     page in ``folder``."""
     from plotly.offline import get_plotlyjs
 
-    path = Path(folder) / plotlyjs_name()
+    path = Path(folder) / PLOTLYJS_FILE
     js = get_plotlyjs()
     if not path.is_file() or path.read_text() != js:
         tracking.atomic_write_text(path, js)
