@@ -628,12 +628,20 @@ class RunBrowser(w.VBox):
 
 
 def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Make ``widget`` show ``fig``: its traces and layout (old traces, annotations and shapes go), in one update."""
+    """Make ``widget`` show ``fig``: its traces and layout (old traces, annotations and shapes go), in one update.
+
+    The synced ``_widget_data`` / ``_widget_layout`` are set to the new figure too, as plotly does when a
+    FigureWidget is displayed by itself: inside a container they would keep the figure it was built with, and a
+    notebook's saved widget state (the book's still picture of a widget, docs/book/build_book.py) would hold that
+    (plotly.js's widget model ignores their changes: the live view is drawn by the add-traces message)."""
+    from copy import deepcopy
+
     with widget.batch_update():
         widget.data = ()
         widget.layout.annotations, widget.layout.shapes = (), ()
         widget.add_traces(list(fig.data))
         widget.update_layout(fig.layout.to_plotly_json())
+    widget._widget_data, widget._widget_layout = deepcopy(widget._data), deepcopy(widget._layout_obj._props)
 
 
 def _index_html(index: pd.DataFrame) -> str:
