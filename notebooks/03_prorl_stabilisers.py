@@ -349,6 +349,16 @@ resets if len(resets) else Markdown(f"No resets in {steps} steps (reset_every={r
 # moves far in one update. This run (each line says which way it went):
 
 # %%
+for r in (r for r in runs if RUNS[r][0] == "baseline"):
+    kl = rows(r)["kl"].dropna()                     # the baseline's KL to its fixed reference, per logged step
+    half = len(kl) // 2
+    if half:
+        early, late = kl.iloc[:half].mean(), kl.iloc[-half:].mean()
+        print(f"{NAMES[r]}: KL {early:.3g} over its first {half} logged step(s), {late:.3g} over its last {half}: "
+              + ("it crept up, as described" if late > early else
+                 f"this run went the other way (it fell): a step's KL is estimated on that step's own samples "
+                 f"({prompts} prompts x {N}), and k3's single large values (a token one update moved far) outweigh "
+                 f"a drift as short as {steps} steps"))
 for r in (r for r in runs if RUNS[r][0] in ("reset every K", "reset on KL")):
     g, b = rows(r), rows(baseline_of(r))
     at = g.index[g["reset"].fillna(False).astype(bool)].tolist()
@@ -453,10 +463,10 @@ table = pd.DataFrame([arm_row(r) for r in runs])
 table
 
 # %% [markdown]
-# **Why held-out pass@1 moves the same way in every arm.** The reset arms run exactly the baseline's steps until their
-# first reset, and the others differ from it only slightly at first (the table's "first step differing" column), so
-# a fall that happens early is largely one event, seen once per arm. What
-# the policies learned shows in their answers: below, each arm's final policy (and the starting model) answers
+# **Why held-out pass@1 tends to move the same way in every arm.** The reset arms run exactly the baseline's steps
+# until their first reset, and the others differ from it only slightly at first (the table's "first step differing"
+# column), so a fall that happens early is largely one event, seen once per arm; the last line below says whether
+# this run's arms did move together. What the policies learned shows in their answers: below, each arm's final policy (and the starting model) answers
 # fresh prompts of the same families at the eval temperature; a policy that has collapsed onto a few frequent answers
 # (for `gcd`, small numbers such as 1 and 2 are right on many training prompts) gains training reward while it loses
 # the prompts whose answer is anything else.
@@ -494,6 +504,18 @@ for _, row in profiles.iloc[1:].iterrows():
     print(f"{row['policy']}: {row['their share']:.0%} of answers are {row['two most common']} (start: "
           f"{start['their share']:.0%}), {row['distinct answers']} distinct answers (start: {start['distinct answers']})"
           f", {row['empty answers']:.0%} empty, {row['correct']:.0%} correct (start: {start['correct']:.0%})")
+moved = {}  # arm -> held-out pass@1, last eval minus first
+for r in runs:
+    evals = df[df["run"] == r].dropna(subset=["eval/mean/pass@1"]).sort_values("step")["eval/mean/pass@1"]
+    if len(evals) > 1:
+        moved[NAMES[r]] = float(evals.iloc[-1] - evals.iloc[0])
+ways = {int(np.sign(round(v, 9))) for v in moved.values()}
+print("held-out pass@1, last eval minus first: " + ", ".join(f"{a} {v:+.3f}" for a, v in moved.items()) + ": "
+      + ("every arm moved the same way" if len(ways) == 1 else
+         "this run's arms went different ways: from the first step where an arm differs (the table's column) its "
+         "own updates and resets act on it alone" + (" (each reset also starts a fresh AdamW)" if base.reset_optimizer
+                                                     else "")
+         + f", and with one seed and {EVAL_SAMPLES} eval samples a change of a few answers is within the noise"))
 
 # %% [markdown]
 # ## Where to go from here
