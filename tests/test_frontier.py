@@ -106,7 +106,7 @@ def test_arms_budgets_and_marks():
 def test_declaration_and_configs():
     fr = F.Frontier(budgets={"takeoff": 131_072, "learned": 65_536}, round_cap=32)
     decl = fr.to_declaration()
-    assert json.loads(json.dumps(decl)) == decl and decl["status"].startswith("declared, not yet")
+    assert json.loads(json.dumps(decl)) == decl and decl["status"].startswith("pre-registered")
     assert decl["designs"]["ratio"] == {"n16x64": {"rollouts_per_prompt": 16, "prompts_per_step": 64},
                                         "n64x32": {"rollouts_per_prompt": 64, "prompts_per_step": 32},
                                         "n512x16": {"rollouts_per_prompt": 512, "prompts_per_step": 16}}
@@ -118,9 +118,16 @@ def test_declaration_and_configs():
     assert (c.lr, c.max_resample_rounds, c.max_samples, c.tasks) == (2e-4, 32, 131_072, ["spell_backward"])
     assert c.eval_at_samples == F.log_marks(131_072) and cfgs["n16x512"].lr == 3e-4
     assert fr.configs("learned", capped=True)["n16x64"].max_resample_rounds == 4
-    st = fr.study_fields("takeoff")
-    assert st["arm_table"]["brorl"] == {"rollouts_per_prompt": 512, "prompts_per_step": 16}
-    assert st["overrides"]["max_resample_rounds"] == 32 and st["takeoff_family"] == "spell_backward"
+    assert decl["stages"]["lr_pilot"]["seeds"] == [0, 1, 2] and decl["stages"]["ratio"]["seeds"] == list(range(10))
+    pilot = F.FRONTIER.stage_arms("lr_pilot")  # every 4:1 arm x lr x branch point, at the pilot budget
+    assert len(pilot) == 2 * 3 * 4 and pilot["takeoff-n512x16-lr0.0008"].lr == 8e-4
+    assert pilot["learned-n16x64-lr0.0001"].max_samples == 114_688
+    picks = {b: {"n16x64": 4e-4, "n64x32": 2e-4, "n512x16": 1e-4} for b in ("takeoff", "learned")}
+    fixed = F.FRONTIER.stage_arms("fixed", picks=picks)  # every fixed-batch arm at the n512x16 pick
+    assert {c.lr for c in fixed.values()} == {1e-4} and len(fixed) == 6
+    assert F.FRONTIER.stage_arms("capped", picks=picks)["takeoff-n16x64"].max_resample_rounds == 4
+    with pytest.raises(ValueError, match="picks: no lr picks"):
+        F.FRONTIER.stage_arms("ratio")
     with pytest.raises(ValueError, match="round_cap"):
         F.Frontier(round_cap=4)
 
@@ -154,3 +161,33 @@ def test_the_declared_budgets_and_the_design_pages_pilot_table_come_from_the_shi
     block = page.split("<!-- noise-table -->\n", 1)[1].split("\n<!-- /noise-table -->", 1)[0]
     assert block == F.noise_markdown(noise)
 
+
+
+def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_picks_feed_the_frontier(tmp_path):
+    """A tiny frontier, end to end through study.runner.run_grid: the lr pilot runs every arm x lr x seed into its
+    ledger and writes lr_picks.csv by the declared rule; the primary stage takes each arm's pick from that file and
+    refuses to start without it; a second call reads every run from the ledger."""
+    import pandas as pd
+
+    from brorl_lab.study import frontier as F
+    from brorl_lab.study.results import read_provenance
+
+    fr = F.Frontier(name="tiny", branches=("learned",), ratio_arms={2: 4, 8: 2}, budgets={"learned": 64}, marks=2,
+                    seeds=(1,), lr_grid=(1e-4, 1e-3), lr_seeds=(1,), lr_pilot_budget={"learned": 32},
+                    round_cap=5, eval_prompts=4, eval_samples=2)
+    with pytest.raises(ValueError, match="needs the lr picks"):
+        F.run_stage("ratio", out=tmp_path / "runs", ledger=tmp_path / "ledger", ship=False, frontier=fr, jobs=1,
+                    progress=False)
+    pilot = F.run_stage("lr_pilot", out=tmp_path / "runs", ledger=tmp_path / "ledger", ship=False, frontier=fr,
+                        jobs=1, progress=False)
+    assert pilot.finished and len(list((tmp_path / "ledger" / "lr_pilot").glob("*_s*.parquet"))) == 4
+    picks = pd.read_csv(tmp_path / "ledger" / "lr_pilot" / "lr_picks.csv")
+    assert list(picks["arm"]) == ["n2x4", "n8x2"] and picks["lr"].isin([1e-4, 1e-3]).all()
+    ratio = F.run_stage("ratio", out=tmp_path / "runs", ledger=tmp_path / "ledger", ship=False, frontier=fr, jobs=1,
+                        progress=False)
+    assert ratio.finished and ratio.metrics["cum_samples"].groupby(ratio.metrics["run"]).max().ge(64).all()
+    assert read_provenance(tmp_path / "ledger" / "ratio" / "learned-n8x2_s1.parquet")["lr"] == float(
+        picks.set_index("arm").loc["n8x2", "lr"])
+    again = F.run_stage("lr_pilot", out=tmp_path / "runs2", ledger=tmp_path / "ledger", ship=False, frontier=fr,
+                        jobs=1, progress=False)
+    assert again.finished and not (tmp_path / "runs2" / "lr_pilot" / "arms").exists()

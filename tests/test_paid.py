@@ -304,3 +304,29 @@ def test_the_shipped_readings_through_the_runner_equal_the_shipped_verdicts():
     for name in ("learned", "takeoff"):
         verdict = json.loads(runner.shipped_points(name).with_name(f"paid_{name}_verdict.json").read_text())
         assert runner.reading_of_points(runner.shipped_points(name)) == PD.headline_reading(verdict["headline"])
+
+
+def test_run_grid_writes_one_ledger_file_per_arm_and_seed_and_reads_them_back_instead_of_running(tmp_path):
+    """The grid every whole-Config study shares (frontier, allocation): each finished arm x seed lands in the ledger
+    at once with its provenance (config fingerprint, start, declaration); a second call in a fresh output folder (a
+    new machine without runs/) reads every run from the ledger and runs nothing; a ledger file of another config is
+    refused in one line, never overwritten."""
+    from brorl_lab.core.validation import UserError
+    from brorl_lab.study import runner
+    from brorl_lab.study.results import SHIPPED_KEYS, read_provenance
+
+    arms = tiny_study().configs(threads=1)
+    arms = {"a": arms["prorl"], "b": arms["brorl"].replace(lr=1e-4)}  # arms given whole: their own lr
+    ledger = tmp_path / "ledger"
+    first = runner.run_grid("g", arms, seeds=[0], out=tmp_path / "run1", declaration={"study": "g"},
+                            ledger=ledger, threads=1, progress=False)
+    assert first.finished and sorted(p.name for p in ledger.glob("*.parquet")) == ["a_s0.parquet", "b_s0.parquet"]
+    rec = read_provenance(ledger / "b_s0.parquet")
+    assert set(SHIPPED_KEYS) <= set(rec) and rec["lr"] == 1e-4 and rec["config"] == runner.config_fingerprint(arms["b"])
+    again = runner.run_grid("g", arms, seeds=[0], out=tmp_path / "run2", declaration={"study": "g"},
+                            ledger=ledger, threads=1, progress=False)
+    assert again.finished and not (tmp_path / "run2" / "arms").exists()  # nothing ran: all read from the ledger
+    pd.testing.assert_frame_equal(again.metrics, first.metrics)
+    with pytest.raises(UserError, match="ledger: .*b_s0.parquet holds a run of another config"):
+        runner.run_grid("g", {**arms, "b": arms["b"].replace(lr=2e-4)}, seeds=[0], out=tmp_path / "run3",
+                        declaration={"study": "g"}, ledger=ledger, threads=1, progress=False)

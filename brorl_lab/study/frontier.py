@@ -48,6 +48,7 @@ import pandas as pd
 
 from brorl_lab.core.config import Config
 from brorl_lab.core.validation import check_int, is_number
+from brorl_lab.study.paid import METRIC  # held-out pass@1, the mean over the branch point's families
 
 # ---- the arms --------------------------------------------------------------------------------------------------------
 #: The 4:1 design: {N: prompts per step}. 16, 64 and 512 are the frontier's; 4 and 128 are optional (module docstring).
@@ -243,8 +244,9 @@ def size_budget(samples_per_update: float, *, updates: int = MIN_BRORL_UPDATES, 
 # ---- the study as data ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Frontier:
-    """The frontier study, declared as data (issue 43). Not yet pre-registered: the declaration is committed
-    (:func:`brorl_lab.study.results.write_declaration` of :meth:`to_declaration`) before the first full-size run.
+    """The frontier study, declared as data (issue 43). Its declaration (:meth:`to_declaration`, written by
+    :func:`brorl_lab.study.results.write_declaration` to ``notebooks/figures/frontier/declaration.json``) is
+    committed before the first full-size run; :func:`run_stage` refuses to run a stage otherwise.
 
     ``budgets`` are generated samples per arm and branch point (:func:`size_budget` from the refill pilot);
     ``round_cap`` is the primary protocol's ``max_resample_rounds`` (fill-to-full: binds on < 5% of steps in the
@@ -267,6 +269,8 @@ class Frontier:
     race_level: float = 0.10
     race_family: str = "spell_backward"
     gap_effect: float = GAP_EFFECT
+    eval_prompts: int = 200  # held-out prompts per family at each mark (the paid takeoff study's 200 x 8)
+    eval_samples: int = 8
 
     def __post_init__(self):
         unknown = [b for b in (*self.branches, *self.budgets) if b not in BRANCH_POINTS]
@@ -292,46 +296,74 @@ class Frontier:
         return log_marks(self.budgets[branch], self.marks)
 
     def configs(self, branch: str, design: str = "ratio", *, lrs: Optional[Mapping[str, float]] = None,
-                capped: bool = False, optional: bool = False) -> dict[str, Config]:
+                capped: bool = False, optional: bool = False, budget: Optional[int] = None) -> dict[str, Config]:
         """{arm: Config} from ``branch``: the flagship recipe, each arm's N and prompts per step, its lr (``lrs``
         {arm: lr} from :func:`pick_lr`, default the branch point's own), paid the branch's budget in generated
-        samples and evaluated at its marks; dynamic sampling refilled up to :attr:`round_cap` rounds (``capped``:
-        :attr:`capped_round_cap`); no reset (the paid study's arms)."""
+        samples (``budget``: a shorter one, e.g. the lr pilot's) and evaluated at its marks up to that budget
+        (:attr:`eval_prompts` prompts x :attr:`eval_samples` samples per family); dynamic sampling refilled up to
+        :attr:`round_cap` rounds (``capped``: :attr:`capped_round_cap`); no reset (the paid study's arms)."""
         from brorl_lab.study.recipe import recipe_config
 
         model, families, lr0 = BRANCH_POINTS[branch]
-        budget, marks = self.budgets.get(branch), self.budget_marks(branch)
+        budget = budget or self.budgets.get(branch)
+        marks = [m for m in self.budget_marks(branch) if m <= budget]
         out = {}
         for arm, (n, p) in self.arms(design, optional=optional).items():
             out[arm] = recipe_config(
                 model=model, tasks=families, lr=(lrs or {}).get(arm, lr0), rollouts_per_prompt=n,
                 prompts_per_step=p, max_resample_rounds=self.capped_round_cap if capped else self.round_cap,
                 max_samples=budget, eval_at_samples=marks, eval_at_steps=[], eval_every=0, reset_every=0,
-                reset_every_samples=0, steps=math.ceil(budget / (n * p)), checkpoint_every=1, run_name=arm)
+                reset_every_samples=0, steps=math.ceil(budget / (n * p)), checkpoint_every=1, run_name=arm,
+                eval_prompts=self.eval_prompts, eval_samples=self.eval_samples)
         return out
 
-    def study_fields(self, branch: str) -> dict:
-        """The fields of the study runner's ``Study`` (:mod:`brorl_lab.study.runner`, issue 42) for the 4:1 design
-        from ``branch``: its arm table maps prorl/middle/brorl to N = 16/64/512, the protocol and the branch's
-        families and lr go in as recipe overrides, the race is declared from the takeoff base. What the runner does
-        not carry yet: an lr per arm (it takes one lr and a BroRL factor), log-spaced marks (its grid is linear in
-        ``points``), the optional arms and the fixed-batch design (three arms at most)."""
-        model, families, lr0 = BRANCH_POINTS[branch]
-        by_n = {n: {"rollouts_per_prompt": n, "prompts_per_step": p} for n, p in self.ratio_arms.items()}
-        fields = {"name": f"{self.name}_{branch}", "model": model, "seeds": tuple(self.seeds),
-                  "budget": self.budgets[branch], "arms": ("prorl", "brorl", "middle"),
-                  "overrides": {"tasks": list(families), "lr": lr0, "max_resample_rounds": self.round_cap},
-                  "arm_table": {"prorl": by_n[16], "middle": by_n[64], "brorl": by_n[512]}}
-        if branch == "takeoff":
-            fields.update(takeoff_level=self.race_level, takeoff_family=self.race_family)
-        return fields
+    # ---- the stages, run by the study runner (study.runner.run_grid), each arm x seed into the ledger ---------------
+    def stage_seeds(self, stage: str) -> tuple:
+        """The paired seeds of ``stage``: the lr pilot's :attr:`lr_seeds`, every other stage's :attr:`seeds`."""
+        check_stage(stage)
+        return tuple(self.lr_seeds if stage == "lr_pilot" else self.seeds)
+
+    def stage_arms(self, stage: str, *, picks: Optional[Mapping[str, Mapping[str, float]]] = None
+                   ) -> dict[str, Config]:
+        """{"<branch>-<arm>[-lr<lr>]": Config} of ``stage`` (:data:`STAGES`) over every branch point. The lr pilot:
+        each 4:1 arm at every lr of :attr:`lr_grid`, paid :attr:`lr_pilot_budget`. 'ratio' (the primary frontier)
+        and 'capped' (its ablation): each arm at its pick (``picks`` {branch: {arm: lr}}, :func:`lr_picks` of the
+        pilot). 'fixed' (IsoCompute's fixed batch): every arm at the pick of the largest-N 4:1 arm (n512x16), whose
+        samples and updates per step they all share."""
+        check_stage(stage)
+        out = {}
+        for b in self.branches:
+            if stage == "lr_pilot":
+                for lr in self.lr_grid:
+                    arms = self.configs(b, "ratio", lrs={a: lr for a in self.arms("ratio")},
+                                        budget=self.lr_pilot_budget[b])
+                    out.update({f"{b}-{a}-lr{lr:g}": c for a, c in arms.items()})
+                continue
+            if not picks or b not in picks:
+                raise ValueError(f"picks: no lr picks for {b!r}; allowed: lr_picks() of a finished lr pilot "
+                                 "(run stage lr_pilot first)")
+            design = "fixed" if stage == "fixed" else "ratio"
+            large = max(self.arms("ratio"), key=arm_n)  # BroRL's shape (n512x16), shared by both designs
+            lrs = ({a: picks[b][large] for a in self.arms("fixed")} if design == "fixed" else dict(picks[b]))
+            arms = self.configs(b, design, lrs=lrs, capped=stage == "capped")
+            out.update({f"{b}-{a}": c for a, c in arms.items()})
+        return out
 
     def to_declaration(self) -> dict:
         """The study as declared before the run, plain JSON (what :func:`brorl_lab.study.results.write_declaration`
         commits): design, seeds, budgets and marks, protocol, the lr rule, and the readings by dotted name."""
         here = __name__
         return {
-            "study": self.name, "status": "declared, not yet pre-registered",
+            "study": self.name,
+            "status": ("pre-registered: this file is committed before the first full-size run of any stage; every "
+                       "ledger file's provenance names the commit that added it"),
+            "stages": {st: {"what": STAGES[st], "seeds": list(self.stage_seeds(st)),
+                            "ledger": f"notebooks/figures/frontier/{st}/<branch>-<arm>[-lr<lr>]_s<seed>.parquet"}
+                       for st in STAGES},
+            "evaluation": {"prompts_per_family": self.eval_prompts, "samples_per_prompt": self.eval_samples,
+                           "at": "every budget mark up to the run's budget", "metric": METRIC},
+            "fixed_batch_lr": ("every fixed-batch arm at the pick of the largest-N 4:1 arm (n512x16: the samples and "
+                               "updates per step they all share)"),
             "branch_points": {b: {"model": BRANCH_POINTS[b][0], "families": BRANCH_POINTS[b][1],
                                   "lr": BRANCH_POINTS[b][2]} for b in self.branches},
             "designs": {"ratio": {a: {"rollouts_per_prompt": n, "prompts_per_step": p}
@@ -579,12 +611,103 @@ def continue_plateau(*, steps: int, eval_every: int, seed: int = 1, root: str | 
                 "config": over}
 
 
-#: The frontier as declared for review (not yet pre-registered). Budgets: :func:`budgets_from_pilot` of the shipped
+#: The frontier as pre-registered (notebooks/figures/frontier/declaration.json). Budgets: :func:`budgets_from_pilot`
+#: of the shipped
 #: refill pilot (notebooks/figures/frontier_pilot_refill.csv; a test recomputes them): takeoff 1,048,576 (the 1M
 #: floor binds: BroRL's 64 updates need 721k, N=16's 100 race updates 1.01M), learned 917,504 (64 x 11,469 x 1.25).
 #: Round cap 63 refills: 3 times the pilot's largest need (21 refills; a cap of 32 bound on 0 of its 40 steps).
 FRONTIER = Frontier(budgets={"takeoff": 1_048_576, "learned": 917_504}, round_cap=63,
                     lr_pilot_budget={"takeoff": 131_072, "learned": 114_688})
+
+
+#: The stages of the frontier, in the order they run (``python -m brorl_lab.study.frontier run STAGE``).
+STAGES = {"lr_pilot": "each 4:1 arm at each lr of the grid, lr_seeds, the pilot budget: the lr rule's input",
+          "ratio": "the primary frontier: the 4:1 arms at their picked lr, fill-to-full, the full budget",
+          "fixed": "IsoCompute's fixed-batch design: 8,192 samples and 2 updates per step in every arm",
+          "capped": "the ablation: the 4:1 arms with the recipe's round cap of 4"}
+LEDGER = Path(__file__).resolve().parents[2] / "notebooks" / "figures" / "frontier"  # committed, one file per run
+
+
+def check_stage(stage: str) -> str:
+    if stage not in STAGES:
+        raise ValueError(f"stage: got {stage!r}; allowed: {', '.join(STAGES)}")
+    return stage
+
+
+def split_arm(df: pd.DataFrame) -> pd.DataFrame:
+    """The grid's arm names ``<branch>-<arm>[-lr<lr>]`` split into columns branch, arm (n<N>x<P>) and lr (NaN when
+    the name carries none); ``run_arm`` keeps the full name."""
+    parts = df["arm"].str.split("-", expand=True)
+    out = df.assign(run_arm=df["arm"], branch=parts[0], arm=parts[1])
+    out["lr"] = parts[2].str.removeprefix("lr").astype(float) if parts.shape[1] > 2 else np.nan
+    return out
+
+
+def lr_picks(df: pd.DataFrame, frontier: Optional["Frontier"] = None) -> pd.DataFrame:
+    """The lr rule (:func:`pick_lr`, fixed before the pilot) applied to the lr pilot's ledger table, per branch
+    point at its pilot budget: one row per branch and arm (lr NaN: no lr qualified, the arm's grid moves down), with
+    where BroRL's sqrt rule applied to the n16x64 pick lands (``sqrt_rule_lr``)."""
+    fr = frontier or FRONTIER
+    t = split_arm(df)
+    rows = []
+    for b, g in t.groupby("branch", sort=False):
+        picked = pick_lr(lr_pilot_rows(g, mark=fr.lr_pilot_budget[b], metric=METRIC))
+        shapes = fr.arms("ratio")
+        small = min(shapes, key=arm_n)  # ProRL's shape: the smallest N
+        ref = picked.set_index("arm")["lr"].get(small, np.nan)
+        picked["sqrt_rule_lr"] = [sqrt_rule_lr(ref, shapes[small], shapes[a]) if np.isfinite(ref) else np.nan
+                                  for a in picked["arm"]]
+        rows.append(picked.assign(branch=b))
+    return pd.concat(rows, ignore_index=True)[["branch", "arm", "lr", "value", "sqrt_rule_lr", "qualified",
+                                               "kl_share_by_lr", "value_by_lr"]]
+
+
+def picks_of(table: pd.DataFrame) -> dict:
+    """{branch: {arm: lr}} from :func:`lr_picks`; an arm with no pick is an error naming it (its grid moves down)."""
+    missing = table[table["lr"].isna()]
+    if len(missing):
+        raise ValueError("lr picks: no lr qualified for " + ", ".join(f"{b}/{a}" for b, a in
+                                                                      zip(missing["branch"], missing["arm"]))
+                         + "; allowed: the pilot rerun with that arm's grid halved (the declared rule)")
+    return {b: dict(zip(g["arm"], g["lr"].astype(float))) for b, g in table.groupby("branch", sort=False)}
+
+
+def run_stage(stage: str, *, out: str | Path = "runs/frontier", ledger: Optional[str | Path] = None,
+              ship: bool = True, frontier: Optional["Frontier"] = None, jobs: Optional[int] = 2,
+              threads: Optional[int] = 1, ray: Optional[str] = None, progress: bool = True,
+              command: Optional[str] = None):
+    """Run one stage of the frontier through the study runner (:func:`brorl_lab.study.runner.run_grid`): the
+    declaration (:meth:`Frontier.to_declaration`) must be committed in the ledger's parent (``ship``), every
+    finished arm x seed lands in ``ledger/<stage>/`` at once (commit them as they come), runs already there are
+    read back. The main stages take their lrs from the pilot's ledger (:func:`lr_picks`). Returns the
+    :class:`~brorl_lab.study.runner.GridRun`; after a finished lr pilot, ``lr_picks.csv`` is written beside it."""
+    from brorl_lab.study.recipe import resolve_experiment_model
+    from brorl_lab.study.results import provenance, write_provenance
+    from brorl_lab.study.runner import run_grid
+
+    fr = frontier or FRONTIER
+    check_stage(stage)
+    root = Path(ledger) if ledger else LEDGER
+    picks = None
+    if stage != "lr_pilot":
+        picks_file = root / "lr_pilot" / "lr_picks.csv"
+        if not picks_file.is_file():
+            raise ValueError(f"stage: {stage!r} needs the lr picks ({picks_file.name}); allowed: run stage "
+                             "'lr_pilot' to its end first")
+        picks = picks_of(pd.read_csv(picks_file))
+    arms = fr.stage_arms(stage, picks=picks)
+    cks = {b: resolve_experiment_model(BRANCH_POINTS[b][0]) for b in fr.branches}
+    grid = run_grid(f"{fr.name}_{stage}", arms, seeds=fr.stage_seeds(stage), out=Path(out) / stage,
+                    declaration=fr.to_declaration(), declare_in=root, ledger=root / stage, ship=ship,
+                    checkpoints=cks, jobs=jobs, ray=ray, threads=threads, progress=progress, command=command)
+    if stage == "lr_pilot" and grid.finished:
+        table = lr_picks(grid.metrics, fr)
+        path = root / "lr_pilot" / "lr_picks.csv"
+        table.to_csv(path, index=False)
+        write_provenance(path, provenance(command or f"{__name__}.run_stage('lr_pilot')", cks, grid.wall_s,
+                                          commit=grid.start["commit"], started_at=grid.start["started_at"],
+                                          declaration=grid.declared, reading=f"{__name__}.lr_picks"))
+    return grid
 
 
 # ---- the command: python -m brorl_lab.study.frontier pilot ... -------------------------------------------------------
@@ -631,7 +754,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         x.add_argument("--branches", nargs="+", default=list(BRANCH_POINTS))
     for x in (p, q, c):
         x.add_argument("--figures", default=None, help="also write the tables here with provenance")
+    r = sub.add_parser("run", help="one stage of the pre-registered frontier, through the study runner")
+    r.add_argument("stage", choices=list(STAGES), help="; ".join(f"{k}: {v}" for k, v in STAGES.items()))
+    r.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2: one per core)")
+    r.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+    r.add_argument("--out", default="runs/frontier", help="the runs' checkpoints (not committed)")
+    r.add_argument("--exploratory", action="store_true",
+                   help="no pre-registration: the ledger goes under --out, records say so")
     args = ap.parse_args(argv)
+    if args.cmd == "run":
+        import shlex
+        import sys
+
+        from brorl_lab.core.validation import UserError
+
+        command = "python -m brorl_lab.study.frontier " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+        try:
+            grid = run_stage(args.stage, out=args.out,
+                             ledger=Path(args.out) / "ledger" if args.exploratory else None,
+                             ship=not args.exploratory, jobs=args.jobs, threads=args.threads, command=command)
+        except (UserError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{args.stage}: {'finished' if grid.finished else 'stopped: run the same command again to resume'}; "
+              f"{grid.metrics['run'].nunique() if len(grid.metrics) else 0} arm x seed runs in {grid.ledger}")
+        if args.stage == "lr_pilot" and grid.finished:
+            print(pd.read_csv(grid.ledger / "lr_picks.csv")[["branch", "arm", "lr", "value", "sqrt_rule_lr"]]
+                  .to_string(index=False))
+        return 0 if grid.finished else 130
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -206,16 +206,11 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
     ``threads`` torch threads each), the per-seed files with provenance, the readings. An unfinished grid (Ctrl-C,
     a stop) returns ``finished=False`` with nothing but the arms' checkpoints written: the same call resumes."""
     out = Path(out)
-    start = start_of_run()
-    t0 = time.perf_counter()
-    decl_path = write_declaration(out, study.declaration())
-    declared = require_preregistered(decl_path) if (ship or study.full_size) else declaration_record(decl_path)
     arms = study.configs(threads=threads)
-    with heartbeat(out / "arms", study.name, runs=len(arms) * len(study.seeds), enabled=progress and not live_bars()):
-        df = paid.run_paid(arms, seeds=study.seeds, root=out / "arms", progress=progress, jobs=jobs, ray=ray,
-                           threads=threads)
-    spent = len(df) and df.groupby("run")["cum_samples"].max().ge(study.budget).all()
-    if not spent or df["run"].nunique() < len(arms) * len(study.seeds):
+    grid = run_grid(study.name, arms, seeds=study.seeds, out=out, declaration=study.declaration(),
+                    ship=ship or study.full_size, jobs=jobs, ray=ray, threads=threads, progress=progress)
+    df, start, declared = grid.metrics, grid.start, grid.declared
+    if not grid.finished:
         return StudyResult(study, out, False, {}, "stopped before every arm spent its budget: run the same command "
                            "again to resume", "not read: unfinished", [], {})
     report = paid.paid_report(df, budget=study.budget, points=study.points, metric=study.metric,
@@ -234,7 +229,7 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
     df.to_parquet(out / "metrics.parquet")
     files = paid.write_per_seed(out, tables) + [out / "metrics.parquet"]
     record = provenance(command or f"brorl_lab.study.runner.run_study({study.name!r})",
-                        {"branch": resolve_experiment_model(study.model)}, time.perf_counter() - t0,
+                        {"branch": resolve_experiment_model(study.model)}, grid.wall_s,
                         commit=start["commit"], started_at=start["started_at"], declaration=declared,
                         seeds=list(study.seeds), budget=study.budget, lr=arms["brorl"].lr / study.brorl_lr_factor,
                         collapse_rule=paid.COLLAPSE, arms={a: f"{c.rollouts_per_prompt} x {c.prompts_per_step}"
@@ -242,6 +237,128 @@ def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Op
     text = paid.paid_text(report)
     return StudyResult(study, out, True, report, text, study.reading(report["headline"]),
                        write_study_files(out, files, record, report, text), record)
+
+
+# ---- any grid of arms given whole (the frontier, the allocation study) ----------------------------------------------
+@dataclass
+class GridRun:
+    """What :func:`run_grid` returns: the long metrics table of every arm x seed that ran or was read back
+    (:func:`brorl_lab.study.arms.label_arm`'s columns), whether every run finished, the run's start
+    (:func:`~brorl_lab.study.results.start_of_run`), its declaration record and its wall time."""
+
+    metrics: pd.DataFrame
+    finished: bool
+    start: dict
+    declared: dict
+    wall_s: float
+    ledger: Optional[Path] = None
+
+
+def config_fingerprint(cfg) -> str:
+    """sha256 (16 hex) of a run's config without the fields that do not change its numbers (where it runs, its
+    threads, its name): two runs with one fingerprint and one seed compute the same numbers."""
+    import hashlib
+
+    from brorl_lab.study.recipe import IGNORED_FIELDS
+
+    keep = {k: v for k, v in cfg.to_dict().items() if k not in (*IGNORED_FIELDS, "run_name")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def ledger_file(ledger: Path, arm: str, seed: int) -> Path:
+    """Where one finished arm x seed run's metrics are kept: ``ledger/<arm>_s<seed>.parquet`` (a small file, meant to
+    be committed as soon as it is written, so a study longer than a session resumes on any machine)."""
+    return Path(ledger) / f"{arm}_s{seed}.parquet"
+
+
+def run_into_ledger(cfg, path: str, record: Mapping, arm: str) -> tuple:
+    """One job of :func:`run_grid`: :func:`brorl_lab.study.arms.run_arm` (resumes from its checkpoint), then, when it
+    finished, its labelled metrics written to the ledger file ``path`` with its provenance (``record`` plus this
+    run's wall time and config fingerprint). Returns run_arm's ``(metrics, finished)``."""
+    from brorl_lab.core.rundir import atomic_write
+    from brorl_lab.study.arms import label_arm, run_arm
+
+    t0 = time.perf_counter()
+    df, done = run_arm(cfg, progress=False)
+    if done:
+        table = label_arm(df, arm, cfg.seed, cfg)
+        atomic_write(Path(path), lambda f: table.to_parquet(f, index=False))
+        write_provenance(path, {**record, "wall_s": round(time.perf_counter() - t0, 1), "arm": arm, "seed": cfg.seed,
+                                "config": config_fingerprint(cfg), "lr": cfg.lr,
+                                "shape": f"{cfg.rollouts_per_prompt} x {cfg.prompts_per_step}"})
+    return df, done
+
+
+def read_ledger(ledger: Path, arm: str, seed: int, cfg) -> Optional[pd.DataFrame]:
+    """The ledger's table for ``arm`` x ``seed`` when it was written by a run of ``cfg`` (same fingerprint); None when
+    there is none. A ledger file of another config is an error: committed results are never overwritten."""
+    from brorl_lab.study.results import read_provenance
+
+    path = ledger_file(ledger, arm, seed)
+    if not path.is_file():
+        return None
+    got = read_provenance(path).get("config")
+    if got != config_fingerprint(cfg):
+        raise UserError(f"ledger: {repo_relative(path)} holds a run of another config (fingerprint {got}, asked "
+                        f"{config_fingerprint(cfg)}); allowed: the same study settings, or another ledger folder")
+    return pd.read_parquet(path)
+
+
+def run_grid(name: str, arms: Mapping, *, seeds, out: str | Path, declaration: Mapping,
+             declare_in: Optional[str | Path] = None, ledger: Optional[str | Path] = None, ship: bool = False,
+             checkpoints: Optional[Mapping] = None, jobs: Optional[int] = 1, ray: Optional[str] = None,
+             threads: Optional[int] = None, progress: bool = True, command: Optional[str] = None) -> GridRun:
+    """Run every arm of ``arms`` ({arm: Config}, each whole: N, prompts per step, lr, budget, marks, any field) for
+    every seed, the one grid machinery every study shares:
+
+    1. the start (commit and UTC time) before any arm runs; ``declaration`` written to
+       ``declare_in/declaration.json`` (default ``out``); a run meant for shipped results (``ship``) refuses to start
+       unless that file is committed as written and the tracked tree is clean;
+    2. with a ``ledger`` folder: every arm x seed already there (same config fingerprint) is read back, not run; each
+       run that finishes writes ``ledger/<arm>_s<seed>.parquet`` with its provenance at once (commit them as they
+       come: a study longer than a session resumes anywhere);
+    3. the rest as independent jobs in ``out/arms/<arm>_s<seed>`` (:func:`brorl_lab.study.arms.run_plans`'s
+       machinery: ``jobs`` at a time or Ray, resumable from checkpoints, a heartbeat line every 15 s).
+
+    Returns a :class:`GridRun` (``finished`` False after a stop: the same call resumes)."""
+    from brorl_lab.lab.jobs import Job, plan_workers, run_jobs
+    from brorl_lab.study.arms import plan_arms, run_plans
+
+    out = Path(out)
+    start = start_of_run()
+    t0 = time.perf_counter()
+    decl_path = write_declaration(Path(declare_in) if declare_in else out, declaration)
+    declared = require_preregistered(decl_path) if ship else declaration_record(decl_path)
+    plan = plan_arms(arms, seeds=seeds, root=out / "arms")
+    runs = len(plan)
+    if ledger is None:
+        with heartbeat(out / "arms", name, runs=runs, enabled=progress and not live_bars()):
+            df = run_plans({None: plan}, jobs=jobs, ray=ray, threads=threads, progress=progress)[None]
+        done = df["run"].nunique() == runs if len(df) else False
+        finished = bool(done and all(c.budget_spent(int(df.loc[df["run"] == c.run_name, "cum_samples"].max()))
+                                     or df.loc[df["run"] == c.run_name, "step"].max() >= c.steps for _, _, c in plan))
+        return GridRun(df, finished, start, declared, time.perf_counter() - t0)
+    ledger = Path(ledger)
+    ledger.mkdir(parents=True, exist_ok=True)
+    have = {(a, s): read_ledger(ledger, a, s, c) for a, s, c in plan}
+    todo = [(a, s, c) for a, s, c in plan if have[(a, s)] is None]
+    record = provenance(command or f"brorl_lab.study.runner.run_grid({name!r})", dict(checkpoints or {}), 0.0,
+                        commit=start["commit"], started_at=start["started_at"], declaration=declared, study=name)
+    workers, threads = plan_workers(jobs, threads, ray)
+    jobs_ = [Job(run_into_ledger, (c.replace(torch_threads=threads), str(ledger_file(ledger, a, s)), record, a),
+                 name=c.run_name, run_dir=Path(c.run_dir) / c.run_name) for a, s, c in todo]
+    if todo:
+        print(f"{name}: {runs - len(todo)} of {runs} arm x seed runs read from {repo_relative(ledger)}; "
+              f"running {len(todo)}", flush=True)
+    with heartbeat(out / "arms", name, runs=runs, enabled=progress and not live_bars()):
+        res = run_jobs(jobs_, workers=workers, threads=threads, ray=ray, progress=progress, desc=name,
+                       stop_if=lambda r: not r[1])
+    for (a, s, c), r in zip(todo, res):
+        if isinstance(r, tuple) and r[1]:
+            have[(a, s)] = pd.read_parquet(ledger_file(ledger, a, s))
+    frames = [have[(a, s)] for a, s, _ in plan if have[(a, s)] is not None]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return GridRun(df, len(frames) == runs, start, declared, time.perf_counter() - t0, ledger)
 
 
 HEARTBEAT_S = 15.0  # a plain progress line at least this often where no bar renders (papermill, a log file)
