@@ -814,5 +814,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # run as the package's module, so every dotted name it records is brorl_lab.study.frontier
+    from brorl_lab.study.frontier import main as _main
+
+    raise SystemExit(_main())
