@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -35,7 +36,6 @@ from brorl_lab.core.paths import DEFAULT_MODEL_DIR, EVAL_DIR, NOTEBOOK_DIR, PLAT
 from brorl_lab.core.validation import UserError
 
 FLAGSHIP = "02_rollout_scaling.ipynb"
-REGIME_MAP = "06_regime_map.ipynb"
 THEORY = "01_mass_balance_theory.ipynb"
 
 
@@ -75,7 +75,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             hint, optional = next(a for a in typing.get_args(hint) if a is not type(None)), True
         helptext = f"{f.metadata.get('help', '')} (default: {defaults[f.name]!r})".replace("%", "%%")
         if f.name == "torch_threads":
-            helptext += f" ({flag} is a deprecated alias of {THREADS_FLAG})"
+            helptext += f" ({flag} is a deprecated alias of {THREADS_FLAG}). Defaults: {THREADS_WHY}"
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
         if hint is bool:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
@@ -93,10 +93,19 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 THREADS_FLAG = "--threads"
 
 
+#: why ``--threads`` has three defaults (every command's help says it): one run a user starts takes the cores;
+#: what measures documented numbers measures them as they were made; runs side by side share the cores.
+THREADS_WHY = ("train and train-default: 0, torch's default (every core for the one run); eval, export, reach and "
+               "plateau: 1, as their documented numbers were measured (another count can change a matmul's last bits, "
+               "and with them a sampled token); sweep, demo and the study commands: physical cores // runs at a time")
+
+
 def add_threads(parser: argparse.ArgumentParser, default: Optional[int] = 1, what: str = "") -> None:
-    """The one thread flag every command that runs torch takes."""
+    """The one thread flag every command that runs torch takes; its default differs by kind of command
+    (:data:`THREADS_WHY`, said in the help)."""
+    shown = "" if default is None else f"default {default}; "
     parser.add_argument(THREADS_FLAG, type=int, default=default, metavar="N",
-                        help=f"torch threads{what} (default {default}; 0: leave torch's default)")
+                        help=f"torch threads{what} ({shown}0: leave torch's default). Defaults: {THREADS_WHY}")
 
 
 def set_threads(n: Optional[int]) -> None:
@@ -204,9 +213,25 @@ def cmd_train(args) -> int:
         _offline_if_unreachable(cfg.model)
     print(f"note: {'resuming' if args.resume else 'training'} {_run_path(cfg, args)} (loading torch and the model)",
           file=sys.stderr, flush=True)
+    started = time.time()
+    trainer, df = _train(args, cfg, started)
+    if df is None:  # a signal after the last step had finished the run
+        return _finished_anyway(trainer)
+    try:
+        return _after_training(trainer, df)
+    except KeyboardInterrupt:  # a signal while the report is written: the run itself had finished
+        if _finished(trainer, started):
+            return _finished_anyway(trainer)
+        raise
+
+
+def _train(args, cfg: Optional[Config], started: float):
+    """Make (or resume) the Trainer and run it: (trainer, metrics), or (trainer, None) when a signal came after the
+    last step had finished the run. Every other way it stops is one line: a signal says what is left (the same
+    command, or --resume), the file system's refusal says what stays and what to type once there is space."""
     from brorl_lab.rl.trainer import CheckpointError, Trainer
 
-    trainer, started = None, time.time()
+    trainer = None
     try:
         if args.resume:
             trainer = Trainer.resume(args.resume, progress=not args.quiet, steps=getattr(args, "steps", None))
@@ -214,20 +239,19 @@ def cmd_train(args) -> int:
         else:
             trainer = Trainer(cfg, progress=not args.quiet, overwrite=args.overwrite)
         with trainer:
-            df = trainer.run()  # returns on a finished run and on a clean stop (first Ctrl-C): both get a report
+            return trainer, trainer.run()  # a finished run and a clean stop (first Ctrl-C): both get a report
     except KeyboardInterrupt as e:  # before the first step could finish (loading, the first evaluation), or a
         if _finished(trainer, started):  # ... or after the last step, once this run had finished: nothing is left
-            return _finished_anyway(trainer)
+            return trainer, None
         e.hint = _interrupt_hint(trainer)  # second Ctrl-C: one line (main) saying what is left
         raise
     except CheckpointError as e:  # a full disk or quota mid-run: the file system said no; the message says what stays
         raise UserError(str(e)) from e
-    try:
-        return _after_training(trainer, df)
-    except KeyboardInterrupt:  # a signal while the report is written: the run itself had finished
-        if _finished(trainer, started):
-            return _finished_anyway(trainer)
-        raise
+    except OSError as e:  # ... or it said no to a small file (metrics, status): one line with what to type next
+        if not _refused_by_the_file_system(e):
+            raise
+        raise UserError(f"{e.filename}: {e.strerror} ({errno.errorcode[e.errno]}); free space, then: "
+                        f"{_interrupt_hint(trainer)}") from e
 
 
 def _finished(trainer, since: float) -> bool:
@@ -636,21 +660,6 @@ def cmd_plateau(args) -> int:
 SCALING_OPTIONS = ("steps", "eval_every", "seeds", "model", "eval_prompts", "eval_samples", "eval_k", "measure_mechanism")
 
 
-def _run_study(notebook: str, out: Path, params: dict, reading: str, note: str = "") -> int:
-    """Run a study notebook headless under papermill into ``out`` (its arm runs resume), then print its reading
-    (the ``reading`` file it wrote) and the wall time."""
-    from brorl_lab.lab.sweep import run_notebook
-
-    print(f"running {notebook} under papermill -> {out}/{note}")
-    status = run_notebook(NOTEBOOK_DIR / notebook, out, params, progress=True, stream=_stream_kernels())
-    print(f"status: {status['status']}" + (f" ({status.get('error')})" if status["status"] != "finished" else "")
-          + f"; wall time {status['wall_s']:.0f} s")
-    if (out / reading).is_file():
-        print((out / reading).read_text())
-        print(f"written: {out / reading} (and beside it the tables and figures); executed notebook: {out / notebook}")
-    return 0 if status["status"] == "finished" else 1
-
-
 def cmd_reach(args) -> int:
     import time
 
@@ -723,28 +732,28 @@ def cmd_paid(args) -> int:
 
 
 def cmd_regime_map(args) -> int:
-    """The regime map headless: notebook 06 into ``--out`` (resumable per setting), then its regime.txt and a
-    provenance record beside each results file; with ``--summarize`` only the tables, reading and figure again from
-    the per-seed and branch-point files a run wrote."""
-    if args.summarize:
-        from brorl_lab.study import regime
+    """The regime map headless: argument parsing and ONE call of :func:`brorl_lab.study.regime.run_regime_map`
+    into ``--out`` (resumable; the declaration first, every results file with its provenance). ``--read FOLDER``
+    runs nothing: the map's one reading of a folder's per-seed files; ``--summarize`` redoes its tables, reading
+    and figure from them."""
+    from brorl_lab.study import regime
 
+    if args.read:
+        print(regime.reading_line(regime.reading_of_files(args.read)))
+        return 0
+    if args.summarize:
         res = regime.write_outputs(Path(args.out), *regime.read_outputs(Path(args.out)))
         print(res["text"] + (f"\n{res['png_note']}" if res["png_note"] else ""))
         return 0
-    import time
-
-    from brorl_lab.study import regime
-    from brorl_lab.study.results import provenance, start_of_run
-
-    params = {**_params(args.param), **_jobs_params(args), **({"quick": True} if args.quick else {})}
-    began, start = start_of_run(), time.time()  # the code that ran and when: taken when the run starts
-    rc = _run_study(REGIME_MAP, Path(args.out), params, "regime.txt")
-    if rc == 0:  # a provenance record beside every results file the run wrote
-        record = provenance(_command_line(args), regime.checkpoints_of(Path(args.out)), time.time() - start,
-                            commit=began["commit"], started_at=began["started_at"], declaration=None)
-        regime.write_provenances(Path(args.out), record)
-    return rc
+    p = _jobs_params(args)
+    study = regime.preset("quick" if args.quick else "full", **_params(args.param))
+    res = regime.run_regime_map(study, Path(args.out), jobs=p["jobs"], ray=p["ray"], threads=p["torch_threads"],
+                                ship=args.ship, figures=args.figures, command=_command_line(args))
+    print(res.text, file=sys.stdout if res.finished else sys.stderr)
+    if res.finished:
+        print(f"reading: {res.reading}\nwritten: {Path(args.out)} (regime.txt, regime_map.csv, ...)"
+              + (f" and {args.figures}" if args.figures else ""))
+    return 0 if res.finished else 130
 
 
 def _jobs_params(args) -> dict:
@@ -877,12 +886,25 @@ def add_jobs_options(parser: argparse.ArgumentParser) -> None:
                         help="torch threads per run (default: physical cores // --jobs; 1 per Ray task)")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help states its default: ``(default: X)`` is added where the help does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.option_strings and "default" not in text and action.default is not argparse.SUPPRESS
+                and action.default is not None and action.default is not False and action.nargs != 0):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as one line (the usage is one --help away), like every other user error,
-    and no abbreviations (``--step 2`` is an error, not ``--steps 2``); subcommands are built with the same class."""
+    and no abbreviations (``--step 2`` is an error, not ``--steps 2``); subcommands are built with the same class,
+    and every option's help states its default (:class:`_HelpFormatter`)."""
 
     def __init__(self, *a, **kw):
         kw["allow_abbrev"] = False
+        kw.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*a, **kw)
 
     def error(self, message: str):
@@ -890,8 +912,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m brorl_lab", description=__doc__.splitlines()[0],
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m brorl_lab", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show the traceback of every error, also of bad input")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -915,7 +936,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_options(e)
     e.add_argument("--tasks", nargs="+", required=False, default=None,
                    help="default: a run's own eval tasks for --model RUN, else every family but code")
-    e.add_argument("--json", help="also write the metrics as JSON here")
+    e.add_argument("--json", help="also write the metrics as JSON here (default: none, the table only)")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_threads(e)
     e.set_defaults(func=cmd_eval)
@@ -946,11 +967,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "without NOTEBOOK: --grid rollouts_per_prompt=4,32 --grid seed=0,1)")
     s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="a fixed parameter (a Config field "
                    "without NOTEBOOK); a notebook with course exercises gets use_solutions=True unless given")
-    s.add_argument("--steps", type=int, default=None, help="train steps of every run (without NOTEBOOK)")
+    s.add_argument("--steps", type=int, default=None, help="train steps of every run (without NOTEBOOK; default: the "
+                   "config's steps, 20)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--out", default="runs/sweeps/sweep", help="sweep directory")
     s.add_argument("--jobs", "--parallel", dest="parallel", type=int, default=1,
-                   help="runs at a time, as --jobs of the study commands (each gets cores // jobs threads)")
+                   help="runs at a time (each gets cores // jobs threads; default 1: each point is a whole train "
+                   "run that takes the cores, where a study's arms are sized for one thread each)")
     add_threads(s, None, " per run (default: cores // parallel)")
     s.set_defaults(func=cmd_sweep)
 
@@ -1030,7 +1053,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--families", nargs="+", required=True)
     rc.add_argument("--prompts", type=int, default=128, help="training prompts per family")
     rc.add_argument("--out", default=None, help="also write branch_rates.csv (every prompt's p) and reach.json "
-                    "(the table and the per-prompt p histogram) into this directory")
+                    "(the table and the per-prompt p histogram) into this directory (default: none, the table only)")
     add_threads(rc)
     rc.set_defaults(func=cmd_reach)
 
@@ -1044,8 +1067,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     pa.add_argument("--lr", type=float, default=None, help="default: the branch point's own lr (its plateau.json)")
     pa.add_argument("--families", nargs="+", default=None, help="default: the branch point's plateau families")
-    pa.add_argument("--eval-prompts", type=int, default=None)
-    pa.add_argument("--eval-samples", type=int, default=None)
+    pa.add_argument("--eval-prompts", type=int, default=None, help="default: the study's (study.runner.Study)")
+    pa.add_argument("--eval-samples", type=int, default=None, help="default: the study's (study.runner.Study)")
     pa.add_argument("--no-middle", action="store_true", help="headline arms only")
     pa.add_argument("--brorl-lr-factor", type=float, default=1.0, help="the lr ablation: BroRL's lr x this "
                     "(study.paid.LR_ABLATION: sqrt(8), BroRL's sqrt rule in samples; 0.5, in prompts)")
@@ -1082,13 +1105,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other setting of "
                    "study.runner.FLOOR (lr, reward, eval_k, mechanism_prompts, mechanism_draws, tasks, ...)")
     add_jobs_options(s)
+    for action in s._actions:  # not given: the floor design's own value
+        if action.default is None and action.dest in SCALING_OPTIONS and "default" not in (action.help or ""):
+            action.help = (action.help + " " if action.help else "") + "(default: study.runner.FLOOR's)"
     s.set_defaults(func=cmd_scaling)
 
-    g = sub.add_parser("regime-map", help="the same branch on several task settings: BroRL - ProRL against the "
-                       "rare-success share (notebook 06, papermill)")
+    g = sub.add_parser("regime-map", help="the same branch on several task settings: BroRL - ProRL against rho "
+                       "(study.regime.run_regime_map; notebook 06 calls the same)")
     g.add_argument("--out", default="runs/regime_map", help="run directory (each setting's arm runs below it)")
     g.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
-                   help="a notebook parameter (settings, seeds, steps, model, ...)")
+                   help="a setting of study.regime.RegimeMap (settings, seeds, steps, model, arm_table, ...); any "
+                   "change makes the run exploratory")
+    g.add_argument("--read", metavar="FOLDER", default=None,
+                   help="run nothing: the map's one reading (study.regime.regime_reading) of FOLDER's per-seed "
+                   "files (a run's --out, or notebooks/figures)")
+    g.add_argument("--ship", action="store_true", help="a run meant for shipped results: the declaration "
+                   "committed and the tree clean (the full-size design enforces this anyway)")
+    g.add_argument("--figures", default=None, metavar="DIR", help="also write the shipped set (regime_*.csv, "
+                   "regime.json, regime.txt, regime_map.png, each with its provenance) into DIR (notebooks/figures)")
     add_jobs_options(g)
     g.add_argument("--summarize", action="store_true",
                    help="run nothing: redo the table, reading and figure from OUT/regime_seeds.csv and "
@@ -1138,6 +1172,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def shared_flags(parser: Optional[argparse.ArgumentParser] = None) -> dict[str, dict[str, str]]:
+    """Every flag that two or more commands take: {flag: {command: its default}}, the default as the command uses
+    it (``train``'s are the Config's; ``-`` is "not given": the command's help says what it then does, e.g. a
+    study's own design). docs/CLI.md lists this table; tests/test_first_minute.py holds the two together."""
+    parser = parser or build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    config, root = Config().to_dict(), str(REPO_ROOT) + os.sep
+    table: dict[str, dict[str, str]] = {}
+    for command, p in sub.choices.items():
+        for action in p._actions:
+            default = config.get(action.dest) if action.default is argparse.SUPPRESS else action.default
+            shown = "-" if default is None else str(default).replace(root, "")
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    table.setdefault(flag, {})[command] = shown
+    return {flag: by for flag, by in sorted(table.items()) if len(by) > 1}
+
+
+def shared_flags_markdown() -> str:
+    """:func:`shared_flags` as the Markdown table docs/CLI.md carries."""
+    lines = ["| flag | command: default |", "|---|---|"]
+    for flag, by in shared_flags().items():
+        lines.append(f"| `{flag}` | " + "; ".join(f"{c}: `{d}`" for c, d in by.items()) + " |")
+    return "\n".join(lines)
+
+
 def quiet_third_party() -> None:
     """A command's console shows our progress only: no transformers weight-loading / shard-writing bars (they read
     HF_HUB_DISABLE_PROGRESS_BARS when first imported) and no math-verify timeout warnings (a timeout scores the
@@ -1146,9 +1206,14 @@ def quiet_third_party() -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
-#: errno values that are the file system saying no (not a bug): one line and exit 2, like bad input
-FS_ERRNOS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "EEXIST", "EIO",
-             "ENOENT")
+#: errno values that are the file system saying no (not a bug): one line and exit 2, like bad input (EFBIG: a
+#: file-size limit, ulimit -f or a quota per file, refuses a write as a full disk does)
+FS_ERRNOS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "EFBIG", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "EEXIST",
+             "EIO", "ENOENT")
+
+
+def _refused_by_the_file_system(e: OSError) -> bool:
+    return errno.errorcode.get(e.errno or 0) in FS_ERRNOS and e.filename is not None
 
 
 def _raise_on_sigint():
@@ -1164,7 +1229,6 @@ def _raise_on_sigint():
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import errno
     import signal
 
     from brorl_lab.core.console import PLAIN_PROGRESS_ENV, raise_on_sigterm
@@ -1191,7 +1255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(128 + signum, f"{where}: interrupted ({signal.Signals(signum).name})"
                                   + (f"; {hint}" if hint else "") + "\n")
     except OSError as e:  # the file system said no (a read-only place, a full disk) where no check could tell
-        if args.debug or errno.errorcode.get(e.errno or 0) not in FS_ERRNOS or e.filename is None:
+        if args.debug or not _refused_by_the_file_system(e):
             raise
         parser.exit(2, f"{where}: error: {e.filename}: {e.strerror} ({errno.errorcode[e.errno]}); nothing more was "
                        "written; allowed: a path you can write to, with space\n")

@@ -34,7 +34,8 @@
 # 3. **The branch**, both arms for every paired seed, evaluated at step 0 and on the shared grid
 #    (`study.arms`); per seed the gap at the last shared sample count, each arm's dynamic-sampling pass rate and
 #    its dropped groups by kind, and the collapse rule (`study.compare.COLLAPSE`, the flagship's).
-# 4. **The reading, fixed before the run** (`study.regime.broadening_pays`): supported / refuted / unresolved on
+# 4. **The reading, fixed before the run** (`study.regime.regime_reading`, named in the declaration: the rule
+#    `broadening_pays` on each axis): supported / refuted / unresolved on
 #    branch-point rho and on the in-run rho (the measured DS pass rates' ratio), with unweighted, weighted and
 #    leave-one-out fits, the crossover only when every fit resolves it.
 #
@@ -45,179 +46,79 @@
 # nearly empty. The learned plateau and the takeoff base enter as named settings of their own
 # (`spell_backward+gcd@learned`, the `@takeoff` settings), so the map covers the flagship's branch points too.
 #
-# Run headless: `python -m brorl_lab regime-map` (resumable: pools, branch-point rates and each setting's arm runs
-# are read back when finished, a partial run resumes). `-p quick=True` is the tiny preset the test suite runs.
+# Run headless: `python -m brorl_lab regime-map` calls the same function this notebook calls,
+# `study.regime.run_regime_map`, on the same declared design (`study.regime.RegimeMap`; `regime.PRESETS["full"]` is
+# the shipped one). It writes the declaration first (`declaration.json`: design, seeds, the reading and its
+# thresholds), measures, runs and reads; every results file gets its provenance. Resumable: pools, branch-point
+# rates and each setting's arm runs are read back when finished, a partial run resumes. `-p quick=True` is the tiny
+# preset the test suite runs.
 
 # %% tags=["parameters"]
-quick = False                   # True: a tiny preset (3 settings, tiny sizes) that runs in minutes
-model = "floor"                 # the default branch point: "floor" is data/plateau_model; a setting may name its own
-settings = {                    # name -> tasks, optional model (its branch point), band and candidates (a constructed pool)
-    "gcd": {"tasks": ["gcd"]},
-    "chain_sum": {"tasks": ["chain_sum"]},
-    "simple_equations": {"tasks": ["simple_equations"]},
-    "spell_backward": {"tasks": ["spell_backward"]},
-    "products": {"tasks": ["products"]},
-    "products_2d": {"tasks": ["products_2d"]},
-    "spell_backward@takeoff": {"tasks": ["spell_backward"], "model": "takeoff"},
-    "gcd (1/4,1)": {"tasks": ["gcd"], "band": "(1/4,1)"},
-    "gcd@takeoff (1/16,1/4]": {"tasks": ["gcd"], "model": "takeoff", "band": "(1/16,1/4]"},
-    "gcd@takeoff (1/64,1/16]": {"tasks": ["gcd"], "model": "takeoff", "band": "(1/64,1/16]"},
-    "products_2d (0,1/64]": {"tasks": ["products_2d"], "band": "(0,1/64]"},
-    "spell_backward@takeoff (0,1/64]": {"tasks": ["spell_backward"], "model": "takeoff", "band": "(0,1/64]"},
-    "spell_backward+gcd@learned": {"tasks": ["spell_backward", "gcd"], "model": "learned"},  # the learned plateau
-}
-recipe = "prorl_v2"             # the arms' recipe (study.recipe.RECIPES)
-steps = 4                       # BroRL-arm steps (the ProRL arm: 8x as many)
-eval_every = 4                  # BroRL-arm steps between shared-grid points (step 0 is always evaluated)
-seeds = list(range(8))          # paired seeds per setting (study.regime.power_table says when a setting needs more)
-n_small = 16                    # ProRL arm: rollouts per prompt
-n_large = 512                   # BroRL arm: rollouts per prompt
-prompts_small = 64              # ProRL arm: prompts per step
-prompts_large = 16              # BroRL arm: prompts per step (8x the samples per step)
-optimizer_steps_per_step = 2    # the same in both arms
-lr = 3e-4
-eval_prompts = 64               # per setting, from its frozen eval set (a constructed setting: its held-out pool)
-eval_samples = 16               # samples per eval prompt
-reach_prompts = 64              # named settings: training prompts measured at the branch point
-reach_draws = 512               # samples per measured prompt (branch point and pool filtering alike)
-pool_candidates = 512           # constructed settings: training prompts measured, those in the band kept (a setting's
-eval_candidates = 256           # "candidates" / "eval_candidates" override); held-out prompts measured, likewise
-run_dir = None                  # tables, figure, pools and each setting's arm runs go here; None: runs/regime_map/
+quick = False                   # True: the tiny preset (3 settings, tiny sizes) that runs in minutes
+model = None                    # the default branch point (None: the preset, floor: data/plateau_model)
+settings = None                 # name -> tasks, optional model, band, candidates (None: study.regime.SETTINGS)
+seeds = None                    # paired seeds per setting (None: the preset, 8)
+steps = None                    # BroRL-arm steps (None: the preset, 4); the ProRL arm takes 8x as many
+eval_every = None               # BroRL-arm steps between shared-grid points (None: the preset)
+arm_table = None                # arm -> rollouts_per_prompt (N) and prompts_per_step (None: study.recipe.ARM_TABLE)
+run_dir = None                  # declaration, tables, figure, pools and the arm runs go here; None: runs/regime_map/
+ship = False                    # True: a run meant for shipped results (declaration committed, tree clean)
 jobs = None                     # arm runs side by side, over all settings (None: one per physical core; 1: one at a time)
 ray = None                      # a Ray cluster address (host:port): the arm runs go there as tasks (docs/study-jobs.md)
 torch_threads = None            # torch threads per arm run (None: physical cores // jobs; 1 per Ray task)
 export_png = True               # write the figure as PNG into run_dir (needs Chromium)
 
 # %%
-import json
 import logging
-import re
 from pathlib import Path
 
 import pandas as pd
 import transformers
+from IPython.display import display
 
-from brorl_lab.core.models import load_policy
 from brorl_lab.core.paths import RUNS_DIR
-from brorl_lab.lab.jobs import plan_workers
-from brorl_lab.rl.steps import sample_prompts
-from brorl_lab.study import arms as arms_
-from brorl_lab.study import mechanism, regime
-from brorl_lab.study.recipe import recipe_config
+from brorl_lab.study import regime
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 transformers.utils.logging.disable_progress_bar()
 
-if quick:  # the tiny preset: every size shrunk, three settings (two named, one constructed)
-    settings = {"gcd": {"tasks": ["gcd"]}, "chain_sum": {"tasks": ["chain_sum"]},
-                "gcd (1/4,1)": {"tasks": ["gcd"], "band": "(1/4,1)"}}
-    steps, eval_every, seeds, n_small, n_large, prompts_small, prompts_large = 1, 1, [0, 1], 2, 8, 4, 2
-    optimizer_steps_per_step, eval_prompts, eval_samples, reach_prompts, reach_draws = 1, 4, 2, 4, 16
-    pool_candidates, eval_candidates = 12, 12
+given = dict(model=model, settings=settings, seeds=seeds, steps=steps, eval_every=eval_every, arm_table=arm_table)
+study = regime.preset("quick" if quick else "full", full_size=ship, **{k: v for k, v in given.items() if v is not None})
 out = Path(run_dir) if run_dir else RUNS_DIR / "regime_map"
-jobs, torch_threads = plan_workers(jobs, torch_threads, ray)
-arm_options = dict(n_small=n_small, n_large=n_large, prompts_small=prompts_small, prompts_large=prompts_large)
-common = dict(steps=steps, eval_every=eval_every, checkpoint_every=eval_every, lr=lr, reward="correct",
-              optimizer_steps_per_step=optimizer_steps_per_step, eval_prompts=eval_prompts,
-              eval_samples=eval_samples, eval_k=[1], torch_threads=torch_threads)
-for name, s in settings.items():  # every setting validated before anything runs
-    regime.check_setting(name, s)
-    recipe_config(recipe, model=s.get("model", model), tasks=s["tasks"], task_configs=s.get("task_configs", {}),
-                  **common)
-print(f"settings: {list(settings)}\nseeds: {seeds}\nout: {out}")
+print(f"settings: {list(study.settings)}\nseeds: {list(study.seeds)}\narms: {study.arm_table}\nout: {out}")
 
 # %% [markdown]
-# ## 1 · Settings and their branch points
+# ## 1 · The run: branch points, the branch on every setting, the reading
 #
-# A named setting measures `reach_prompts` training prompts x `reach_draws` draws. A constructed setting measures
-# `pool_candidates` training and `eval_candidates` held-out prompts, keeps those whose p is in its band (the pool
-# and its eval set), then re-draws the pool with fresh samples for its E[s_N] and rho. Everything measured is
-# written below `run_dir` and read back on a rerun.
+# `run_regime_map` measures every setting's branch point (a named setting: `reach_prompts` training prompts x
+# `draws` draws; a constructed setting: its pool drawn from `pool_candidates` training and `eval_candidates`
+# held-out prompts by their p, then re-drawn with fresh samples for its E[s_N] and rho), runs both arms of every
+# setting for every paired seed as one set of jobs (resets off in both, same lr and updates per step, evaluated at
+# step 0 and on the shared grid), and reads the map with its one reading, `study.regime.regime_reading`.
 
 # %%
-policies: dict = {}
-
-
-def policy_of(m):
-    if m not in policies:
-        policies[m] = load_policy(recipe_config(recipe, model=m).model)
-    return policies[m]
-
-
-def slug(name):
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name).strip("_")
-
-
-bases, branch = {}, {}
-for name, s in settings.items():
-    m = s.get("model", model)
-    cfg = recipe_config(recipe, model=m, tasks=s["tasks"], task_configs=s.get("task_configs", {}), **common)
-    rates_path = out / "branch" / f"{slug(name)}.csv"
-    record = {"setting": name, "model": m, "tasks": s["tasks"], "band": s.get("band"), "draws": reach_draws}
-    if "band" in s:
-        pool = out / "pools" / f"{slug(name)}.pool.json"
-        cands, eval_cands = s.get("candidates", pool_candidates), s.get("eval_candidates", eval_candidates)
-        record.update(band_p=list(regime.check_band(s["band"])), train_candidates=cands, train_seed=12345,
-                      eval_candidates=eval_cands, eval_seed=54321, redraw_seed=1)
-        if not pool.is_file() or {k: v for k, v in json.loads(pool.read_text()).items() if k in record} != record:
-            train, _ = regime.draw_pool(*policy_of(m), cfg, s["band"], candidates=cands, draws=reach_draws,
-                                        seed=12345, split="train", n_small=n_small)
-            held, _ = regime.draw_pool(*policy_of(m), cfg, s["band"], candidates=eval_cands, draws=reach_draws,
-                                       seed=54321, split="eval", n_small=n_small)
-            regime.write_pool(out / "pools", slug(name), train, held[:eval_prompts], record)
-            rates_path.unlink(missing_ok=True)
-        task = f"pool:{(out / 'pools' / f'{slug(name)}.jsonl').resolve()}"
-        cfg = recipe_config(recipe, model=m, tasks=[task], **common)
-    if not rates_path.is_file():
-        # a pool's prompts re-drawn with fresh samples (seed 1): an unbiased p for E[s_N]
-        items = regime.pool_items(task) if "band" in s else sample_prompts(cfg.tasks, reach_prompts, seed=12345)
-        rates = mechanism.prompt_pass_rates(*policy_of(m), items, cfg, n_draws=reach_draws, n_small=n_small,
-                                            seed=1 if "band" in s else 0)
-        rates_path.parent.mkdir(parents=True, exist_ok=True)
-        rates.to_csv(rates_path, index=False)
-    rates = pd.read_csv(rates_path)
-    branch[name] = {**regime.branch_point_row(rates, n_small=n_small, n_large=n_large),
-                    "model": m, "band": s.get("band") or "", "drawn": "pool re-drawn" if "band" in s else "named"}
-    bases[name] = cfg
-branch = pd.DataFrame.from_dict(branch, orient="index")
-branch.index.name = "setting"
-branch.round(3)
+result = regime.run_regime_map(study, out, jobs=jobs, ray=ray, threads=torch_threads, ship=ship,
+                               export_png=export_png and bool(run_dir))
+print(result.text)
+print(f"reading: {result.reading}")
 
 # %% [markdown]
-# ## 2 · The branch on every setting, per seed
+# ## 2 · The map, from the files the run wrote
 #
-# The same arms as notebook 02 (resets off in both, same lr and updates per step), evaluated at step 0 and on the
-# shared grid. Per seed: both arms at step 0 and at the last shared sample count, the paired gap, each arm's
-# dynamic-sampling pass rate, its dropped groups by kind and the collapse rule's flag.
+# The per-seed rows (`regime_seeds.csv`), the branch points (`regime_branch.csv`), the drift of dropped groups
+# (`regime_drift.csv`), the per-setting table recomputed from the per-seed rows (`regime_map.csv`), the seeds each
+# setting's sd needs (`regime_power.csv`), the reading on both axes (`regime.json`, `regime.txt`) and the figure
+# (`regime_map.png`), each with its provenance (`python -m brorl_lab regime-map --summarize --out OUT` redoes them
+# from the per-seed files; `--read OUT` prints the reading).
 
 # %%
-# each setting's runs under its slug, as its pool and branch files: "gcd (1/4,1)" -> gcd_1_4_1, not nested folders
-plans = {name: arms_.plan_rollout_scaling(base, seeds=seeds, **arm_options,
-                                         root=arms_.experiment_root(base, out / slug(name), **arm_options))
-         for name, base in bases.items()}
-frames = arms_.run_plans(plans, jobs=jobs, ray=ray, threads=torch_threads)  # every setting's runs share the cores
-per_seed = pd.concat([regime.per_seed_rows(df, name) for name, df in frames.items()], ignore_index=True)
-drift = pd.concat([regime.drift_table(df, name) for name, df in frames.items()], ignore_index=True)
-per_seed.round(3)
-
-# %% [markdown]
-# ## 3 · The map and its reading
-#
-# `study.regime.write_outputs` writes the per-seed rows (`regime_seeds.csv`), the branch points
-# (`regime_branch.csv`), the drift of dropped groups (`regime_drift.csv`), the per-setting table recomputed from the
-# per-seed rows (`regime_map.csv`), the seeds each setting's sd needs (`regime_power.csv`), the reading on both axes
-# (`regime.json`, `regime.txt`) and the figure (`regime_map.png`) into `run_dir`
-# (`python -m brorl_lab regime-map --summarize OUT` redoes this step from the written files).
-
-# %%
-result = regime.write_outputs(out, per_seed, branch, drift, export_png=export_png and bool(run_dir))
-print(result["text"])
-if result["png_note"]:
-    print(result["png_note"])
-result["table"].round(3)
-
-# %%
-fig_map = result["figure"]
+if result.finished:
+    per_seed, branch, drift = regime.read_outputs(out)
+    table = regime.setting_table(per_seed, branch)
+    fig_map = regime.regime_figure(table, per_seed)
+    display(table.round(3))
+else:
+    fig_map = None
 fig_map
 
 # %% [markdown]
@@ -234,6 +135,7 @@ from brorl_lab.core.paths import NOTEBOOK_DIR
 shipped = NOTEBOOK_DIR / "figures"
 if (shipped / regime.OUTPUT_FILES["table"]).is_file():
     print((shipped / regime.OUTPUT_FILES["text"]).read_text())
+    print(f"reading (study.regime.reading_of_files): {regime.reading_line(regime.reading_of_files(shipped))}")
     shipped_seeds = pd.read_csv(shipped / regime.OUTPUT_FILES["per_seed"])
     shipped_map = pd.read_csv(shipped / regime.OUTPUT_FILES["table"], index_col="setting")
     fig_shipped = regime.regime_figure(shipped_map, shipped_seeds, title="The shipped run: gap at equal samples")

@@ -191,8 +191,8 @@ def test_no_tracked_file_names_a_path_of_the_build_machine():
 # ---- the study's own order (brorl_lab/study/__init__.py is its map) ----------------------------------------------------
 # Each study module may import only the study modules before it here: the recipe is the base, the plateau sits above
 # what it uses and below nothing but the CLI, the verdict lives in revival alone.
-STUDY_ORDER = ("results", "recipe", "rare", "compare", "mechanism", "plateau", "arms", "paid", "revival", "ablations", "regime",
-               "theorem", "render", "runner", "frontier")
+STUDY_ORDER = ("results", "recipe", "rare", "compare", "mechanism", "plateau", "arms", "paid", "revival", "ablations",
+               "runner", "regime", "theorem", "render", "frontier")  # regime and theorem run on the runner's machinery
 
 
 def study_imports(graph) -> dict[str, set[str]]:
@@ -237,3 +237,75 @@ def test_the_verdict_lives_in_one_place():
                     "verdict" in node.name or "revive" in node.name):
                 defined.setdefault(node.name, []).append(module_name(f))
     assert defined == {"brorl_revives": ["brorl_lab.study.revival"]}, defined
+
+
+# ---- one name and one source for N (issue 42) ------------------------------------------------------------------------
+# An arm's N is `rollouts_per_prompt` and its prompts per step `prompts_per_step` (an arm table maps arm -> both:
+# study.recipe.ARM_TABLE, the one place the study writes them); `draws` counts samples drawn to measure a pass rate.
+OLD_NAMES = re.compile(r"\b(n_small|n_large|n_mid|prompts_small|prompts_large|prompts_mid|n_draws)\b|\bN(16|512)\b")
+N_LITERALS = (16, 512)
+N_LITERAL_TEXT = re.compile(r"(?<![\d./])(16|512)(?!\d)")  # in a string: "N=512", "E[s_16]"; not "1/16"
+NOT_AN_N = "# not an N:"  # a line whose 16 is some other count (a chunk of prompts), saying which
+# Where an old name may still be read, so callers not yet moved keep working: the translation tables and the
+# function that reads them.
+LEGACY_SHIMS = {"LEGACY_ARM_OPTIONS", "LEGACY_NAMES", "legacy_arm_table"}
+# Study modules not yet moved to arm tables, each with why; the test checks each still needs its entry.
+PENDING_N = {
+    "paid.py": "the lead is generalizing it to per-arm configs (issue 42): arm_options' n_small, ... and n_draws",
+    "runner.py": "the lead is generalizing it to per-arm configs (issue 42): run_floor's n_small, literals",
+    "frontier.py": "the lead's (issue 43): its arms as N -> prompts with the paper's 16 and 512 written in",
+    "render.py": "reads the shipped files' columns named by N (E_s16, ds_512): renaming them needs a re-ship",
+}
+
+
+def _n_offences(path: Path) -> list[str]:
+    """Every literal 16 / 512 and every old name of N in ``path``'s code: numbers, identifiers and strings (not
+    docstrings, not a line marked NOT_AN_N, not inside LEGACY_SHIMS)."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    docs, shim = set(), set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
+                getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            docs.add(id(body[0].value))
+        named = {t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)} | {getattr(node, "name", "")}
+        if named & LEGACY_SHIMS:
+            shim |= {id(n) for n in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if id(node) in shim or id(node) in docs or (line and NOT_AN_N in lines[line - 1]):
+            continue
+        names = [getattr(node, k) for k in ("id", "arg", "attr") if isinstance(getattr(node, k, None), str)]
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float) and node.value in N_LITERALS:
+            out.append(f"{path.name}:{line}: literal {node.value}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if N_LITERAL_TEXT.search(node.value) or OLD_NAMES.search(node.value):
+                out.append(f"{path.name}:{line}: {node.value!r}")
+        out += [f"{path.name}:{line}: old name {n}" for n in names if OLD_NAMES.fullmatch(n)]
+    return out
+
+
+def test_study_code_writes_no_n_but_the_recipes_and_uses_one_name_for_it():
+    """No study module but the recipe writes 16 or 512 (an arm's N and the paper's constants live in
+    study.recipe), and none uses the old names of N (n_small, prompts_large, n_draws, ...)."""
+    study = sorted((PACKAGE / "study").glob("*.py"))
+    offences = {p.name: _n_offences(p) for p in study if p.name != "recipe.py"}
+    assert {name: found for name, found in offences.items() if found and name not in PENDING_N} == {}
+    assert [name for name in PENDING_N if not offences.get(name)] == []  # a module moved leaves PENDING_N
+
+
+def test_the_notebooks_and_the_cli_use_the_study_names_of_n():
+    files = [*sorted((REPO / "notebooks").glob("*.py")), PACKAGE / "cli.py"]
+    hits = [f"{p.name}:{i}: {line.strip()}" for p in files
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if OLD_NAMES.search(line)]
+    assert hits == []
+
+
+def test_the_n_checker_catches_a_literal_an_old_name_and_an_n_in_a_string(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""N = 16 in a docstring is prose."""\nN = 512\ndef f(n_small=2):\n    return "only N=16"\n'
+                   'CHUNK = 16  # not an N: prompts per chunk\nLEGACY_NAMES = {"n_draws": "draws"}\n')
+    assert sorted(_n_offences(bad)) == ["bad.py:2: literal 512", "bad.py:3: old name n_small", "bad.py:4: 'only N=16'"]

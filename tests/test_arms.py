@@ -28,10 +28,16 @@ def tiny_base(tmp_path, **kw) -> Config:
     return RC.recipe_config(**d)
 
 
+def R(rollouts_per_prompt, prompts_per_step):
+    """One row of an arm table (study.recipe.ARM_TABLE's shape)."""
+    return {"rollouts_per_prompt": rollouts_per_prompt, "prompts_per_step": prompts_per_step}
+
+
 # ---- arm_configs ---------------------------------------------------------------------------------------------------
 def test_arm_configs_follow_brorls_recipe(tmp_path):
     base = tiny_base(tmp_path, steps=3, eval_every=1, optimizer_steps_per_step=2, lr=2e-4)
-    arms = AR.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_samples")
+    table = {"prorl": R(16, 16), "brorl": R(512, None)}  # BroRL's prompts: 8x the ProRL arm's samples per step
+    arms = AR.arm_configs(base, table, lr_scaling="sqrt_samples")
     pro, bro = arms["prorl"], arms["brorl"]
     assert (pro.rollouts_per_prompt, pro.prompts_per_step) == (16, 16)
     assert (bro.rollouts_per_prompt, bro.prompts_per_step) == (512, 4)  # 8x the samples: 2048 vs 256
@@ -44,13 +50,13 @@ def test_arm_configs_follow_brorls_recipe(tmp_path):
     assert bro.eval_at_steps == [1, 2, 3] and pro.eval_at_steps == [1, 2, 3, 8, 16, 24]
     assert bro.samples_per_step * bro.steps == pro.samples_per_step * pro.steps  # same nominal samples per arm
     assert {pro.seed, bro.seed} == {base.seed} and pro.tasks == bro.tasks == base.tasks
-    by_prompts = AR.arm_configs(base, n_small=16, n_large=512, prompts_small=16, lr_scaling="sqrt_prompts")
+    by_prompts = AR.arm_configs(base, table, lr_scaling="sqrt_prompts")
     assert by_prompts["brorl"].effective_lr == pytest.approx(2e-4 * math.sqrt(4 / 16))  # 4x fewer prompts: lr / 2
-    assert AR.arm_configs(base, n_small=16, n_large=512, prompts_small=16)["brorl"].effective_lr == pytest.approx(2e-4)
+    assert AR.arm_configs(base, table)["brorl"].effective_lr == pytest.approx(2e-4)
 
 
 def test_arms_reset_in_neither_arm_and_the_middle_arm_sits_on_the_grid(tmp_path):
-    arms = AR.arm_configs(tiny_base(tmp_path, steps=4, eval_every=2, reset_every=8), n_mid=64)
+    arms = AR.arm_configs(tiny_base(tmp_path, steps=4, eval_every=2, reset_every=8), arms=("prorl", "middle", "brorl"))
     pro, mid, bro = arms["prorl"], arms["middle"], arms["brorl"]  # 16 x 64, 64 x 32, 512 x 16 by default
     assert list(arms) == ["prorl", "middle", "brorl"]
     assert (mid.rollouts_per_prompt, mid.prompts_per_step, bro.prompts_per_step) == (64, 32, 16)
@@ -58,29 +64,43 @@ def test_arms_reset_in_neither_arm_and_the_middle_arm_sits_on_the_grid(tmp_path)
     assert not any(c.reset_due(s) for c in arms.values() for s in range(1, c.steps + 1))
     assert (pro.steps, mid.steps, bro.steps) == (32, 16, 4)
     assert bro.eval_at_steps == [2, 4] and mid.eval_at_steps == [2, 4, 8, 16] and pro.eval_at_steps == [2, 4, 16, 32]
-    with pytest.raises(ValueError, match="prompts_mid"):  # 64 x 24 does not divide 512 x 16
-        AR.arm_configs(tiny_base(tmp_path), n_mid=64, prompts_mid=24)
+    with pytest.raises(ValueError, match=r"arm_table\['middle'\]\['prompts_per_step'\]"):  # 64 x 24: not 512 x 16's
+        AR.arm_configs(tiny_base(tmp_path), {**RC.ARM_TABLE, "middle": R(64, 24)}, arms=("prorl", "middle", "brorl"))
 
 
 def test_arm_configs_at_the_papers_sizes_and_explicit_prompts(tmp_path):
     base = tiny_base(tmp_path, optimizer_steps_per_step=4)
-    arms = AR.arm_configs(base, n_small=16, n_large=512, prompts_small=512)
-    assert arms["brorl"].prompts_per_step == 128  # BroRL: 512 x 128 against ProRL's 16 x 512
-    arms = AR.arm_configs(base, n_small=4, n_large=64, prompts_small=8, prompts_large=4, lr_scaling="sqrt_samples")
+    arms = AR.arm_configs(base, {"prorl": RC.PAPER_ARMS["prorl"], "brorl": R(512, None)})
+    assert arms["brorl"].prompts_per_step == RC.PAPER_ARMS["brorl"]["prompts_per_step"]  # 512 x 128 vs 16 x 512
+    arms = AR.arm_configs(base, {"prorl": R(4, 8), "brorl": R(64, 4)}, lr_scaling="sqrt_samples")
     assert arms["brorl"].samples_per_step / arms["prorl"].samples_per_step == 8
     assert arms["brorl"].effective_lr / arms["prorl"].effective_lr == pytest.approx(math.sqrt(8))
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(n_small=16, n_large=16), "n_large"),
-    (dict(n_small=16, n_large=512, prompts_small=3), "prompts_large"),  # 3 * 16 * 8 / 512 is not whole
-    (dict(prompts_large=0), "prompts_large"),
-    (dict(n_small=0), "n_small"),
-    (dict(samples_ratio=-1), "samples_ratio"),
+    (dict(arm_table={"prorl": R(16, 64), "brorl": R(16, 16)}), r"\['brorl'\]\['rollouts_per_prompt'\]"),
+    (dict(arm_table={"prorl": R(16, 3), "brorl": R(512, None)}), r"\['brorl'\]\['prompts_per_step'\]"),  # not whole
+    (dict(arm_table={"prorl": R(16, 64), "brorl": R(512, 0)}), r"\['brorl'\]\['prompts_per_step'\]"),
+    (dict(arm_table={"prorl": R(0, 64), "brorl": R(512, 16)}), r"\['prorl'\]\['rollouts_per_prompt'\]"),
+    (dict(arm_table={"prorl": R(16, 64), "brorl": R(512, None)}, samples_ratio=-1), "samples_ratio"),
+    (dict(arms=("brorl",)), "arms"),
+    (dict(n_large=16), r"\['brorl'\]\['rollouts_per_prompt'\]"),  # an old name: named as the cell it sets
+    (dict(n_small=16, arm_table=RC.ARM_TABLE), "n_small"),  # old names and a table: one or the other
+    (dict(rollouts=16), "rollouts"),
 ])
 def test_arm_configs_bad_input_names_the_argument(tmp_path, kwargs, name):
     with pytest.raises(ValueError, match=name):
         AR.arm_configs(tiny_base(tmp_path), **kwargs)
+
+
+def test_the_old_arm_keywords_read_as_the_table_they_stand_for(tmp_path):
+    """study.paid and study.runner still pass n_small, ... (study.recipe.arm_options): the same configs as the table."""
+    base = tiny_base(tmp_path, steps=2, eval_every=1)
+    table = {**RC.ARM_TABLE, "brorl": R(512, None)}
+    assert AR.arm_configs(base, **RC.arm_options(RC.ARM_TABLE, middle=True)) == \
+        AR.arm_configs(base, RC.ARM_TABLE, arms=("prorl", "middle", "brorl"))
+    assert AR.arm_configs(base, n_small=16, prompts_small=16) == AR.arm_configs(base, {**table, "prorl": R(16, 16)})
+    assert AR.arm_configs(base) == AR.arm_configs(base, RC.ARM_TABLE)  # the recipe's arms by default
 
 
 def test_arm_configs_without_the_sqrt_rule_keeps_one_lr(tmp_path):
@@ -92,7 +112,7 @@ def test_arm_configs_without_the_sqrt_rule_keeps_one_lr(tmp_path):
 
 def test_arm_configs_rejects_mini_batches_that_do_not_split_both_arms(tmp_path):
     with pytest.raises(ConfigError, match="optimizer_steps_per_step"):
-        AR.arm_configs(tiny_base(tmp_path, optimizer_steps_per_step=8), n_small=16, n_large=512, prompts_small=16)
+        AR.arm_configs(tiny_base(tmp_path, optimizer_steps_per_step=8), {"prorl": R(16, 16), "brorl": R(512, None)})
 
 
 # ---- plateau rule, reach gate and training -------------------------------------------------------------------------
@@ -182,8 +202,8 @@ def test_p_histogram_bins_every_prompt_once_with_p0_and_p1_apart():
 def test_save_reach_writes_every_prompt_and_the_histogram(tmp_path):
     from brorl_lab.study.plateau import reach_rates, save_reach
 
-    rates = reach_rates("default", ["gcd", "chain_sum"], prompts=2, n_draws=16)
-    meta = save_reach(tmp_path / "rec", "default", rates, command="python -m brorl_lab reach ...", n_draws=16)
+    rates = reach_rates("default", ["gcd", "chain_sum"], prompts=2, draws=16)
+    meta = save_reach(tmp_path / "rec", "default", rates, command="python -m brorl_lab reach ...", draws=16)
     back = pd.read_csv(tmp_path / "rec" / "branch_rates.csv")
     assert back["family"].tolist() == ["gcd", "gcd", "chain_sum", "chain_sum"] and (back["p"] == back["correct"] / 16).all()
     assert json.loads((tmp_path / "rec" / "reach.json").read_text()) == json.loads(json.dumps(meta, default=float))
@@ -202,7 +222,7 @@ def test_model_aliases_name_the_shipped_branch_points():
 
 
 def test_reach_table_measures_each_family_alone():
-    t = P.reach_table("default", ["gcd", "chain_sum"], prompts=3, n_draws=32)
+    t = P.reach_table("default", ["gcd", "chain_sum"], prompts=3, draws=32)
     assert list(t["family"]) == ["gcd", "chain_sum"] and (t["prompts"] == 3).all()
     assert t["share 0<p<=0.0625"].between(0, 1).all() and ((t["share 0<p<=0.0625"] * 3) % 1 == 0).all()
     assert (t["share 0<p<=0.0625"] <= t["share rare successes"]).all()  # 1/16 <= 0.1
@@ -284,7 +304,7 @@ def _comparable(df: pd.DataFrame) -> pd.DataFrame:
 
 def test_run_rollout_scaling_runs_both_arms_and_never_reruns_a_finished_one(tmp_path, monkeypatch):
     base = tiny_base(tmp_path)
-    opts = dict(n_small=2, n_large=8, prompts_small=2, prompts_large=2)  # 4 vs 16 samples per step: ratio 4
+    opts = dict(arm_table={"prorl": R(2, 2), "brorl": R(8, 2)})  # 4 vs 16 samples per step: ratio 4
     root = tmp_path / "rs"
     df = AR.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **opts)
     assert set(df["arm"]) == {"prorl", "brorl"} and set(df["seed"]) == {0}

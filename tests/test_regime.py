@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from helpers_notebooks import assert_notebook_pair_in_sync
+from helpers_notebooks import assert_notebook_pair_in_sync, execute_small
 from helpers_runs import run_names
 
 from brorl_lab.study import rare
@@ -116,19 +116,76 @@ def test_regime_map_notebook_pair_is_in_sync():
     assert_notebook_pair_in_sync("06_regime_map", ["quick", "model", "settings", "seeds", "steps", "run_dir"])
 
 
+def test_the_shipped_map_reads_the_same_through_the_cli_the_notebook_function_and_its_files(capsys):
+    """One reading (study.regime.regime_reading): the CLI's `regime-map --read` and notebook 06's
+    reading_of_files give the verdicts the shipped regime.json holds, from the shipped per-seed files."""
+    from brorl_lab.cli import main
+    from brorl_lab.core.paths import NOTEBOOK_DIR
+
+    shipped = NOTEBOOK_DIR / "figures"
+    reading = G.reading_of_files(shipped)
+    assert main(["regime-map", "--read", str(shipped)]) == 0
+    assert capsys.readouterr().out.strip() == G.reading_line(reading)
+    recorded = json.loads((shipped / "regime.json").read_text())
+    assert {a: r["verdict"] for a, r in reading.items()} == {a: r["verdict"] for a, r in recorded.items()}
+    assert G.PRESETS["full"].declaration()["reading"]["function"] == "brorl_lab.study.regime.regime_reading"
+
+
+def test_the_reading_of_files_follows_a_changed_per_seed_value(tmp_path, capsys):
+    """Perturb one setting's per-seed gaps in a copy of the shipped files: the CLI and the function move together."""
+    from brorl_lab.cli import main
+    from brorl_lab.core.paths import NOTEBOOK_DIR
+
+    for key in ("per_seed", "branch", "drift"):
+        (tmp_path / G.OUTPUT_FILES[key]).write_bytes((NOTEBOOK_DIR / "figures" / G.OUTPUT_FILES[key]).read_bytes())
+    before = G.reading_of_files(tmp_path)
+    seeds = pd.read_csv(tmp_path / G.OUTPUT_FILES["per_seed"])
+    branch = pd.read_csv(tmp_path / G.OUTPUT_FILES["branch"], index_col=0)
+    top = branch["rho"].idxmax()  # the setting furthest past the rule: lift its BroRL arm by 20 points every seed
+    seeds.loc[seeds["setting"] == top, "brorl"] += 0.2
+    seeds["gap"] = seeds["brorl"] - seeds["prorl"]
+    seeds.to_csv(tmp_path / G.OUTPUT_FILES["per_seed"], index=False)
+    after = G.reading_of_files(tmp_path)
+    assert after["rho"]["above"][top]["gap"] == pytest.approx(before["rho"]["above"][top]["gap"] + 0.2)
+    assert main(["regime-map", "--read", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == G.reading_line(after)
+    with pytest.raises(SystemExit) as stop:  # one line, exit 2
+        main(["regime-map", "--read", str(tmp_path / "nowhere")])
+    assert stop.value.code == 2
+    assert "regime_seeds.csv does not exist" in capsys.readouterr().err
+
+
+def test_a_changed_design_is_exploratory_and_a_bad_setting_is_named():
+    from brorl_lab.core.validation import UserError
+
+    assert G.PRESETS["full"].full_size and not G.preset("full", seeds=[0, 1]).full_size
+    assert G.preset("full", seeds=[0, 1], full_size=True).full_size
+    with pytest.raises(UserError, match="no_such"):
+        G.preset("full", no_such=1)
+    with pytest.raises(UserError, match="settings"):
+        G.preset("quick", settings={"x": {"tasks": []}})
+    decl = G.preset("quick").declaration()
+    assert decl["arms"]["brorl"]["rollouts_per_prompt"] == 8 and decl["seeds"] == [0, 1]
+
+
 @pytest.mark.notebook
 @pytest.mark.slow
-def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomputed_from_the_per_seed_file(
-        tmp_path, monkeypatch):
-    """The quick preset end to end (two named settings and one constructed pool, 2 paired seeds); then one
-    setting's interval recomputed by hand from the per-seed file the run wrote, and the map redone from its files."""
+def test_regime_map_quick_preset_runs_through_the_cli_and_the_notebook_reads_the_same(tmp_path, monkeypatch, capsys):
+    """The quick preset end to end through the CLI (two named settings and one constructed pool, 2 paired seeds):
+    the declaration before the run, provenance with its start, one setting's interval recomputed by hand from the
+    per-seed file, the map redone from its files; then notebook 06 on the same folder (everything read back) prints
+    the reading the CLI's --read gives."""
     from brorl_lab.cli import main
+    from brorl_lab.core.paths import NOTEBOOK_DIR
     from brorl_lab.lab.stats import t_interval
     from brorl_lab.rollout.tasks.user import pool_eval_path
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "map"
-    assert main(["regime-map", "--quick", "--jobs", "1", "--threads", "1", "--out", str(out)]) == 0
+    assert main(["regime-map", "--quick", "--jobs", "1", "--threads", "1", "--out", str(out),
+                 "--figures", str(tmp_path / "figures")]) == 0
+    decl = json.loads((out / "declaration.json").read_text())
+    assert decl["reading"]["function"] == "brorl_lab.study.regime.regime_reading" and decl["seeds"] == [0, 1]
     seeds = pd.read_csv(out / "regime_seeds.csv")
     table = pd.read_csv(out / "regime_map.csv", index_col=0)
     assert set(table.index) == {"gcd", "chain_sum", "gcd (1/4,1)"} and (table["n"] == 2).all()
@@ -152,18 +209,30 @@ def test_regime_map_quick_preset_runs_through_the_cli_and_the_interval_is_recomp
     held = [json.loads(line)["uid"] for line in pool_eval_path(out / "pools" / "gcd_1_4_1.jsonl").read_text()
             .splitlines()]
     assert branch["uid"].tolist() == train and not set(train) & set(held)
-    from brorl_lab.study.results import PROVENANCE_KEYS, read_provenance
+    from brorl_lab.study.results import SHIPPED_KEYS, read_provenance
 
-    record = read_provenance(out / "regime_seeds.csv")  # beside every results file: how to make it again
-    assert set(PROVENANCE_KEYS) <= set(record) and record["command"].startswith("python -m brorl_lab regime-map")
-    assert set(record["checkpoints"]) == {"floor"} and (out / "regime_map.csv.provenance.json").is_file()
+    for folder in (out, tmp_path / "figures"):  # beside every results file, in the run and in --figures alike
+        record = read_provenance(folder / "regime_seeds.csv")
+        assert set(SHIPPED_KEYS) <= set(record) and record["command"].startswith("python -m brorl_lab regime-map")
+        assert record["declaration"]["path"].endswith("declaration.json") and record["started_at"] <= record["date"]
+        assert set(record["checkpoints"]) == {"floor"} and (folder / "regime_map.csv.provenance.json").is_file()
     reading = json.loads((out / "regime.json").read_text())
     assert set(reading) == {"rho", "rho_run"} and reading["rho"]["verdict"] in G.VERDICTS
+    assert json.loads((out / "verdict.json").read_text())["readings"] == reading
     (out / "regime.txt").unlink()
     assert main(["regime-map", "--out", str(out), "--summarize"]) == 0  # the map again, from the files alone
     assert (out / "regime.txt").read_text().startswith(table.index[0] + ": rho")
-    for name in ("gcd", "chain_sum", "gcd_1_4_1"):  # each setting's arms on the shared grid in its own root (slug)
-        assert run_names(out / name / "arms") == ["brorl_s0", "brorl_s1", "prorl_s0", "prorl_s1"]
+    runs = run_names(out / "arms")  # every setting's arms in one root, named by the setting's slug
+    assert runs == sorted(f"{s}__{a}_s{k}" for s in ("chain_sum", "gcd", "gcd_1_4_1") for a in ("brorl", "prorl")
+                          for k in (0, 1))
+    capsys.readouterr()
+    assert main(["regime-map", "--read", str(out)]) == 0
+    cli_reading = capsys.readouterr().out.strip()
+    assert cli_reading == G.reading_line(G.reading_of_files(out))
+    nb = execute_small(NOTEBOOK_DIR / "06_regime_map.ipynb", tmp_path,
+                       {"quick": True, "run_dir": str(out), "jobs": 1, "torch_threads": 1}, monkeypatch)
+    assert f"reading: {cli_reading}" in nb["text"]  # the notebook's run_regime_map read everything back
+    assert run_names(out / "arms") == runs  # and trained nothing new
 
 
 def _arm_frame(arm, seed, *, steps, per_step, start, end, correct_share, redraw=1.0):

@@ -17,7 +17,8 @@ from brorl_lab.study import arms as AR
 from brorl_lab.study import mechanism as M
 from brorl_lab.study.recipe import recipe_config
 
-ARMS = dict(n_small=4, n_large=16, prompts_small=4)
+TABLE = {"prorl": dict(rollouts_per_prompt=4, prompts_per_step=4), "brorl": dict(rollouts_per_prompt=16, prompts_per_step=2)}
+ARMS = dict(arm_table=TABLE)  # 16 vs 32 samples per step
 
 
 def tiny_base(tmp_path, **kw):
@@ -31,59 +32,59 @@ def tiny_base(tmp_path, **kw):
 # ---- ablations -------------------------------------------------------------------------------------------------------
 def test_ablation_grid_is_a_2x2_plus_estimators():
     v = A.ablation_grid(lr_rules=("none", "sqrt_samples"), prompts=(4, 8), advantages=("grpo",))
-    assert list(v) == ["main", "prompts_large=8", "lr_scaling=sqrt_samples", "lr_scaling=sqrt_samples, prompts_large=8",
-                       "advantage=grpo"]
+    assert list(v) == ["main", "brorl.prompts_per_step=8", "lr_scaling=sqrt_samples",
+                       "lr_scaling=sqrt_samples, brorl.prompts_per_step=8", "advantage=grpo"]
     assert v["main"] == {} and v["advantage=grpo"] == {"advantage": "grpo"}
-    assert v["prompts_large=8"] == {"lr_scaling": "none", "prompts_large": 8}
+    assert v["brorl.prompts_per_step=8"] == {"lr_scaling": "none", "brorl.prompts_per_step": 8}
 
 
 def test_variant_arms_keep_the_prorl_arm_and_the_sample_budget(tmp_path):
     base = tiny_base(tmp_path, steps=4, eval_every=2, checkpoint_every=2)
-    main = A.variant_arms(base, {}, **ARMS, prompts_large=2)
-    wide = A.variant_arms(base, {"prompts_large": 4, "lr_scaling": "sqrt_samples"}, **ARMS, prompts_large=2)
+    main = A.variant_arms(base, {}, **ARMS)
+    wide = A.variant_arms(base, {"brorl.prompts_per_step": 4, "lr_scaling": "sqrt_samples"}, **ARMS)
     # On the shared grid the ProRL arm is evaluated where its BroRL arm is: a variant that moves the BroRL grid gets
     # a ProRL run of its own, trained alike and differing only in where it is evaluated.
     differ = {k for k, v in main["prorl"].to_dict().items() if wide["prorl"].to_dict()[k] != v}
     assert differ == {"eval_at_steps"}
     assert A._config_key(main["prorl"]) != A._config_key(wide["prorl"])
-    assert A._config_key(A.variant_arms(base, {}, **ARMS, prompts_large=2)["prorl"]) == A._config_key(main["prorl"])
+    assert A._config_key(A.variant_arms(base, {}, **ARMS)["prorl"]) == A._config_key(main["prorl"])
     assert (main["brorl"].steps, wide["brorl"].steps) == (4, 2)
     assert wide["brorl"].eval_at_steps and max(wide["brorl"].eval_at_steps) == 2  # its grid ends where it ends
     for arms in (main, wide):
         assert arms["brorl"].samples_per_step * arms["brorl"].steps == arms["prorl"].samples_per_step * arms["prorl"].steps
     assert wide["brorl"].effective_lr == pytest.approx(base.lr * 2)  # sqrt(16 x 4 / (4 x 4))
-    grpo = A.variant_arms(base, {"advantage": "grpo"}, **ARMS, prompts_large=2)
+    grpo = A.variant_arms(base, {"advantage": "grpo"}, **ARMS)
     assert grpo["prorl"].advantage == grpo["brorl"].advantage == "grpo" != main["prorl"].advantage
 
 
-@pytest.mark.parametrize("variant, name", [({"no_such_knob": 1}, "variant"), ({"prompts_large": 3}, "steps")])
+@pytest.mark.parametrize("variant, name", [({"no_such_knob": 1}, "variant"), ({"brorl.prompts_per_step": 3}, "steps")])
 def test_variant_arms_bad_input(tmp_path, variant, name):
     with pytest.raises(ValueError, match=name):
-        A.variant_arms(tiny_base(tmp_path, steps=2, eval_every=1), variant, **ARMS, prompts_large=2)
+        A.variant_arms(tiny_base(tmp_path, steps=2, eval_every=1), variant, **ARMS)
 
 
 def test_run_ablations_shares_identical_runs_and_tables_three_budgets(tmp_path):
     base = tiny_base(tmp_path, steps=2, eval_every=2, checkpoint_every=2)  # the wider variant: 1 step, eval every 1
     root = tmp_path / "arms"
-    main = AR.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
+    main = AR.run_rollout_scaling(base, seeds=[0], root=root, progress=False, **ARMS)
     variants = A.ablation_grid(lr_rules=("none",), prompts=(2, 4), advantages=(), main_prompts=2)
-    df = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
+    df = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS)
     runs = run_names(root)
     assert {"prorl_s0", "brorl_s0"} <= set(runs)
     assert len(runs) == 4  # the main arms were reused; the wider variant's two arms (its own grid) are new
-    assert set(df["variant"]) == {"main", "prompts_large=4"}
+    assert set(df["variant"]) == {"main", "brorl.prompts_per_step=4"}
     pd.testing.assert_series_equal(  # the main variant's ProRL rows are the run the main experiment wrote
         df[(df["variant"] == "main") & (df["arm"] == "prorl")]["eval/mean/pass@1"].reset_index(drop=True),
         main[main["arm"] == "prorl"]["eval/mean/pass@1"].reset_index(drop=True))
     table = A.ablation_table(df)
-    assert list(table.index) == ["main", "prompts_large=4"]
-    assert table.loc["prompts_large=4", "prompts_per_step"] == 4 and table.loc["main", "prompts_per_step"] == 2
+    assert list(table.index) == ["main", "brorl.prompts_per_step=4"]
+    assert table.loc["brorl.prompts_per_step=4", "prompts_per_step"] == 4 and table.loc["main", "prompts_per_step"] == 2
     for ax in ("samples", "updates", "wall_s"):
         gap = table[f"{ax}: gap (points)"]
         assert gap.notna().all()
         assert gap.tolist() == pytest.approx((100 * (table[f"{ax}: brorl"] - table[f"{ax}: prorl"])).tolist())
     # resumable: a second call runs nothing new and returns the same numbers
-    again = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS, prompts_large=2)
+    again = A.run_ablations(base, variants, seeds=[0], root=root, progress=False, **ARMS)
     assert run_names(root) == runs
     pd.testing.assert_frame_equal(A.ablation_table(again), table)
 
@@ -104,7 +105,8 @@ def test_reach_classes_and_summary_by_hand():
     assert ch.loc["only N=512", "change"] == pytest.approx(0.19) and ch.loc["both", "change"] == 0
     with pytest.raises(ValueError, match="after"):
         M.reach_change(rates, {"BroRL": after.iloc[:2]})
-    fig = M.reach_figure(rates, M.reach_change(rates, {"BroRL": after}), n_small=4, n_large=32)
+    table = {"prorl": {"rollouts_per_prompt": 4}, "brorl": {"rollouts_per_prompt": 32}}
+    fig = M.reach_figure(rates, M.reach_change(rates, {"BroRL": after}), arm_table=table)
     hist = [t for t in fig.data if t.type == "histogram"]
     assert [t.name for t in hist] == ["both (1 prompts)", "only N=512 (1 prompts)", "neither (2 prompts)"]
     assert [t.name for t in fig.data if t.type == "bar"] == ["BroRL: change of p"]
@@ -116,25 +118,25 @@ def test_prompt_pass_rates_on_the_real_model_are_consistent(tmp_path):
     cfg = tiny_base(tmp_path, tasks=["spell_backward", "gcd"])
     policy, tok = load_policy("default")
     items = sample_prompts(cfg.tasks, 4, seed=3)
-    rates = M.prompt_pass_rates(policy, tok, items, cfg, n_draws=32, n_small=4, chunk_prompts=3)
+    rates = M.prompt_pass_rates(policy, tok, items, cfg, draws=32, rollouts_per_prompt=4, chunk_prompts=3)
     assert list(rates["uid"]) == [it.uid for it in items] and (rates["p"] == rates["correct"] / 32).all()
     assert (rates["signal_large"] == rates["correct"].between(1, 31)).all()
     assert (rates.loc[~rates["signal_large"], "signal_small"] == 0).all()  # all right or all wrong: no group mixed
     assert rates["signal_small"].between(0, 1).all() and ((rates["signal_small"] * 8) % 1 == 0).all()  # 8 groups of 4
-    again = M.prompt_pass_rates(policy, tok, items, cfg, n_draws=32, n_small=4, chunk_prompts=3)
+    again = M.prompt_pass_rates(policy, tok, items, cfg, draws=32, rollouts_per_prompt=4, chunk_prompts=3)
     pd.testing.assert_frame_equal(rates, again)  # seeded: the same draws
     # a default Config (template='auto') goes through rl.spec.resolve: the default tokenizer has no chat
     # template, so 'auto' is 'plain' and the draws are the ones template='plain' gives
-    auto = M.prompt_pass_rates(policy, tok, items[:2], Config(max_new_tokens=6), n_draws=8, n_small=4)
-    plain = M.prompt_pass_rates(policy, tok, items[:2], Config(max_new_tokens=6, template="plain"), n_draws=8,
-                                n_small=4)
+    auto = M.prompt_pass_rates(policy, tok, items[:2], Config(max_new_tokens=6), draws=8, rollouts_per_prompt=4)
+    plain = M.prompt_pass_rates(policy, tok, items[:2], Config(max_new_tokens=6, template="plain"), draws=8,
+                                rollouts_per_prompt=4)
     assert Config().template == "auto" and len(auto) == 2
     pd.testing.assert_frame_equal(auto, plain)
-    with pytest.raises(ValueError, match="n_small"):
-        M.prompt_pass_rates(policy, tok, items, cfg, n_draws=32, n_small=5)
+    with pytest.raises(ValueError, match="rollouts_per_prompt"):
+        M.prompt_pass_rates(policy, tok, items, cfg, draws=32, rollouts_per_prompt=5)
     default = Config(tasks=cfg.tasks)  # template='auto' is resolved as the Trainer does, not an error
-    auto = M.prompt_pass_rates(policy, tok, items, default, n_draws=32, n_small=4, chunk_prompts=3)
-    plain = M.prompt_pass_rates(policy, tok, items, default.replace(template="plain"), n_draws=32, n_small=4,
+    auto = M.prompt_pass_rates(policy, tok, items, default, draws=32, rollouts_per_prompt=4, chunk_prompts=3)
+    plain = M.prompt_pass_rates(policy, tok, items, default.replace(template="plain"), draws=32, rollouts_per_prompt=4,
                                 chunk_prompts=3)
     pd.testing.assert_frame_equal(auto, plain)  # the default model has no chat template: 'auto' means 'plain'
 

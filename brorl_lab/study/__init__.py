@@ -16,15 +16,21 @@ layer below: core, theory, rollout, rl, lab):
                headline_reading
     revival    the floor's reading: its rule fixed before that run (brorl_revives) on the shared grid, in words
     ablations  the branch re-run with one knob changed at a time, each variant against its own ProRL arm
-    regime     the regime map: the BroRL - ProRL gap per seed across settings spanning rho (named and constructed
-               pools), and the rho rule read before the run (broadening_pays)
-    theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt
-    render     results pages rendered from the shipped files (`python -m brorl_lab render`): templates with fields,
-               deterministic figures, the README headline, and the provenance gate (LEGACY names pre-rule records)
     runner     ONE runner: a study declared as data (Study: branch point, arms from recipe.ARM_TABLE, seeds, budget,
                grid, its one reading and thresholds) and run_study (declaration and pre-registration, the arm x seed
                grid, per-seed files with provenance, the reading); the CLI, notebook 02 and `make demo` call it
+    regime     the regime map: the BroRL - ProRL gap per seed across settings spanning rho (named and constructed
+               pools), run on the runner's machinery (RegimeMap, run_regime_map), its one reading regime_reading
+    theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt
+    render     results pages rendered from the shipped files (`python -m brorl_lab render`): templates with fields,
+               deterministic figures, the README headline, and the provenance gate (LEGACY names pre-rule records)
     frontier   the rollout frontier (issue 43) as data and its readings: which N wins at each budget mark, lr rule, pilots
+
+Names (issue 42), one per quantity: an arm's N is ``rollouts_per_prompt`` and its prompts per step
+``prompts_per_step`` (the Config fields); an *arm table* maps arm -> both (recipe.ARM_TABLE is the study's, the one
+place its numbers are written; recipe.PAPER_ARMS the paper's); ``draws`` is the samples drawn per prompt to measure
+its pass rate (rare.DRAWS, the BroRL arm's N); ``n_values`` the grid of N a theory sweep runs over. No module but
+the recipe writes 16 or 512 (tests/test_architecture.py).
 
 A config travels arms -> recipe -> trainer, never back through :mod:`.plateau`, whose only users are the CLI's
 ``plateau`` and ``reach`` commands (tests/test_architecture.py checks this order). The notebooks (01b, 02, 05, 06)

@@ -1,10 +1,11 @@
 """The ablations that explain the flagship's result: the BroRL-vs-ProRL branch re-run with one knob changed.
 
-A *variant* is a dict of overrides on the main experiment. Keys that :func:`brorl_lab.study.arms.arm_configs` takes
-(``lr_scaling``, ``prompts_large``, ``n_large``, ...) change the arms; any other key is a Config field applied to the
-base (so to both arms), e.g. ``{"advantage": "grpo"}``. When a variant changes the BroRL arm's samples per step
-(``prompts_large``), its BroRL-arm steps and eval interval are rescaled so that the ProRL arm, and the nominal
-number of trained samples, stay exactly those of the main experiment.
+A *variant* is a dict of overrides on the main experiment. Arm keys (:data:`ARM_OPTIONS`: ``lr_scaling``,
+``samples_ratio`` and ``<arm>.<field>`` for a cell of the arm table, e.g. ``brorl.prompts_per_step``) change the
+arms; any other key is a Config field applied to the base (so to both arms), e.g. ``{"advantage": "grpo"}``. When a
+variant changes the BroRL arm's samples per step (``brorl.prompts_per_step``), its BroRL-arm steps and eval interval
+are rescaled so that the ProRL arm, and the nominal number of trained samples, stay exactly those of the main
+experiment.
 
 Every distinct arm config runs once: a run in ``root`` with the same config (whatever its name, e.g. the main
 experiment's ``prorl_s0``) is read back instead of re-run, so the ablations of the BroRL arm share the ProRL arm of
@@ -12,7 +13,7 @@ the main experiment. Each variant is then compared to its own ProRL arm at equal
 updates and equal training wall time (:func:`brorl_lab.study.compare.compare_arms`)::
 
     variants = ablation_grid(lr_rules=("none", "sqrt_samples"), prompts=(4, 8), advantages=("grpo",))
-    df = run_ablations(base, variants, seeds=[0], root="runs/demo/arms", prompts_large=4, lr_scaling="none")
+    df = run_ablations(base, variants, seeds=[0], root="runs/demo/arms", arm_table=table, lr_scaling="none")
     ablation_table(df)            # one row per variant: BroRL - ProRL mean pass@1 at each budget
 """
 
@@ -31,12 +32,13 @@ from brorl_lab.core.config import Config
 from brorl_lab.core.rundir import RunDir
 from brorl_lab.core.validation import check_seeds
 from brorl_lab.lab.analysis import MEAN
-from brorl_lab.study.arms import arm_configs, label_arm, run_arm
+from brorl_lab.study.arms import ARM_FIELDS, HEADLINE_ARMS, arm_configs, label_arm, run_arm
 from brorl_lab.study.compare import BUDGET_AXES, compare_arms
-from brorl_lab.study.rare import RARE_FAILURE_MIN_P, RARE_SUCCESS_MAX_P
-from brorl_lab.study.recipe import IGNORED_FIELDS
+from brorl_lab.study.rare import ONLY_LARGE, RARE_FAILURE_MIN_P, RARE_SUCCESS_MAX_P
+from brorl_lab.study.recipe import ARM_TABLE, IGNORED_FIELDS
 
-ARM_OPTIONS = ("n_small", "n_large", "prompts_small", "prompts_large", "samples_ratio", "lr_scaling")
+ARM_CELLS = tuple(f"{arm}.{name}" for arm in HEADLINE_ARMS for name in ARM_FIELDS)  # "brorl.prompts_per_step", ...
+ARM_OPTIONS = (*ARM_CELLS, "samples_ratio", "lr_scaling")
 MAIN = "main"
 
 
@@ -46,12 +48,12 @@ def ablation_grid(*, lr_rules: Sequence[str] = ("none", "sqrt_samples"), prompts
     """Variants for :func:`run_ablations`: ``main`` (no overrides: the flagship as configured, whose BroRL arm has
     lr rule ``main_lr`` and ``main_prompts`` prompts per step), every other cell of the grid lr rule x BroRL-arm
     prompts per step, and each estimator in ``advantages`` on both arms of the main setting. Names read as what
-    differs from main, e.g. ``"lr_scaling=sqrt_samples, prompts_large=8"``."""
-    main = {"lr_scaling": main_lr, "prompts_large": main_prompts}
+    differs from main, e.g. ``"lr_scaling=sqrt_samples, brorl.prompts_per_step=8"``."""
+    main = {"lr_scaling": main_lr, "brorl.prompts_per_step": main_prompts}
     out: dict[str, dict] = {MAIN: {}}
     for rule in lr_rules:
         for p in prompts:
-            cell = {"lr_scaling": rule, "prompts_large": p}
+            cell = {"lr_scaling": rule, "brorl.prompts_per_step": p}
             if cell != main:
                 out[", ".join(f"{k}={v}" for k, v in cell.items() if v != main[k])] = cell
     for adv in advantages:
@@ -60,16 +62,22 @@ def ablation_grid(*, lr_rules: Sequence[str] = ("none", "sqrt_samples"), prompts
 
 
 def variant_arms(base: Config, variant: Mapping, **arm_options) -> dict[str, Config]:
-    """The two arm configs of one variant (module docstring): ``arm_options`` are the main experiment's (all of
-    them: its ``prompts_large`` and ``lr_scaling`` too), the variant's arm keys override them, its other keys
-    override ``base``; BroRL-arm steps are rescaled when the variant changes the samples-per-step ratio, so the
-    ProRL arm keeps the main experiment's steps."""
+    """The two arm configs of one variant (module docstring): ``arm_options`` are the main experiment's
+    (:func:`brorl_lab.study.arms.arm_configs`' ``arm_table``, ``samples_ratio``, ``lr_scaling``), the variant's arm
+    keys override them (``<arm>.<field>`` a cell of the table), its other keys override ``base``; BroRL-arm steps
+    are rescaled when the variant changes the samples-per-step ratio, so the ProRL arm keeps the main experiment's
+    steps."""
     unknown = [k for k in variant if k not in ARM_OPTIONS and k not in Config.field_names()]
     if unknown:
         raise ValueError(f"variant: unknown keys {unknown}; allowed: arm options {', '.join(ARM_OPTIONS)} or Config "
                          "fields")
     main = arm_configs(base, **arm_options)
-    opts = {**arm_options, **{k: v for k, v in variant.items() if k in ARM_OPTIONS}}
+    table = {arm: dict(row) for arm, row in (arm_options.get("arm_table") or ARM_TABLE).items()}
+    for key in (k for k in variant if k in ARM_CELLS):
+        arm, name = key.split(".")
+        table[arm][name] = variant[key]
+    opts = {**arm_options, "arm_table": table, **{k: v for k, v in variant.items() if k in ARM_OPTIONS and
+                                                  k not in ARM_CELLS}}
     vbase = base.replace(**{k: v for k, v in variant.items() if k not in ARM_OPTIONS})
     arms = arm_configs(vbase, **opts)
     factor = Fraction(main["prorl"].steps, arms["prorl"].steps) if arms["prorl"].steps else Fraction(1)
@@ -219,15 +227,15 @@ def findings(table: pd.DataFrame, reach: pd.DataFrame | None = None, change: pd.
     if reach is not None and not reach.empty:
         a = reach[reach["family"] == "all"].iloc[0]
         lines.append(f"Signal: {a['pass_rate_small']:.0%} of groups informative at the small N vs "
-                     f"{a['pass_rate_large']:.0%} at the large N; {a['share only N=512']:.0%} of the measured "
+                     f"{a['pass_rate_large']:.0%} at the large N; {a[f'share {ONLY_LARGE}']:.0%} of the measured "
                      f"prompts are reached only by the large N, {a['share neither']:.0%} by neither. "
                      f"{a['share rare successes']:.0%} of the prompts have rare successes (0 < p <= "
                      f"{RARE_SUCCESS_MAX_P:.4g}) and {a['share rare failures']:.0%} rare failures "
                      f"({RARE_FAILURE_MIN_P:.4g} <= p < 1).")
     if change is not None and not change.empty:
-        only = change[change["reach"] == "only N=512"].set_index("arm")["change"]
+        only = change[change["reach"] == ONLY_LARGE].set_index("arm")["change"]
         both = change[change["reach"] == "both"].set_index("arm")["change"]
-        parts = [f"{arm}: {only.get(arm, float('nan')):+.3f} on 'only N=512' prompts, {both.get(arm, float('nan')):+.3f} "
+        parts = [f"{arm}: {only.get(arm, float('nan')):+.3f} on '{ONLY_LARGE}' prompts, {both.get(arm, float('nan')):+.3f} "
                  "on prompts both reach" for arm in only.index]
         lines.append("Change of per-prompt pass rate by the end of each arm (seed 0): " + "; ".join(parts) + ".")
     return "\n".join(f"- {line}" for line in lines)

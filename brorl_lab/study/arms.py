@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
@@ -22,31 +22,88 @@ import pandas as pd
 from brorl_lab.core.config import LR_SCALINGS, Config
 from brorl_lab.core.paths import RUNS_DIR
 from brorl_lab.core.rundir import RunDir, atomic_write, atomic_write_text
-from brorl_lab.core.validation import check_int, check_seeds, is_int, is_number
+from brorl_lab.core.validation import check_int, check_seeds, is_number
 from brorl_lab.study.compare import ARM_NAMES
-from brorl_lab.study.recipe import ARM_TABLE, IGNORED_FIELDS, check_same_config, open_trainer
+from brorl_lab.study.recipe import ARM_TABLE, IGNORED_FIELDS, PAPER_ARMS, check_same_config, open_trainer
 
 DEFAULT_ROOT = RUNS_DIR / "rollout_scaling"
 
 
 # ---- the arms ----------------------------------------------------------------------------------------------------------
-_PRORL, _BRORL = ARM_TABLE["prorl"], ARM_TABLE["brorl"]  # the defaults: the recipe's arm table
+#: The one name of each quantity an arm is built from (issue 42): its N is ``rollouts_per_prompt``, its prompts per
+#: step ``prompts_per_step``, as the Config fields. An *arm table* maps arm -> {field: value}; the study's is the
+#: recipe's :data:`~brorl_lab.study.recipe.ARM_TABLE`, the one place its numbers are written.
+ARM_FIELDS = ("rollouts_per_prompt", "prompts_per_step")
+HEADLINE_ARMS = ("prorl", "brorl")  # the arms every comparison has; "middle" is optional
+# BroRL's samples per step over ProRL's in the recipe's table (8): the update ratio at equal samples
+_RATIO = Fraction(ARM_TABLE["brorl"]["rollouts_per_prompt"] * ARM_TABLE["brorl"]["prompts_per_step"],
+                  ARM_TABLE["prorl"]["rollouts_per_prompt"] * ARM_TABLE["prorl"]["prompts_per_step"])
+SAMPLES_RATIO = int(_RATIO) if _RATIO.denominator == 1 else float(_RATIO)
+#: Keyword names arm_configs took before arm tables, still accepted from callers outside the study's arm modules
+#: (study.paid and study.runner build them with study.recipe.arm_options; bench/bench_jobs, tests/test_jobs): each
+#: -> (arm, field) of the table it stands for. Without its prompts, the BroRL arm's come from ``samples_ratio``.
+LEGACY_ARM_OPTIONS = {"n_small": ("prorl", "rollouts_per_prompt"), "prompts_small": ("prorl", "prompts_per_step"),
+                      "n_large": ("brorl", "rollouts_per_prompt"), "prompts_large": ("brorl", "prompts_per_step"),
+                      "n_mid": ("middle", "rollouts_per_prompt"), "prompts_mid": ("middle", "prompts_per_step")}
 
 
-def arm_configs(base: Config, *, n_small: int = _PRORL["rollouts_per_prompt"],  # noqa: C901 - one branch per arm option
-                n_large: int = _BRORL["rollouts_per_prompt"], prompts_small: int = _PRORL["prompts_per_step"],
-                prompts_large: Optional[int] = None, samples_ratio: float = 8, lr_scaling: str = "none",
-                n_mid: Optional[int] = None, prompts_mid: Optional[int] = None) -> dict[str, Config]:
+def legacy_arm_table(**options) -> tuple[dict, tuple[str, ...]]:
+    """(arm table, arms) from the old keywords of :data:`LEGACY_ARM_OPTIONS`: the recipe's ProRL row, its BroRL N
+    with prompts per step left to ``samples_ratio``, each given keyword set; the middle arm when its N is given."""
+    unknown = sorted(set(options) - set(LEGACY_ARM_OPTIONS))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not an arm option; allowed: arm_table (arm -> {', '.join(ARM_FIELDS)}), "
+                         f"arms, samples_ratio, lr_scaling (or the old names {', '.join(LEGACY_ARM_OPTIONS)})")
+    table = {"prorl": dict(ARM_TABLE["prorl"]),
+             "brorl": {"rollouts_per_prompt": ARM_TABLE["brorl"]["rollouts_per_prompt"], "prompts_per_step": None},
+             "middle": {"rollouts_per_prompt": None, "prompts_per_step": None}}
+    for key, value in options.items():
+        arm, name = LEGACY_ARM_OPTIONS[key]
+        table[arm][name] = value
+    middle = table["middle"]["rollouts_per_prompt"] is not None
+    if not middle and table["middle"]["prompts_per_step"] is not None:
+        raise ValueError(f"prompts_mid: got {table['middle']['prompts_per_step']!r} without n_mid; allowed: None, or "
+                         "pass n_mid too")
+    return table, ("prorl", "middle", "brorl") if middle else HEADLINE_ARMS
+
+
+def check_arm_table(table: Mapping, arms: Sequence[str]) -> dict:
+    """``table`` restricted to ``arms`` (which must hold 'prorl' and 'brorl'), every N an integer >= 1 and every
+    prompts per step one too (None only for the BroRL and middle arms: derived in :func:`arm_configs`)."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"arm_table: got {type(table).__name__}; allowed: arm -> {{{', '.join(ARM_FIELDS)}}} "
+                         "(study.recipe.ARM_TABLE)")
+    missing = [a for a in (*HEADLINE_ARMS, *arms) if a not in table]
+    if missing or not set(HEADLINE_ARMS) <= set(arms):
+        raise ValueError(f"arms: got {list(arms)} of a table with {list(table)}; allowed: 'prorl', 'brorl' and "
+                         "optionally 'middle', each a row of arm_table")
+    out = {}
+    for arm in arms:
+        row = table[arm]
+        if not isinstance(row, Mapping) or set(row) - set(ARM_FIELDS):
+            raise ValueError(f"arm_table[{arm!r}]: got {row!r}; allowed: a dict of {', '.join(ARM_FIELDS)}")
+        check_int(f"arm_table[{arm!r}]['rollouts_per_prompt']", row.get("rollouts_per_prompt"), 1)
+        prompts = row.get("prompts_per_step")
+        if prompts is not None or arm == "prorl":
+            check_int(f"arm_table[{arm!r}]['prompts_per_step']", prompts, 1)
+        out[arm] = {"rollouts_per_prompt": row["rollouts_per_prompt"], "prompts_per_step": prompts}
+    return out
+
+
+def arm_configs(base: Config, arm_table: Optional[Mapping] = None, *, arms: Optional[Sequence[str]] = None,
+                samples_ratio: float = SAMPLES_RATIO, lr_scaling: str = "none", **legacy) -> dict[str, Config]:
     """The arms of BroRL's experiment from one base config, as ``{"prorl": cfg, "brorl": cfg}`` (and ``"middle"``
-    when ``n_mid`` is given), evaluated on one shared grid.
+    when ``arms`` names it, between them), evaluated on one shared grid.
 
-    ProRL arm: N = ``n_small`` with ``prompts_small`` prompts per step (BroRL: 16 x 512; here 16 x 64). BroRL arm:
-    N = ``n_large`` with ``prompts_large`` prompts per step, by default ``samples_ratio`` times the ProRL arm's
-    samples per step (BroRL: 512 x 128, 8x, prompts 4:1; here 512 x 16). Middle arm: N = ``n_mid`` x
-    ``prompts_mid`` (default: the geometric mean of the two arms' prompts, 64 x 32). All keep
+    Each arm's N (``rollouts_per_prompt``) and ``prompts_per_step`` are its row of ``arm_table`` (default the
+    recipe's :data:`~brorl_lab.study.recipe.ARM_TABLE`: ProRL N x 64 prompts, BroRL 8x its samples per step at a
+    quarter of its prompts; BroRL Sec. 5 ran 16 x 512 against 512 x 128, :data:`PAPER_ARMS`); ``arms`` picks the
+    rows (default ProRL and BroRL). A BroRL row without ``prompts_per_step`` gets ``samples_ratio`` times the ProRL
+    arm's samples per step; a middle row without it the geometric mean of the two arms' prompts. All keep
     ``base.optimizer_steps_per_step`` and, with ``lr_scaling="none"`` (our default: under Adam the sqrt rule in
     samples made the tiny model's BroRL arm collapse), ``base.lr``; ``"sqrt_samples"`` / ``"sqrt_prompts"`` scale
-    the BroRL arm's lr by BroRL's rule, with the ProRL arm as the reference point.
+    the BroRL arm's lr by BroRL's rule, with the ProRL arm as the reference point. The old keywords
+    (:data:`LEGACY_ARM_OPTIONS`: ``n_small``, ...) are read as a table (:func:`legacy_arm_table`).
 
     Budget and the shared grid: ``base.steps`` counts BroRL-arm steps, ``base.eval_every`` the BroRL-arm steps
     between grid points (grid G = e, 2e, ..., and the last step). An arm with r times fewer samples per step
@@ -62,53 +119,63 @@ def arm_configs(base: Config, *, n_small: int = _PRORL["rollouts_per_prompt"],  
     """
     if not isinstance(base, Config):
         raise ValueError(f"base: got {type(base).__name__}; allowed: a brorl_lab.Config")
-    for name, v in (("n_small", n_small), ("n_large", n_large), ("prompts_small", prompts_small)):
-        check_int(name, v, 1)
-    if n_large <= n_small:
-        raise ValueError(f"n_large: got {n_large} with n_small={n_small}; allowed: an integer > n_small")
-    small = n_small * prompts_small
-    if prompts_large is None:
-        if not is_number(samples_ratio) or not samples_ratio > 0:
-            raise ValueError(f"samples_ratio: got {samples_ratio!r}; allowed: a number > 0")
-        exact = Fraction(samples_ratio).limit_denominator(1000) * small / n_large
-        if exact.denominator != 1 or exact < 1:
-            raise ValueError(f"prompts_large: samples_ratio={samples_ratio} gives {float(exact):g} prompts per step "
-                             f"for N={n_large} (ProRL arm: {prompts_small} x {n_small}); allowed: pass prompts_large "
-                             "explicitly or a ratio that makes it a whole number >= 1")
-        prompts_large = int(exact)
-    elif not is_int(prompts_large) or prompts_large < 1:
-        raise ValueError(f"prompts_large: got {prompts_large!r}; allowed: None or an integer >= 1")
+    if legacy:
+        if arm_table is not None or arms is not None:
+            raise ValueError(f"{next(iter(legacy))}: an old arm option beside arm_table / arms; allowed: one or the "
+                             "other")
+        arm_table, arms = legacy_arm_table(**legacy)
+    shapes = check_arm_table(ARM_TABLE if arm_table is None else arm_table, HEADLINE_ARMS if arms is None else arms)
     if lr_scaling not in LR_SCALINGS:
         raise ValueError(f"lr_scaling: got {lr_scaling!r}; allowed: {', '.join(LR_SCALINGS)}")
-    shapes = {"prorl": (n_small, prompts_small)}
-    if n_mid is not None:
-        check_int("n_mid", n_mid, n_small + 1)
-        if n_mid >= n_large:
-            raise ValueError(f"n_mid: got {n_mid}; allowed: an integer between n_small={n_small} and n_large={n_large}")
-        if prompts_mid is None:
-            prompts_mid = round(math.sqrt(prompts_small * prompts_large))
-        check_int("prompts_mid", prompts_mid, 1)
-        shapes["middle"] = (n_mid, prompts_mid)
-    elif prompts_mid is not None:
-        raise ValueError(f"prompts_mid: got {prompts_mid!r} without n_mid; allowed: None, or pass n_mid too")
-    large = n_large * prompts_large
+    _fill_prompts(shapes, samples_ratio)
+    pro, bro = shapes["prorl"], shapes["brorl"]
+    small = pro["rollouts_per_prompt"] * pro["prompts_per_step"]
+    large = bro["rollouts_per_prompt"] * bro["prompts_per_step"]
     grid = shared_grid(base.steps, base.eval_every)
-    common = dict(lr_reference_samples=small, lr_reference_prompts=prompts_small, reset_every=0,
+    common = dict(lr_reference_samples=small, lr_reference_prompts=pro["prompts_per_step"], reset_every=0,
                   reset_every_samples=0, eval_every=0)
-    arms = {}
-    for arm, (n, prompts) in shapes.items():
+    out = {}
+    for arm in [a for a in ("prorl", "middle") if a in shapes]:
+        n, prompts = shapes[arm]["rollouts_per_prompt"], shapes[arm]["prompts_per_step"]
         r = Fraction(large, n * prompts)
         if r.denominator != 1:
-            raise ValueError(f"prompts_{'small' if arm == 'prorl' else 'mid'}: the {arm} arm's {n} x {prompts} = "
+            raise ValueError(f"arm_table[{arm!r}]['prompts_per_step']: the {arm} arm's {n} x {prompts} = "
                              f"{n * prompts} samples per step does not divide the BroRL arm's {large}; allowed: "
                              "shapes whose samples per step divide the BroRL arm's (the shared grid needs whole steps)")
         r = int(r)
-        arms[arm] = base.replace(**common, lr_scaling="none", rollouts_per_prompt=n, prompts_per_step=prompts,
-                                 steps=base.steps * r, eval_at_steps=sorted({r * g for g in grid} | set(grid)),
-                                 checkpoint_every=base.checkpoint_every * r, run_name=arm)
-    arms["brorl"] = base.replace(**common, lr_scaling=lr_scaling, rollouts_per_prompt=n_large,
-                                 prompts_per_step=prompts_large, eval_at_steps=grid, run_name="brorl")
-    return arms
+        out[arm] = base.replace(**common, lr_scaling="none", rollouts_per_prompt=n, prompts_per_step=prompts,
+                                steps=base.steps * r, eval_at_steps=sorted({r * g for g in grid} | set(grid)),
+                                checkpoint_every=base.checkpoint_every * r, run_name=arm)
+    out["brorl"] = base.replace(**common, lr_scaling=lr_scaling, **bro, eval_at_steps=grid, run_name="brorl")
+    return out
+
+
+def _fill_prompts(shapes: dict, samples_ratio: float) -> None:
+    """Check the arms' N are in order (ProRL < middle < BroRL) and fill a BroRL row's missing prompts per step
+    (``samples_ratio`` times the ProRL arm's samples per step) and a middle row's (the geometric mean), in place."""
+    pro, bro = shapes["prorl"], shapes["brorl"]
+    if bro["rollouts_per_prompt"] <= pro["rollouts_per_prompt"]:
+        raise ValueError(f"arm_table['brorl']['rollouts_per_prompt']: got {bro['rollouts_per_prompt']} with the ProRL "
+                         f"arm's {pro['rollouts_per_prompt']}; allowed: a larger N than the ProRL arm's")
+    if bro["prompts_per_step"] is None:
+        if not is_number(samples_ratio) or not samples_ratio > 0:
+            raise ValueError(f"samples_ratio: got {samples_ratio!r}; allowed: a number > 0")
+        small = pro["rollouts_per_prompt"] * pro["prompts_per_step"]
+        exact = Fraction(samples_ratio).limit_denominator(1000) * small / bro["rollouts_per_prompt"]
+        if exact.denominator != 1 or exact < 1:
+            raise ValueError(f"arm_table['brorl']['prompts_per_step']: samples_ratio={samples_ratio} gives "
+                             f"{float(exact):g} prompts per step for N={bro['rollouts_per_prompt']} (ProRL arm: "
+                             f"{pro['prompts_per_step']} x {pro['rollouts_per_prompt']}); allowed: give it "
+                             "explicitly or a ratio that makes it a whole number >= 1")
+        bro["prompts_per_step"] = int(exact)
+    if "middle" in shapes:
+        mid = shapes["middle"]
+        if not pro["rollouts_per_prompt"] < mid["rollouts_per_prompt"] < bro["rollouts_per_prompt"]:
+            raise ValueError(f"arm_table['middle']['rollouts_per_prompt']: got {mid['rollouts_per_prompt']}; allowed: "
+                             f"an integer between the ProRL arm's {pro['rollouts_per_prompt']} and the BroRL arm's "
+                             f"{bro['rollouts_per_prompt']}")
+        if mid["prompts_per_step"] is None:
+            mid["prompts_per_step"] = round(math.sqrt(pro["prompts_per_step"] * bro["prompts_per_step"]))
 
 
 def shared_grid(steps: int, every: int) -> list[int]:
@@ -116,10 +183,6 @@ def shared_grid(steps: int, every: int) -> list[int]:
     check_int("steps", steps, 1)
     check_int("eval_every", every, 1)
     return sorted(set(range(every, steps + 1, every)) | {steps})
-
-
-PAPER_ARMS = {"prorl": dict(rollouts_per_prompt=16, prompts_per_step=512), "brorl": dict(rollouts_per_prompt=512,
-                                                                                    prompts_per_step=128)}
 
 
 def arms_table(arms: dict[str, Config]) -> pd.DataFrame:
@@ -170,12 +233,12 @@ def run_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str 
                         progress: bool = True, middle_seeds: Optional[Iterable[int]] = None,
                         jobs: int = 1, ray: Optional[str] = None, threads: Optional[int] = None,
                         **arm_options) -> pd.DataFrame:
-    """Run both arms of :func:`arm_configs` (``arm_options``: n_small, n_large, prompts_small, ...) for each seed from
+    """Run both arms of :func:`arm_configs` (``arm_options``: arm_table, arms, samples_ratio, lr_scaling) for each seed from
     ``base.model``, in run directories ``root/<arm>_s<seed>``; returns one long DataFrame of every metrics row with
     columns ``arm``, ``seed``, ``rollouts_per_prompt``, ``prompts_per_step``, ``cum_trained_samples`` and
     ``cum_updates`` (optimizer updates) added.
 
-    The headline arms (ProRL, BroRL) come first for every seed, then the middle arm (``n_mid``) for
+    The headline arms (ProRL, BroRL) come first for every seed, then the middle arm (when ``arms`` names it) for
     ``middle_seeds`` (default: ``seeds``), so a run cut short has the headline comparison complete first.
 
     The runs are independent jobs (:func:`run_plans`): ``jobs`` at a time on this machine (default 1: one after
@@ -198,9 +261,10 @@ def plan_rollout_scaling(base: Config, *, seeds: Iterable[int] = (0,), root: str
 
 
 def plan_arms(arms: Mapping[str, Config], *, seeds: Iterable[int], root: str | Path,
-              middle_seeds: Optional[Iterable[int]] = None) -> list[tuple[str, int, Config]]:
+              middle_seeds: Optional[Iterable[int]] = None, prefix: str = "") -> list[tuple[str, int, Config]]:
     """The runs of ``arms`` ({arm: Config}, e.g. :func:`arm_configs`) in order, as ``(arm, seed, config)`` with the
-    config in ``root/<arm>_s<seed>``: the headline arms for every seed first, then the middle arm for
+    config in ``root/<prefix><arm>_s<seed>`` (``prefix``: several studies' runs side by side in one root, as the
+    regime map's settings): the headline arms for every seed first, then the middle arm for
     ``middle_seeds`` (default ``seeds``), so a run cut short has the headline comparison complete first. Every
     name is checked before any arm runs."""
     from brorl_lab.rl.spec import check  # imports torch: only when arms run
@@ -212,7 +276,7 @@ def plan_arms(arms: Mapping[str, Config], *, seeds: Iterable[int], root: str | P
     order = [(arm, seed) for seed in seeds for arm in arms if arm != "middle"]
     order += [("middle", seed) for seed in middle_seeds if "middle" in arms]
     root = Path(root).resolve()  # absolute: worker processes and Ray nodes do not share this working directory
-    return [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{arm}_s{seed}")))
+    return [(arm, seed, check(arms[arm].replace(seed=seed, run_dir=str(root), run_name=f"{prefix}{arm}_s{seed}")))
             for arm, seed in order]
 
 

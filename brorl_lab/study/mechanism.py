@@ -8,8 +8,8 @@ probability
 
 so the expected dynamic-sampling pass rate at N is the mean of s_N(p) over the training distribution (BroRL Table 2:
 41% at N = 16, 62% at N = 512; s_N and *rare success* are defined once, in :mod:`brorl_lab.study.rare`). This
-module measures it per prompt instead of assuming p: it draws ``n_draws`` (512) samples of each prompt once, counts
-the correct ones (K of 512), and reads both sizes off the same draws:
+module measures it per prompt instead of assuming p: it draws :data:`~brorl_lab.study.rare.DRAWS` (the BroRL arm's N,
+512) samples of each prompt once, counts the correct ones (K of 512), and reads both sizes off the same draws:
 
     signal at N = 512   = 1[0 < K < 512]                               (the one group of 512)
     signal at N = 16    = share of the 32 disjoint groups of 16 with 0 < k < 16
@@ -46,22 +46,34 @@ from brorl_lab.rl.spec import resolve
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import TaskItem
 from brorl_lab.study.compare import ARM_COLORS
-from brorl_lab.study.rare import rare_failure, rare_success, s_n
+from brorl_lab.study.rare import DRAWS, ONLY_LARGE, RARE_SUCCESS_MAX_P, rare_failure, rare_success, s_n
+from brorl_lab.study.recipe import ARM_TABLE
 
-REACH = ("both", "only N=512", "neither")  # display order of the reach classes
+SMALL_N = ARM_TABLE["prorl"]["rollouts_per_prompt"]  # the ProRL arm's N: the groups the draws are cut into
+REACH = ("both", ONLY_LARGE, "neither")  # display order of the reach classes
+#: Old keyword names of prompt_pass_rates (study.paid, study.runner still pass them) -> the names it takes.
+LEGACY_NAMES = {"n_draws": "draws", "n_small": "rollouts_per_prompt"}
 
 
 def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskItem], cfg: Config, *,
-                      n_draws: int = 512, n_small: int = 16, seed: int = 0, chunk_prompts: int = 8) -> pd.DataFrame:
-    """Draw ``n_draws`` samples of each item with the training sampler (``cfg.temperature``, ``top_p``,
+                      draws: int = DRAWS, rollouts_per_prompt: int = SMALL_N, seed: int = 0, chunk_prompts: int = 8,
+                      **legacy) -> pd.DataFrame:
+    """Draw ``draws`` samples of each item with the training sampler (``cfg.temperature``, ``top_p``,
     ``max_new_tokens``; ``template`` and the user-named tasks' configs through :func:`brorl_lab.rl.spec.resolve`,
-    so ``template='auto'`` means the tokenizer's) and return one row per item: family, uid, correct (K), p = K / n_draws,
-    ``signal_small`` (share of the n_draws / n_small disjoint groups of ``n_small`` that are informative),
-    ``signal_large`` (whether the whole group of n_draws is informative) and ``reach`` (module docstring)."""
-    check_int("n_draws", n_draws, 2)
-    check_int("n_small", n_small, 1)
-    if n_draws % n_small:
-        raise ValueError(f"n_small: got {n_small} for n_draws={n_draws}; allowed: a divisor of n_draws")
+    so ``template='auto'`` means the tokenizer's) and return one row per item: family, uid, correct (K),
+    p = K / draws, ``signal_small`` (share of the draws / rollouts_per_prompt disjoint groups of
+    ``rollouts_per_prompt``, the ProRL arm's N, that are informative), ``signal_large`` (whether the whole draw, one
+    group of ``draws``, is informative) and ``reach`` (module docstring). :data:`LEGACY_NAMES` are read as theirs."""
+    bad = sorted(set(legacy) - set(LEGACY_NAMES))
+    if bad:
+        raise TypeError(f"prompt_pass_rates() got an unexpected keyword argument {bad[0]!r}")
+    named = {LEGACY_NAMES[k]: v for k, v in legacy.items()}
+    draws, rollouts_per_prompt = named.get("draws", draws), named.get("rollouts_per_prompt", rollouts_per_prompt)
+    check_int("draws", draws, 2)
+    check_int("rollouts_per_prompt", rollouts_per_prompt, 1)
+    if draws % rollouts_per_prompt:
+        raise ValueError(f"rollouts_per_prompt: got {rollouts_per_prompt} for draws={draws}; allowed: a divisor of "
+                         "draws")
     if not items:
         raise ValueError("items: got no items; allowed: a non-empty list of TaskItem (steps.sample_prompts)")
     spec = resolve(cfg, tokenizer=tokenizer)
@@ -72,15 +84,15 @@ def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskIt
             chunk = list(items[start:start + chunk_prompts])
             sampling = RolloutSampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                       seed=seed + start)
-            batch = S.score(S.rollout(engine, chunk, n_draws, sampling, template=spec.template, tokenizer=tokenizer,
+            batch = S.score(S.rollout(engine, chunk, draws, sampling, template=spec.template, tokenizer=tokenizer,
                                       task_families=spec.families), template=spec.template, task_families=spec.families)
-            correct = batch.grouped(batch.correct).to(torch.int64)  # [P, n_draws]
-            k_small = correct.view(len(chunk), -1, n_small).sum(-1)  # [P, n_draws / n_small] correct per small group
-            informative_small = ((k_small > 0) & (k_small < n_small)).double().mean(1)  # [P]
+            correct = batch.grouped(batch.correct).to(torch.int64)  # [P, draws]
+            k_small = correct.view(len(chunk), -1, rollouts_per_prompt).sum(-1)  # [P, draws / N] correct per group
+            informative_small = ((k_small > 0) & (k_small < rollouts_per_prompt)).double().mean(1)  # [P]
             k = correct.sum(1)  # [P]
             for item, kk, sig in zip(chunk, k.tolist(), informative_small.tolist()):
-                rows.append({"family": item.family, "uid": item.uid, "correct": kk, "p": kk / n_draws,
-                             "signal_small": sig, "signal_large": 0 < kk < n_draws})
+                rows.append({"family": item.family, "uid": item.uid, "correct": kk, "p": kk / draws,
+                             "signal_small": sig, "signal_large": 0 < kk < draws})
     finally:
         engine.close()
     df = pd.DataFrame(rows)
@@ -89,10 +101,10 @@ def prompt_pass_rates(policy: torch.nn.Module, tokenizer, items: Sequence[TaskIt
 
 
 def reach_class(signal_small: float, signal_large: bool) -> str:
-    """The reach class of one prompt (module docstring): 'both', 'only N=512' or 'neither'."""
+    """The reach class of one prompt (module docstring): 'both', :data:`ONLY_LARGE` or 'neither'."""
     if signal_small >= 0.5:
         return "both"
-    return "only N=512" if signal_large else "neither"
+    return ONLY_LARGE if signal_large else "neither"
 
 
 def reach_summary(rates: pd.DataFrame) -> pd.DataFrame:
@@ -115,7 +127,7 @@ def reach_summary(rates: pd.DataFrame) -> pd.DataFrame:
 
 # Edges of the per-prompt pass-rate histogram at a branch point: p = 0 and p = 1 are bins of their own (no signal at
 # any N), (0, 1/16] is the reach gate's rare-success band (an N=16 group is all-wrong with probability >= 0.36).
-P_EDGES = (0.0, 1 / 64, 1 / 16, 1 / 4, 1 / 2, 3 / 4, 1.0)
+P_EDGES = (0.0, 1 / 64, RARE_SUCCESS_MAX_P, 1 / 4, 1 / 2, 3 / 4, 1.0)
 
 
 def p_histogram(rates: pd.DataFrame, edges: Sequence[float] = P_EDGES) -> pd.DataFrame:
@@ -141,7 +153,7 @@ def p_histogram(rates: pd.DataFrame, edges: Sequence[float] = P_EDGES) -> pd.Dat
 def reach_change(before: pd.DataFrame, after: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """Mean change of each prompt's pass rate p from ``before`` (the branch point) to ``after[arm]`` (the same
     prompts under each arm's final policy), per reach class of the *branch point*, with the prompt count. A
-    mechanism that works as BroRL says shows the BroRL arm gaining most on the 'only N=512' class."""
+    mechanism that works as BroRL says shows the BroRL arm gaining most on the :data:`ONLY_LARGE` class."""
     _check_rates(before, "before")
     if not isinstance(after, Mapping) or not after:
         raise ValueError("after: got nothing; allowed: a mapping arm -> prompt_pass_rates of the same items")
@@ -165,10 +177,11 @@ def _check_rates(df, name: str) -> None:
         raise ValueError(f"{name}: allowed: the DataFrame prompt_pass_rates returns (columns {sorted(need)})")
 
 
-def reach_figure(rates: pd.DataFrame, change: Optional[pd.DataFrame] = None, *, n_small: int = 16,
-                 n_large: int = 512, title: str = "Which training prompts carry a signal at each N") -> go.Figure:
+def reach_figure(rates: pd.DataFrame, change: Optional[pd.DataFrame] = None, *, arm_table: Mapping = ARM_TABLE,
+                 title: str = "Which training prompts carry a signal at each N") -> go.Figure:
     """Left: per-prompt pass rate p at the branch point (:func:`prompt_pass_rates`) as a
-    histogram coloured by reach class, with the curves s_N(p) = 1 - p^N - (1-p)^N for both N on a second axis.
+    histogram coloured by reach class, with the curves s_N(p) = 1 - p^N - (1-p)^N at the ProRL and the BroRL arm's
+    N (``arm_table``'s ``rollouts_per_prompt``) on a second axis.
     Right (with ``change`` from :func:`reach_change`): each arm's mean change of p per
     reach class."""
     if rates.empty:
@@ -182,11 +195,12 @@ def reach_figure(rates: pd.DataFrame, change: Optional[pd.DataFrame] = None, *, 
                                    x=rates.loc[rates["reach"] == r, "p"], xbins=dict(start=0, end=1.0001, size=0.05),
                                    marker_color=PALETTE[i % len(PALETTE)], opacity=0.8), row=1, col=1)
     p = np.linspace(0, 1, 201)
-    for n, dash in ((n_small, "dash"), (n_large, "dot")):
+    for n, dash in ((arm_table["prorl"]["rollouts_per_prompt"], "dash"), (arm_table["brorl"]["rollouts_per_prompt"],
+                                                                          "dot")):
         fig.add_trace(go.Scatter(name=f"P(group of N={n} informative)", x=p, y=s_n(p, n),
                                  mode="lines", line=dict(color="black", dash=dash)), row=1, col=1, secondary_y=True)
     fig.update_layout(barmode="group")  # histograms side by side per bin; the arms' bars side by side per class
-    fig.update_xaxes(title_text="p (share of 512 draws correct)", row=1, col=1)
+    fig.update_xaxes(title_text=f"p (share of {DRAWS} draws correct)", row=1, col=1)
     fig.update_yaxes(title_text="prompts", row=1, col=1)
     fig.update_yaxes(title_text="informative probability", range=[0, 1.05], row=1, col=1, secondary_y=True)
     if cols == 2:

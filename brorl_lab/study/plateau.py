@@ -23,7 +23,7 @@ from brorl_lab.core.paths import DEFAULT_MODEL_DIR, PLATEAU_MODEL_DIR, RUNS_DIR,
 from brorl_lab.core.rundir import eval_key
 from brorl_lab.core.validation import UserError, check_int, is_finite_number, is_int
 from brorl_lab.lab.analysis import MEAN, PASS1
-from brorl_lab.study.rare import RARE_SUCCESS_MAX_P
+from brorl_lab.study.rare import DRAWS, RARE_SUCCESS_MAX_P
 from brorl_lab.study.recipe import (
     IGNORED_FIELDS,
     MODEL_ALIASES,
@@ -148,7 +148,7 @@ def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
 # The reach gate (issue 25): the branch point must sit in the regime BroRL is about. Measured on GATE_PROMPTS training
 # prompts (drawn as training draws them, seed GATE_SEED) x GATE_DRAWS samples at the training sampler.
 GATE = dict(min_share=0.30, max_p=RARE_SUCCESS_MAX_P)
-GATE_PROMPTS, GATE_DRAWS, GATE_SEED = 128, 512, 12345
+GATE_PROMPTS, GATE_DRAWS, GATE_SEED = 128, DRAWS, 12345  # DRAWS: study.rare's (the BroRL arm's N)
 
 
 def reach_gate(rates: pd.DataFrame, *, min_share: float = 0.30, max_p: float = RARE_SUCCESS_MAX_P) -> dict:
@@ -165,29 +165,30 @@ def reach_gate(rates: pd.DataFrame, *, min_share: float = 0.30, max_p: float = R
     return dict(prompts=len(rates), share=share, passed=share >= min_share, min_share=min_share, max_p=max_p)
 
 
-def measure_reach(policy, tokenizer, cfg: Config, *, prompts: int = GATE_PROMPTS, n_draws: int = GATE_DRAWS,
+def measure_reach(policy, tokenizer, cfg: Config, *, prompts: int = GATE_PROMPTS, draws: int = GATE_DRAWS,
                   seed: int = GATE_SEED) -> pd.DataFrame:
     """Per-prompt pass rates of ``prompts`` training prompts of ``cfg.tasks`` (mixed as training mixes them) under
-    ``policy``, ``n_draws`` samples each at the training sampler (:func:`~brorl_lab.study.mechanism.prompt_pass_rates`)."""
+    ``policy``, ``draws`` samples each at the training sampler (:func:`~brorl_lab.study.mechanism.prompt_pass_rates`)."""
     from brorl_lab.rl.steps import sample_prompts
     from brorl_lab.study.mechanism import prompt_pass_rates
 
     check_int("prompts", prompts, 1)
     items = sample_prompts(cfg.tasks, prompts, seed=seed)
-    return prompt_pass_rates(policy, tokenizer, items, cfg, n_draws=n_draws, chunk_prompts=16)
+    return prompt_pass_rates(policy, tokenizer, items, cfg, draws=draws,
+                             chunk_prompts=16)  # not an N: prompts per sampling chunk (it seeds the draws)
 
 
-def reach_table(model: str, families: Sequence[str], *, prompts: int = GATE_PROMPTS, n_draws: int = GATE_DRAWS,
+def reach_table(model: str, families: Sequence[str], *, prompts: int = GATE_PROMPTS, draws: int = GATE_DRAWS,
                 max_p: float = GATE["max_p"]) -> pd.DataFrame:
     """Where ``model`` stands on each family's training prompts: :func:`brorl_lab.study.mechanism.reach_summary` of
-    ``prompts`` prompts per family (each family measured alone, as :func:`measure_reach` draws them) x ``n_draws``
+    ``prompts`` prompts per family (each family measured alone, as :func:`measure_reach` draws them) x ``draws``
     samples at the plateau recipe's sampler, with the gate's share (``share 0<p<=max_p``) added. What chose the
     plateau's family (``python -m brorl_lab reach``)."""
-    return reach_table_of(reach_rates(model, families, prompts=prompts, n_draws=n_draws), max_p=max_p)
+    return reach_table_of(reach_rates(model, families, prompts=prompts, draws=draws), max_p=max_p)
 
 
 def reach_rates(model: str, families: Sequence[str], *, prompts: int = GATE_PROMPTS,
-                n_draws: int = GATE_DRAWS) -> pd.DataFrame:
+                draws: int = GATE_DRAWS) -> pd.DataFrame:
     """The per-prompt pass rates under ``model`` (:func:`~brorl_lab.study.mechanism.prompt_pass_rates`) of
     ``prompts`` training prompts per family, each family measured alone (as :func:`measure_reach` draws them)."""
     from brorl_lab.core.models import load_policy
@@ -202,12 +203,12 @@ def reach_rates(model: str, families: Sequence[str], *, prompts: int = GATE_PROM
             raise UserError(f"families: {e}") from None
     cfgs = [plateau_config(model=model, tasks=[fam]) for fam in families]
     policy, tok = load_policy(resolve_experiment_model(model))
-    return pd.concat([measure_reach(policy, tok, cfg, prompts=prompts, n_draws=n_draws) for cfg in cfgs],
+    return pd.concat([measure_reach(policy, tok, cfg, prompts=prompts, draws=draws) for cfg in cfgs],
                      ignore_index=True)
 
 
 def save_reach(out: str | Path, model: str, rates: pd.DataFrame, *, command: Optional[str] = None,
-               n_draws: int = GATE_DRAWS) -> dict:
+               draws: int = GATE_DRAWS) -> dict:
     """Write where ``model`` stands (its per-prompt ``rates``) into ``out``: branch_rates.csv (every prompt) and
     reach.json (command, model and its weights' sha256, draws, the reach table and the per-prompt p histogram);
     returns the JSON's dict. The record of a branch point that is not a plateau run's (e.g. the takeoff base)."""
@@ -219,7 +220,7 @@ def save_reach(out: str | Path, model: str, rates: pd.DataFrame, *, command: Opt
     weights = path / "model.safetensors"
     meta = {"command": command, "model": repo_relative(path) if path.exists() else model,
             "model_sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None,
-            "draws": n_draws, "seed": GATE_SEED, "prompts": len(rates),
+            "draws": draws, "seed": GATE_SEED, "prompts": len(rates),
             "reach": reach_table_of(rates).to_dict(orient="records"),
             "p_histogram": p_histogram(rates).to_dict(orient="records")}
     rates.to_csv(out / BRANCH_RATES, index=False)
@@ -294,7 +295,7 @@ def train_plateau(cfg: Optional[Config] = None, *, out: str | Path | None = PLAT
         res = PlateauResult(curve, trainer.step_idx, plateaued, None, trainer.run_dir.path,
                             {**numbers, "metric": f"eval/{MEAN}/{PASS1}"})
         if gate_prompts:
-            rates = measure_reach(trainer.policy, trainer.tokenizer, cfg, prompts=gate_prompts, n_draws=gate_draws)
+            rates = measure_reach(trainer.policy, trainer.tokenizer, cfg, prompts=gate_prompts, draws=gate_draws)
             res.gate = {**reach_gate(rates, **gate), "draws": gate_draws, "seed": GATE_SEED}
             res.reach, res.rates = reach_summary(rates), rates
         res.wall_s = time.perf_counter() - t0

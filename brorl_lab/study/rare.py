@@ -25,8 +25,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-RARE_SUCCESS_MAX_P = 1 / 16  # 1/N at the ProRL arm's N = 16 (module docstring)
+from brorl_lab.study.recipe import ARM_TABLE
+
+RARE_SUCCESS_MAX_P = 1 / ARM_TABLE["prorl"]["rollouts_per_prompt"]  # 1/N at the ProRL arm's N = 16 (module docstring)
 RARE_FAILURE_MIN_P = 1 - RARE_SUCCESS_MAX_P  # the mirror case: near-solved prompts, 15/16 <= p < 1
+#: Samples drawn per prompt to measure its pass rate p (study.mechanism.prompt_pass_rates): the BroRL arm's N, so
+#: the whole draw is one BroRL group and its groups of the ProRL arm's N are ProRL groups.
+DRAWS = ARM_TABLE["brorl"]["rollouts_per_prompt"]
+ONLY_LARGE = f"only N={DRAWS}"  # the reach class a ProRL group mostly misses and a BroRL group keeps
 
 
 def _rates(p, name: str = "p") -> np.ndarray:

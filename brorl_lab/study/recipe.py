@@ -58,6 +58,9 @@ FLAGSHIP_RECIPE = "prorl_v2"  # the branch's default; "prorl_v1" is one knob awa
 ARM_TABLE = {"prorl": dict(rollouts_per_prompt=16, prompts_per_step=64),
              "brorl": dict(rollouts_per_prompt=512, prompts_per_step=16),
              "middle": dict(rollouts_per_prompt=64, prompts_per_step=32)}
+#: BroRL Sec. 5's own arms (the paper's constants, shown beside ours by study.arms.arms_table).
+PAPER_ARMS = {"prorl": dict(rollouts_per_prompt=16, prompts_per_step=512),
+              "brorl": dict(rollouts_per_prompt=512, prompts_per_step=128)}
 
 
 def arm_options(table: dict, middle: bool) -> dict:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -55,20 +56,25 @@ import numpy as np
 import pandas as pd
 
 from brorl_lab.lab.stats import seeds_for_power, t_interval, t_quantile
+from brorl_lab.study.arms import SAMPLES_RATIO
 from brorl_lab.study.compare import COLLAPSE, collapse_flags
-from brorl_lab.study.rare import informative_share, rare_failure, rare_success
+from brorl_lab.study.rare import DRAWS, ONLY_LARGE, RARE_SUCCESS_MAX_P, informative_share, rare_failure, rare_success
+from brorl_lab.study.recipe import ARM_TABLE, FLAGSHIP_RECIPE
 
 METRIC = "eval/mean/pass@1"
-RHO_RULE = 8.0  # the update ratio at equal samples: BroRL's 512 x 16 against ProRL's 16 x 64 per step
+#: The map's two arms: the recipe's table (each arm's N = rollouts_per_prompt and prompts_per_step).
+REGIME_ARMS = {arm: dict(ARM_TABLE[arm]) for arm in ("prorl", "brorl")}
+RHO_RULE = float(SAMPLES_RATIO)  # the update ratio at equal samples: BroRL's samples per step over ProRL's (8)
 PAYS_MIN = 0.01  # 1 point of held-out mean pass@1: the smallest gap that counts as "broadening pays"
 VERDICTS = ("supported", "refuted", "unresolved", "not tested")
-AXES = {"rho": "branch-point rho = E[s_512] / E[s_16]",
+_N = {arm: row["rollouts_per_prompt"] for arm, row in REGIME_ARMS.items()}
+AXES = {"rho": f"branch-point rho = E[s_{_N['brorl']}] / E[s_{_N['prorl']}]",
         "rho_run": "in-run rho = measured DS pass rate, BroRL / ProRL"}
 # The constructed settings' bands of the measured p at the branch point: a prompt is in (lo, hi] when
 # lo < p <= hi and p < 1 (a prompt solved in every draw gives no arm a signal). Branch-point rho of a band's prompts
 # runs from ~1 (p > 1/4: s_16 and s_512 both near 1) to past 8 (p <= 1/64: s_16 ~ 16p, s_512 ~ 1 - e^(-512p)).
-P_BANDS = {"(0,1/64]": (0.0, 1 / 64), "(1/64,1/16]": (1 / 64, 1 / 16), "(1/16,1/4]": (1 / 16, 1 / 4),
-           "(1/4,1)": (1 / 4, 1.0)}
+P_BANDS = {"(0,1/64]": (0.0, 1 / 64), "(1/64,1/16]": (1 / 64, RARE_SUCCESS_MAX_P),
+           "(1/16,1/4]": (RARE_SUCCESS_MAX_P, 1 / 4), "(1/4,1)": (1 / 4, 1.0)}
 BROADENING_RULE = (
     f"Broadening pays above rho* = {RHO_RULE:g} (on each axis: branch-point rho and in-run rho). Refuted iff a "
     f"setting with rho >= {RHO_RULE:g} has a 95% gap interval (BroRL - ProRL, held-out mean pass@1 at equal samples, "
@@ -78,16 +84,17 @@ BROADENING_RULE = (
     "log2 rho. Unresolved otherwise. The crossover rho* is reported only when every fit resolves it.")
 
 
-def branch_point_row(rates: pd.DataFrame, *, n_small: int = 16, n_large: int = 512) -> dict:
+def branch_point_row(rates: pd.DataFrame, *, arm_table: Mapping = REGIME_ARMS) -> dict:
     """What the branch point predicts for one setting, from its :func:`prompt_pass_rates` table: prompts, the
-    share of rare-success and rare-failure prompts (:mod:`brorl_lab.study.rare`), the 'only N=512' share,
-    E[s_16], E[s_512] and their ratio rho."""
+    share of rare-success and rare-failure prompts (:mod:`brorl_lab.study.rare`), the :data:`ONLY_LARGE` share,
+    E[s_N] at the ProRL and the BroRL arm's N (``arm_table``; columns ``E_s<N>``) and their ratio rho."""
     p = rates["p"].to_numpy(float)
-    small, large = informative_share(p, n_small), informative_share(p, n_large)
+    n_pro, n_bro = (arm_table[a]["rollouts_per_prompt"] for a in ("prorl", "brorl"))
+    small, large = informative_share(p, n_pro), informative_share(p, n_bro)
     return {"prompts": int(p.size), "mean_p": float(p.mean()), "rare_success": float(rare_success(p).mean()),
             "rare_failure": float(rare_failure(p).mean()),
-            "only_large": float((rates["reach"] == "only N=512").mean()),
-            f"E_s{n_small}": small, f"E_s{n_large}": large, "rho": large / small if small > 0 else float("inf")}
+            "only_large": float((rates["reach"] == ONLY_LARGE).mean()),
+            f"E_s{n_pro}": small, f"E_s{n_bro}": large, "rho": large / small if small > 0 else float("inf")}
 
 
 # ---- constructed settings: prompts filtered by their measured p -----------------------------------------------------
@@ -131,8 +138,8 @@ def in_band(p: Sequence[float], band) -> np.ndarray:
     return (p > lo) & (p <= hi) & (p < 1)
 
 
-def draw_pool(policy, tokenizer, cfg, band, *, candidates: int, draws: int = 512, seed: int = 0,
-              split: str = "train", n_small: int = 16):
+def draw_pool(policy, tokenizer, cfg, band, *, candidates: int, draws: int = DRAWS, seed: int = 0,
+              split: str = "train", rollouts_per_prompt: int = _N["prorl"]):
     """``candidates`` prompts of ``cfg.tasks`` (``split``), each drawn ``draws`` times at the branch point
     (:func:`brorl_lab.study.mechanism.prompt_pass_rates`), kept when their measured p is in ``band``. Returns
     (kept items, the rates of every candidate with an ``in_band`` column)."""
@@ -140,7 +147,8 @@ def draw_pool(policy, tokenizer, cfg, band, *, candidates: int, draws: int = 512
     from brorl_lab.study.mechanism import prompt_pass_rates
 
     items = sample_prompts(cfg.tasks, candidates, seed=seed, split=split)
-    rates = prompt_pass_rates(policy, tokenizer, items, cfg, n_draws=draws, n_small=n_small, seed=seed)
+    rates = prompt_pass_rates(policy, tokenizer, items, cfg, draws=draws, rollouts_per_prompt=rollouts_per_prompt,
+                              seed=seed)
     keep = in_band(rates["p"], band)
     return [it for it, k in zip(items, keep) if k], rates.assign(in_band=keep)
 
@@ -394,6 +402,25 @@ def broadening_pays(table: pd.DataFrame, axis: str = "rho", *, rule: float = RHO
             "fits": fits.to_dict(orient="records"), "crossover": cross}
 
 
+def regime_reading(table: pd.DataFrame) -> dict:
+    """The map's ONE reading (named in its declaration, :meth:`RegimeMap.declaration`): :data:`BROADENING_RULE`
+    (:func:`broadening_pays`) on each axis of :data:`AXES`, from a :func:`setting_table`. ``{axis: reading}``."""
+    return {axis: broadening_pays(table, axis) for axis in AXES}
+
+
+def reading_line(readings: Mapping[str, dict]) -> str:
+    """The reading in one line: each axis's verdict."""
+    return "; ".join(f"on {r['axis_label']}: {r['verdict'].upper()}" for r in readings.values())
+
+
+def reading_of_files(folder: str | Path) -> dict:
+    """The map's reading (:func:`regime_reading`) from the per-seed and branch-point files a run wrote in
+    ``folder`` (regime_seeds.csv, regime_branch.csv: a run's folder or the shipped notebooks/figures): the one path
+    by which the CLI (``regime-map --read``) and notebook 06 read a folder."""
+    per_seed, branch, _ = read_outputs(Path(folder))
+    return regime_reading(setting_table(per_seed, branch))
+
+
 def regime_text(table: pd.DataFrame, readings: Mapping[str, dict], power: Optional[pd.DataFrame] = None,
                 drift: Optional[pd.DataFrame] = None) -> str:
     """The map in plain words: per setting the gap with its interval and seeds (collapsed seeds named), both rho,
@@ -480,7 +507,7 @@ def write_outputs(out: Path, per_seed: pd.DataFrame, branch: pd.DataFrame, drift
     table.to_csv(out / OUTPUT_FILES["table"])
     power = power_table(table)
     power.to_csv(out / OUTPUT_FILES["power"])
-    readings = {axis: broadening_pays(table, axis) for axis in AXES}
+    readings = regime_reading(table)
     (out / OUTPUT_FILES["reading"]).write_text(json.dumps(readings, indent=1, default=float))
     text = regime_text(table, readings, power, drift)
     (out / OUTPUT_FILES["text"]).write_text(text + "\n")
@@ -509,12 +536,15 @@ def write_provenances(out: Path, record: Mapping) -> list[Path]:
 
 
 def read_outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(per_seed, branch, drift) as a run of notebook 06 wrote them into ``out``: what :func:`write_outputs`
-    needs to redo the map."""
+    """(per_seed, branch, drift) as a run (:func:`run_regime_map`) wrote them into ``out``: what
+    :func:`write_outputs` needs to redo the map."""
+    from brorl_lab.core.validation import UserError
+
     paths = {k: Path(out) / OUTPUT_FILES[k] for k in ("per_seed", "branch", "drift")}
     for p in paths.values():
         if not p.is_file():
-            raise ValueError(f"out: {p} does not exist; allowed: a directory notebook 06 (regime-map) wrote into")
+            raise UserError(f"out: {p} does not exist; allowed: a folder `python -m brorl_lab regime-map` wrote "
+                            "(or the shipped notebooks/figures)")
     drift = pd.read_csv(paths["drift"]) if paths["drift"].stat().st_size > 1 else pd.DataFrame()
     return pd.read_csv(paths["per_seed"]), pd.read_csv(paths["branch"], index_col=0), drift
 
@@ -553,3 +583,267 @@ def regime_figure(table: pd.DataFrame, per_seed: Optional[pd.DataFrame] = None, 
                       height=520, legend=dict(orientation="h", y=-0.2, font=dict(size=10)),
                       margin=dict(t=80, b=40, l=60, r=20))
     return fig
+
+
+# ---- the study as data, and its one run (on the runner's machinery) ----------------------------------------------------
+#: The shipped map's settings (docs/results/regime_map.md): named settings (a family at a branch point) and
+#: constructed pools (a band of p at the branch point). The learned plateau and the takeoff base enter as named
+#: settings; the default branch point stays the products_2d floor (notebook 06's first cell says why).
+SETTINGS = {
+    "gcd": {"tasks": ["gcd"]},
+    "chain_sum": {"tasks": ["chain_sum"]},
+    "simple_equations": {"tasks": ["simple_equations"]},
+    "spell_backward": {"tasks": ["spell_backward"]},
+    "products": {"tasks": ["products"]},
+    "products_2d": {"tasks": ["products_2d"]},
+    "spell_backward@takeoff": {"tasks": ["spell_backward"], "model": "takeoff"},
+    "gcd (1/4,1)": {"tasks": ["gcd"], "band": "(1/4,1)"},
+    "gcd@takeoff (1/16,1/4]": {"tasks": ["gcd"], "model": "takeoff", "band": "(1/16,1/4]"},
+    "gcd@takeoff (1/64,1/16]": {"tasks": ["gcd"], "model": "takeoff", "band": "(1/64,1/16]"},
+    "products_2d (0,1/64]": {"tasks": ["products_2d"], "band": "(0,1/64]"},
+    "spell_backward@takeoff (0,1/64]": {"tasks": ["spell_backward"], "model": "takeoff", "band": "(0,1/64]"},
+    "spell_backward+gcd@learned": {"tasks": ["spell_backward", "gcd"], "model": "learned"},
+}
+POOL_SEEDS = {"train": 12345, "eval": 54321, "redraw": 1}  # a pool's candidates, its held-out set, its re-draw
+
+
+@dataclass(frozen=True)
+class RegimeMap:
+    """The regime map as data (module docstring): ``settings`` (name -> :func:`check_setting`), the default branch
+    point ``model``, the arms (``arm_table``: each arm's ``rollouts_per_prompt`` and ``prompts_per_step``, default
+    the recipe's), the branch's budget (``steps`` BroRL-arm steps, a shared-grid point every ``eval_every``),
+    ``seeds`` (paired), the evaluation, and how each branch point is measured: ``reach_prompts`` training prompts
+    of a named setting x ``draws`` samples; a constructed pool's ``pool_candidates`` training and
+    ``eval_candidates`` held-out prompts filtered by its band. ``full_size`` marks the design meant for shipped
+    results (pre-registration enforced). Its one reading is :func:`regime_reading`."""
+
+    settings: Mapping = field(default_factory=lambda: dict(SETTINGS))
+    model: str = "floor"
+    recipe: str = FLAGSHIP_RECIPE
+    steps: int = 4
+    eval_every: int = 4
+    seeds: tuple = tuple(range(8))
+    arm_table: Mapping = field(default_factory=lambda: {a: dict(r) for a, r in REGIME_ARMS.items()})
+    optimizer_steps_per_step: int = 2
+    lr: float = 3e-4
+    eval_prompts: int = 64
+    eval_samples: int = 16  # not an N: samples per eval prompt
+    reach_prompts: int = 64
+    draws: int = DRAWS
+    pool_candidates: int = 512  # not an N: training prompts measured for a pool
+    eval_candidates: int = 256
+    full_size: bool = False
+    name: str = "regime_map"
+
+    def __post_init__(self):
+        from brorl_lab.core.validation import UserError, check_seeds
+
+        object.__setattr__(self, "seeds", tuple(check_seeds(list(self.seeds))))
+        if not isinstance(self.settings, Mapping) or not self.settings:
+            raise UserError(f"settings: got {self.settings!r}; allowed: a dict name -> setting (study.regime.SETTINGS)")
+        try:
+            for name, setting in self.settings.items():
+                check_setting(name, setting)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+
+    def config(self, name: str, *, tasks: Optional[list] = None, threads: Optional[int] = None):
+        """Setting ``name``'s base Config: the recipe at its branch point, the map's budget and evaluation; ``tasks``
+        replaces its tasks (a pool's ``pool:`` task)."""
+        from brorl_lab.study.recipe import recipe_config
+
+        s = self.settings[name]
+        return recipe_config(self.recipe, model=s.get("model", self.model), tasks=tasks or s["tasks"],
+                             task_configs={} if tasks else s.get("task_configs", {}), steps=self.steps,
+                             eval_every=self.eval_every, checkpoint_every=self.eval_every, lr=self.lr,
+                             reward="correct", optimizer_steps_per_step=self.optimizer_steps_per_step,
+                             eval_prompts=self.eval_prompts, eval_samples=self.eval_samples, eval_k=[1],
+                             **({"torch_threads": threads} if threads else {}))
+
+    def declaration(self) -> dict:
+        """The map as declared before its run (:func:`brorl_lab.study.results.write_declaration`): plain JSON."""
+        return {"study": self.name, "branch_point": self.model, "recipe": self.recipe,
+                "settings": {k: dict(v) for k, v in self.settings.items()},
+                "arms": {a: dict(r) for a, r in self.arm_table.items()},
+                "budget": {"brorl_steps": self.steps, "eval_every": self.eval_every,
+                           "optimizer_steps_per_step": self.optimizer_steps_per_step, "lr": self.lr},
+                "seeds": list(self.seeds), "evaluation": {"eval_prompts": self.eval_prompts,
+                                                          "eval_samples": self.eval_samples, "metric": METRIC},
+                "branch_points": {"reach_prompts": self.reach_prompts, "draws": self.draws,
+                                  "pool_candidates": self.pool_candidates, "eval_candidates": self.eval_candidates,
+                                  "seeds": POOL_SEEDS},
+                "reading": {"function": f"{regime_reading.__module__}.{regime_reading.__qualname__}",
+                            "rule": BROADENING_RULE, "thresholds": {"rho_rule": RHO_RULE, "pays_min": PAYS_MIN,
+                                                                    "level": 0.95, "axes": list(AXES)}},
+                "collapse_rule": dict(COLLAPSE), "full_size": self.full_size}
+
+
+#: The shipped design (what ``python -m brorl_lab regime-map`` runs) and the tiny one the test suite runs.
+PRESETS = {"full": RegimeMap(full_size=True),
+           "quick": RegimeMap(settings={"gcd": {"tasks": ["gcd"]}, "chain_sum": {"tasks": ["chain_sum"]},
+                                        "gcd (1/4,1)": {"tasks": ["gcd"], "band": "(1/4,1)"}},
+                              steps=1, eval_every=1, seeds=(0, 1), optimizer_steps_per_step=1,
+                              arm_table={"prorl": {"rollouts_per_prompt": 2, "prompts_per_step": 4},
+                                         "brorl": {"rollouts_per_prompt": 8, "prompts_per_step": 2}},
+                              eval_prompts=4, eval_samples=2, reach_prompts=4, pool_candidates=12, eval_candidates=12,
+                              draws=16,  # not an N: the quick preset's samples per measured prompt
+                              name="regime_map_quick")}
+
+
+def preset(name: str = "full", **changes) -> RegimeMap:
+    """The map ``name`` of :data:`PRESETS` ('full': the shipped design; 'quick': tiny) with ``changes`` (any
+    :class:`RegimeMap` field). A changed full-size design is exploratory (``full_size=False``) unless
+    ``full_size`` is among the changes."""
+    import dataclasses
+
+    from brorl_lab.core.validation import UserError
+
+    if name not in PRESETS:
+        raise UserError(f"preset: got {name!r}; allowed: {', '.join(PRESETS)}")
+    fields = [f.name for f in dataclasses.fields(RegimeMap)]
+    bad = sorted(set(changes) - set(fields))
+    if bad:
+        raise UserError(f"{bad[0]}: not a setting of the regime map; allowed: {', '.join(fields)}")
+    if changes and "full_size" not in changes:
+        changes["full_size"] = False
+    if "seeds" in changes:
+        changes["seeds"] = tuple(changes["seeds"])
+    return dataclasses.replace(PRESETS[name], **changes)
+
+
+def slug(name: str) -> str:
+    """A setting's name as a file name: "gcd (1/4,1)" -> "gcd_1_4_1"."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name).strip("_")
+
+
+def branch_points(study: RegimeMap, out: Path, *, progress: bool = True) -> tuple[pd.DataFrame, dict]:
+    """Every setting's branch point measured into ``out`` (read back when there): a constructed setting's pool
+    (``out/pools/<slug>.jsonl`` + its held-out set and ``.pool.json``: :func:`draw_pool`, :func:`write_pool`) and
+    per-prompt pass rates (``out/branch/<slug>.csv``; a pool re-drawn with fresh samples, seed
+    ``POOL_SEEDS['redraw']``: the draws that chose a prompt would bias its p toward the band). Returns (the
+    :func:`branch_point_row` of each setting, indexed by setting; {setting: its base Config})."""
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rl.steps import sample_prompts
+    from brorl_lab.study.mechanism import prompt_pass_rates
+
+    policies: dict = {}
+
+    def policy_of(cfg):
+        if cfg.model not in policies:
+            policies[cfg.model] = load_policy(cfg.model)
+        return policies[cfg.model]
+
+    n_pro = study.arm_table["prorl"]["rollouts_per_prompt"]
+    bases, rows = {}, {}
+    for name, s in study.settings.items():
+        cfg, m = study.config(name), s.get("model", study.model)
+        rates_path = out / "branch" / f"{slug(name)}.csv"
+        record = {"setting": name, "model": m, "tasks": s["tasks"], "band": s.get("band"), "draws": study.draws}
+        if "band" in s:
+            pool = out / "pools" / f"{slug(name)}.pool.json"
+            cands = s.get("candidates", study.pool_candidates)
+            eval_cands = s.get("eval_candidates", study.eval_candidates)
+            record.update(band_p=list(check_band(s["band"])), train_candidates=cands,
+                          train_seed=POOL_SEEDS["train"], eval_candidates=eval_cands, eval_seed=POOL_SEEDS["eval"],
+                          redraw_seed=POOL_SEEDS["redraw"])
+            if not pool.is_file() or {k: v for k, v in json.loads(pool.read_text()).items() if k in record} != record:
+                if progress:
+                    print(f"{name}: drawing its pool ({cands} + {eval_cands} prompts x {study.draws} draws)", flush=True)
+                train, _ = draw_pool(*policy_of(cfg), cfg, s["band"], candidates=cands, draws=study.draws,
+                                     seed=POOL_SEEDS["train"], split="train", rollouts_per_prompt=n_pro)
+                held, _ = draw_pool(*policy_of(cfg), cfg, s["band"], candidates=eval_cands, draws=study.draws,
+                                    seed=POOL_SEEDS["eval"], split="eval", rollouts_per_prompt=n_pro)
+                write_pool(out / "pools", slug(name), train, held[:study.eval_prompts], record)
+                rates_path.unlink(missing_ok=True)
+            task = f"pool:{(out / 'pools' / f'{slug(name)}.jsonl').resolve()}"
+            cfg = study.config(name, tasks=[task])
+        if not rates_path.is_file():
+            if progress:
+                print(f"{name}: measuring its branch point ({m}, {study.draws} draws per prompt)", flush=True)
+            items = (pool_items(task) if "band" in s else
+                     sample_prompts(cfg.tasks, study.reach_prompts, seed=POOL_SEEDS["train"]))
+            rates = prompt_pass_rates(*policy_of(cfg), items, cfg, draws=study.draws, rollouts_per_prompt=n_pro,
+                                      seed=POOL_SEEDS["redraw"] if "band" in s else 0)
+            rates_path.parent.mkdir(parents=True, exist_ok=True)
+            rates.to_csv(rates_path, index=False)
+        rows[name] = {**branch_point_row(pd.read_csv(rates_path), arm_table=study.arm_table), "model": m,
+                      "band": s.get("band") or "", "drawn": "pool re-drawn" if "band" in s else "named"}
+        bases[name] = cfg
+    branch = pd.DataFrame.from_dict(rows, orient="index")
+    branch.index.name = "setting"
+    return branch, bases
+
+
+def run_regime_map(study: RegimeMap, out: str | Path, *, jobs: Optional[int] = 1, ray: Optional[str] = None,
+                   threads: Optional[int] = None, progress: bool = True, ship: bool = False,
+                   figures: Optional[str | Path] = None, export_png: bool = True, command: Optional[str] = None):
+    """Run the map ``study`` into ``out`` on the runner's machinery (:mod:`brorl_lab.study.runner`), in order: the
+    start (:func:`~brorl_lab.study.results.start_of_run`) and the declaration (``out/declaration.json``; enforced
+    by :func:`~brorl_lab.study.results.require_preregistered` for ``study.full_size`` or ``ship``); every setting's
+    branch point (:func:`branch_points`); both arms of every setting for every paired seed as one set of jobs
+    (``out/arms/<slug>__<arm>_s<seed>``, resumable; ``jobs`` side by side or Ray tasks at ``ray``, ``threads``
+    torch threads each) under the runner's :func:`~brorl_lab.study.runner.heartbeat`; the per-seed rows and every
+    output (:func:`write_outputs`), each file with its provenance and verdict.json / verdict.txt
+    (:func:`~brorl_lab.study.runner.write_study_files`); with ``figures`` (e.g. notebooks/figures) the shipped set
+    written there too, with the same provenance. Returns a :class:`~brorl_lab.study.runner.StudyResult` whose
+    ``reading`` is :func:`reading_line` of the one reading :func:`regime_reading`. An unfinished grid (Ctrl-C, a
+    stop) returns ``finished=False``: the same call resumes."""
+    import time
+
+    from brorl_lab.core.console import live_bars
+    from brorl_lab.lab.jobs import plan_workers
+    from brorl_lab.study.arms import arm_configs, plan_arms, run_plans
+    from brorl_lab.study.results import declaration_record, provenance, require_preregistered, start_of_run, write_declaration
+    from brorl_lab.study.runner import StudyResult, heartbeat, write_study_files
+
+    out = Path(out)
+    start, t0 = start_of_run(), time.perf_counter()
+    decl_path = write_declaration(out, study.declaration())
+    declared = require_preregistered(decl_path) if (ship or study.full_size) else declaration_record(decl_path)
+    jobs, threads = plan_workers(jobs, threads, ray)
+    branch, bases = branch_points(study, out, progress=progress)
+    plans = {name: plan_arms(arm_configs(base.replace(torch_threads=threads), study.arm_table), seeds=study.seeds,
+                             root=out / "arms", prefix=f"{slug(name)}__") for name, base in bases.items()}
+    runs = sum(len(p) for p in plans.values())
+    with heartbeat(out / "arms", study.name, runs=runs, enabled=progress and not live_bars()):
+        frames = run_plans(plans, jobs=jobs, ray=ray, threads=threads, progress=progress)
+    reached = {(name, run): step for name, f in frames.items() if len(f)
+               for run, step in f.groupby("run")["step"].max().items()}
+    if any(reached.get((name, cfg.run_name)) != cfg.steps for name, plan in plans.items() for _, _, cfg in plan):
+        return StudyResult(study, out, False, {}, "stopped before every arm finished: run the same command again "
+                           "to resume", "not read: unfinished", [], {})
+    per_seed = pd.concat([per_seed_rows(df, name) for name, df in frames.items()], ignore_index=True)
+    drift = pd.concat([drift_table(df, name) for name, df in frames.items()], ignore_index=True)
+    res = write_outputs(out, per_seed, branch, drift, export_png=export_png)
+    files = [out / name for key, name in OUTPUT_FILES.items() if key != "text"]
+    record = provenance(command or f"brorl_lab.study.regime.run_regime_map({study.name!r})",
+                        {m: cfg.model for m, cfg in {s.get("model", study.model): bases[n] for n, s in
+                                                     study.settings.items()}.items()},
+                        time.perf_counter() - t0, commit=start["commit"], started_at=start["started_at"],
+                        declaration=declared, seeds=list(study.seeds),
+                        arms={a: f"{r['rollouts_per_prompt']} x {r['prompts_per_step']}"
+                              for a, r in study.arm_table.items()})
+    report = {"readings": res["readings"], "settings": list(study.settings)}
+    written = write_study_files(out, files, record, report, res["text"])
+    if figures is not None:
+        written += publish(out, Path(figures), record)
+    return StudyResult(study, out, True, report, res["text"], reading_line(res["readings"]), written, record)
+
+
+def publish(out: Path, figures: Path, record: Mapping) -> list[Path]:
+    """The map's shipped set (:data:`OUTPUT_FILES` and regime_map.png) from ``out`` into ``figures`` (the shipped
+    notebooks/figures), each results file with ``record`` beside it: what the results page is rendered from."""
+    import shutil
+
+    from brorl_lab.study.results import write_provenance
+
+    figures.mkdir(parents=True, exist_ok=True)
+    done = []
+    for key, name in [*OUTPUT_FILES.items(), ("png", "regime_map.png")]:
+        if (out / name).is_file():
+            done.append(Path(shutil.copyfile(out / name, figures / name)))
+            if key not in ("text", "png"):
+                done.append(write_provenance(figures / name, record))
+    return done

@@ -39,13 +39,14 @@ import pandas as pd
 from brorl_lab.lab.analysis import MEAN, PASS1, pass_at_k_columns
 from brorl_lab.lab.stats import format_interval, ols_slope, paired_t_interval, t_interval
 from brorl_lab.study.compare import ARM_NAMES
+from brorl_lab.study.rare import ONLY_LARGE
 
 # The shared grid's axes (study.arms.label_arm adds the columns; labels: brorl_lab.lab.plots.X_AXES): samples as
 # planned (steps x prompts x N) and optimizer updates as planned (steps x updates per step).
 GRID_AXES = ("cum_nominal_samples", "cum_nominal_updates")
 SLOPE_PER = 10_000  # slopes are in pass@1 per 10,000 samples
 METRIC = f"eval/{MEAN}/{PASS1}"
-RARE_SIDE = "only N=512, p < 0.5"
+RARE_SIDE = f"{ONLY_LARGE}, p < 0.5"
 
 REVIVES_RULE = (
     "BroRL revives the plateau iff, on held-out mean pass@1 with 95% t intervals over paired seeds: (1) the ProRL "
@@ -141,7 +142,7 @@ def mechanism_gaps(before: pd.DataFrame, after: Mapping[int, Mapping[str, pd.Dat
     need = {"uid", "p", "reach"}
     if not isinstance(before, pd.DataFrame) or not need <= set(before.columns):
         raise ValueError(f"before: allowed: a prompt_pass_rates table (columns {sorted(need)})")
-    cls = before[(before["reach"] == "only N=512") & (before["p"] < 0.5)]
+    cls = before[(before["reach"] == ONLY_LARGE) & (before["p"] < 0.5)]
     per_seed = {}
     for seed, arms in sorted(after.items()):
         row = {}

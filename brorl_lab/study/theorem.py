@@ -67,10 +67,14 @@ from brorl_lab.rl import steps as S
 from brorl_lab.rl.spec import resolve
 from brorl_lab.rollout.engines import RolloutSampling, make_engine
 from brorl_lab.rollout.tasks import eval_set
-from brorl_lab.study.recipe import FLAGSHIP_RECIPE, recipe_config
+from brorl_lab.study.recipe import ARM_TABLE, FLAGSHIP_RECIPE, recipe_config
 from brorl_lab.theory import balance
 
-N_VALUES = (4, 16, 64, 256, 512)
+#: The N (rollouts_per_prompt) of the one update: every arm's N of the recipe's table (16, 64, 512), with 4 and 256
+#: between them on the doubling-squared grid.
+N_VALUES = tuple(sorted({4, 256} | {row["rollouts_per_prompt"] for row in ARM_TABLE.values()}))
+#: In-batch prompts (prompts_per_step) of the update: the BroRL arm's; as many held-out prompts per family.
+PROMPTS = HELD_OUT = ARM_TABLE["brorl"]["prompts_per_step"]
 DEFAULT_ROOT = RUNS_DIR / "theorem"
 OPTIMIZERS = ("adamw", "sgd")
 SPLITS = ("in_batch", "kept", "held_out")
@@ -114,7 +118,7 @@ class TheoremSetup:
                         micro_batch_tokens=self.cfg.train_micro_batch_tokens)
 
 
-def setup(model: str = "plateau", *, prompts: int = 16, held_out: int = 16, lr: Optional[float] = None,
+def setup(model: str = "plateau", *, prompts: int = PROMPTS, held_out: int = HELD_OUT, lr: Optional[float] = None,
           prompt_seed: int = 0, **overrides) -> TheoremSetup:
     return TheoremSetup(theorem_config(model, lr=lr, **overrides), prompts=prompts, held_out=held_out,
                         prompt_seed=prompt_seed)
@@ -182,7 +186,7 @@ def measure_update(st: TheoremSetup, n: int, seed: int, *, engine=None, optimize
 
 
 def run_theorem(model: str = "plateau", *, n_values: Sequence[int] = N_VALUES, seeds: Iterable[int] = range(8),
-                prompts: int = 16, held_out: int = 16, lr: Optional[float] = None, optimizer: str = "adamw",
+                prompts: int = PROMPTS, held_out: int = HELD_OUT, lr: Optional[float] = None, optimizer: str = "adamw",
                 root: str | Path = DEFAULT_ROOT, prompt_seed: int = 0, progress: bool = True,
                 st: Optional[TheoremSetup] = None, jobs: int = 1, ray: Optional[str] = None,
                 threads: Optional[int] = None) -> pd.DataFrame:
@@ -423,7 +427,7 @@ FIGURE_NAME = "theorem_on_the_model"
 
 
 def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: Sequence[int] = N_VALUES,
-                  seeds: Iterable[int] = range(8), prompts: int = 16, held_out: int = 16,
+                  seeds: Iterable[int] = range(8), prompts: int = PROMPTS, held_out: int = HELD_OUT,
                   lr: Optional[float] = None, optimizer: str = "adamw", trials: int = 400,
                   root: str | Path = DEFAULT_ROOT, figure_dir: Optional[str | Path] = None,
                   progress: bool = True, command: Optional[str] = None, jobs: int = 1, ray: Optional[str] = None,
