@@ -3,16 +3,25 @@ be set before vllm is first imported, so it is set for the whole session.
 
 Two workers (``make test``: ``pytest -n 2 --dist loadgroup``, pytest-xdist). Each worker runs torch at one thread,
 and so does every process it starts (OMP_NUM_THREADS=1): two torch processes that each take both cores thrash
-(ARCHITECTURE.md). Work is handed out a module at a time (:class:`ModuleScheduling`), so a module's own module- or
-session-scoped fixture (a trained tiny run, a built book, a bench run) is built once; the modules in SERIAL and every
-Ray test (a test named ``..._ray_...``) share one group, run on one worker one after another (they watch the
-repository or the process group, or start a local Ray cluster). The slowest modules are handed out first, so neither
-worker is left with one at the end. Without ``-n`` none of this changes anything.
+(ARCHITECTURE.md). Work is handed out in units (:func:`scope_of`): a module, or a part of one listed in SPLIT, so
+that a module- or session-scoped fixture (a trained tiny run, a built book, a bench run) is built once; the modules
+in SERIAL and every Ray test (a test named ``..._ray_...``) share one unit, run on one worker one after another (they
+watch the repository or the process group, or start a local Ray cluster).
+
+Which unit next (:class:`LongestFirstScheduling`): the longest still waiting, by the measured seconds in
+tests/durations.json (a unit not in it: its test count times the table's seconds per other test), to whichever
+worker asks first: longest-processing-time-first, so the long units (the tiny book, the bench smoke, the notebook
+runs) start at once and the end of the run is the short ones filling in. ``python -m bench.bench_suite`` writes the
+table from a ``--durations`` profile and prints this schedule's estimated wall time. Without ``-n`` none of this
+changes anything.
 
 Why not xdist's own ``loadgroup`` marks: xdist 3.8 groups by renaming ``item._nodeid``, which pytest 9 no longer
 reads (a node's id is ``item._id``), so every mark was silently ignored and a module's fixture was built on both
-workers (seen: the bench smoke run twice side by side)."""
+workers (seen: the bench smoke run twice side by side). Why not its ``loadscope`` order: it queues units by their
+number of tests (``--loadscope-reorder``, on by default), which put the 207 fast bad-input tests first and the
+five-test tiny book near the end, alone on one worker for its 5 to 9 minutes while the other had nothing left."""
 
+import json
 import os
 import re
 from pathlib import Path
@@ -34,10 +43,10 @@ NOTEBOOK_MODULES = ("test_notebooks_flagship", "test_notebooks_analysis", "test_
 # One worker, one after another: the browser test checks nothing is written into the repo's notebooks/ and runs/
 # while it runs; the Ray tests (these modules, and every test named ..._ray_..., see scope_of) start local clusters.
 SERIAL = ("test_browser", "test_ray_engine")
-# Slowest first (issue 45, a fresh-clone run: the tiny book 519 s, the bench smoke 460 s, the browser 143 s; the
-# rest by their notebook or training runs): started first, none of them ends the run alone.
-SLOW_FIRST = ("test_book", "test_bench", "test_notebooks_flagship", "test_browser", "test_notebooks_analysis",
-              "test_course", "test_faults", "test_jobs", "test_paid", "test_first_minute")
+# Modules handed out in parts: each test function (its parametrizations together) is a unit of its own, except
+# the named groups, which stay together because their tests share an expensive module-scoped fixture.
+SPLIT: dict[str, dict[str, tuple[str, ...]]] = {}
+DURATIONS = Path(__file__).with_name("durations.json")
 
 
 def pytest_itemcollected(item):
@@ -51,30 +60,56 @@ RAY_TEST = re.compile(r"(^|_)ray(_|$)")
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: ``serial`` for the SERIAL modules and every Ray test, else its module."""
+    """The unit of work a test belongs to: ``serial`` for the SERIAL modules and every Ray test; for a SPLIT
+    module ``<module>::<group>`` (a named group) or ``<module>::<test function>``; else its module."""
     module, _, test = nodeid.partition("::")
-    return "serial" if Path(module).stem in SERIAL or RAY_TEST.search(test.split("[")[0]) else module
+    function = test.split("[")[0].rsplit("::", 1)[-1]  # a class's method: its own name
+    stem = Path(module).stem
+    if stem in SERIAL or RAY_TEST.search(function):
+        return "serial"
+    if stem in SPLIT:
+        group = next((g for g, members in SPLIT[stem].items() if function in members), function)
+        return f"{module}::{group}"
+    return module
+
+
+def unit_estimate(table: dict, unit: str, tests: int) -> float:
+    """Seconds a unit is expected to take: its measured figure, else its tests at the table's per-test figure."""
+    return table.get("units", {}).get(unit, tests * table.get("other_test_s", 0.5))
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """With ``--dist loadgroup`` (``make test``): :func:`scope_of`'s units, each whole on one worker."""
+    """With ``--dist loadgroup`` (``make test``): :func:`scope_of`'s units, each whole on one worker, the longest
+    first (see the module docstring)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class ModuleScheduling(LoadScopeScheduling):
+    table = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+    class LongestFirstScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
-    return ModuleScheduling(config, log)
+        def _assign_work_unit(self, node) -> None:
+            longest = max(self.workqueue, key=lambda u: unit_estimate(table, u, len(self.workqueue[u])))
+            self.workqueue.move_to_end(longest, last=False)  # the parent pops the first unit
+            super()._assign_work_unit(node)
 
+        def _reschedule(self, node) -> None:
+            """The parent's, with a worker given its next unit only when it is down to its last test (xdist
+            waits until 2): a worker busy with a long test does not take the next long unit from an idle one.
+            A worker runs a test once it knows the next one (or is told to stop), so 1 is as low as this goes."""
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
 
-def pytest_collection_modifyitems(config, items):
-    """The slowest modules first on each worker (see the module docstring)."""
-    if not XDIST_WORKER:
-        return
-    rank = {m: i for i, m in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda it: rank.get(it.module.__name__, len(rank)))  # stable: each module keeps its own order
+    return LongestFirstScheduling(config, log)
 
 
 def pytest_configure(config):

@@ -291,3 +291,37 @@ def test_study_profile_shares_cover_each_run_and_the_shipped_run_is_read():
     for arm in ("prorl", "brorl"):
         assert abs(sum(shipped[arm]["share"].values()) - 1) < 1e-3 and shipped[arm]["total_s"] > 0
         assert shipped[arm]["seconds"]["rollout"] > 0 and shipped[arm]["seconds"]["update"] > 0
+
+
+def test_suite_table_and_its_longest_first_schedule():
+    """bench_suite: a --durations profile summed into conftest's units (a module fixture built on both workers of a
+    profile counted once), and the longest-first schedule's makespan on two workers."""
+    from bench import bench_suite as S
+
+    text = ("== slowest durations ==\n300.00s setup    tests/test_book.py::test_a\n20.00s call     tests/test_book.py::test_a\n"
+            "290.00s setup    tests/test_book.py::test_b\n5.00s call     tests/test_x.py::test_c\n"
+            "0.50s teardown tests/test_x.py::test_c\n== 4 passed in 400.00s ==")
+    profile, wall = S.parse_profile(text)
+    assert wall == 400.0 and profile["tests/test_book.py::test_a"] == {"setup": 300.0, "call": 20.0}
+    ids = ["tests/test_book.py::test_a", "tests/test_book.py::test_b", "tests/test_x.py::test_c",
+           "tests/test_x.py::test_d"]
+    table = S.unit_table(profile, wall, ids, lambda t: t.split("::")[0])
+    assert table["units"]["tests/test_book.py"] == 320.0  # test_b's 290 s setup: the same fixture, counted once
+    assert table["other_test_s"] == 5.5  # test_d: below the cut, at most the shortest listed test
+    assert table["units"]["tests/test_x.py"] == 11.0
+    makespan, plan = S.lpt({"a": 7, "b": 5, "c": 4, "d": 3, "e": 1}, workers=2)
+    assert plan == [["a", "d"], ["b", "c", "e"]] and makespan == 10
+
+
+def test_units_split_a_module_but_keep_a_shared_fixture_together(monkeypatch):
+    import conftest
+
+    monkeypatch.setitem(conftest.SPLIT, "test_m", {"smoke": ("test_one", "test_two")})
+    assert conftest.scope_of("tests/test_m.py::test_one") == conftest.scope_of("tests/test_m.py::test_two[x]") \
+        == "tests/test_m.py::smoke"
+    assert conftest.scope_of("tests/test_m.py::test_three[1]") == conftest.scope_of("tests/test_m.py::test_three[2]") \
+        == "tests/test_m.py::test_three"
+    assert conftest.scope_of("tests/test_other.py::test_three") == "tests/test_other.py"
+    assert conftest.scope_of("tests/test_other.py::test_ray_runs") == "serial"
+    assert conftest.unit_estimate({"units": {"u": 9.0}, "other_test_s": 0.5}, "u", 3) == 9.0
+    assert conftest.unit_estimate({"units": {}, "other_test_s": 0.5}, "v", 3) == 1.5
