@@ -361,6 +361,36 @@ def test_a_run_with_allocation_spends_the_budget_and_logs_the_allocation(tmp_pat
     assert row["trained_samples"] == 24 and np.isfinite(row["loss"])
 
 
+def test_a_resumed_two_stage_run_keeps_its_prior_and_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+    """The two_stage prior (each prompt's earlier draws) is part of the checkpoint: a run stopped after step 2 and
+    resumed allocates steps 3-4 as the uninterrupted run does. Six training prompts, four a step: steps 3-4 meet
+    prompts steps 1-2 drew, so a resume that forgot them would allocate differently (checked: it does)."""
+    import json
+
+    monkeypatch.setenv("BRORL_LAB_CACHE", str(tmp_path / "cache"))
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": f"State the final answer to the following arithmetic problem: "
+                                                  f"{x} + {y} =", "answer": str(x + y)}) + "\n"
+                          for x, y in ((1, 2), (3, 4), (2, 2), (5, 1), (6, 3), (4, 4), (7, 1), (2, 5))))
+    kw = dict(tasks=[f"local:{qa}"], rollout_allocation="two_stage", rollouts_per_prompt=6, allocation_probe=2, allocation_cap=16,
+              dynamic_sampling=False, steps=4, checkpoint_every=2)
+    with Trainer(_recorded_cfg(tmp_path, run_name="full", **kw), progress=False) as t:
+        full = t.run()
+        memory = t.allocator.state_dict()
+    with Trainer(_recorded_cfg(tmp_path, run_name="split", **kw), progress=False) as t:
+        t.run(steps=2)
+        halfway = t.allocator.state_dict()
+    assert 0 < len(halfway["history"]) < len(memory["history"])
+    with Trainer.resume(tmp_path / "split", progress=False) as t:
+        assert t.allocator.state_dict() == halfway  # restored from the checkpoint, not started afresh
+        resumed = t.run()
+        assert t.allocator.state_dict() == memory
+    keep = [c for c in full.columns if not c.startswith(TIMING)]
+    pd.testing.assert_frame_equal(full[keep], resumed[keep])
+    with pytest.raises(ValueError, match="allocator state of 'two_stage'"):
+        make_allocator("until_signal").load_state_dict(memory)
+
+
 def test_config_names_and_bounds_of_the_allocation():
     assert "two_stage" in ALLOCATORS.names() and Config().rollout_allocation == "uniform"
     with pytest.raises(ConfigError, match="rollout_allocation"):

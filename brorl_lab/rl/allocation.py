@@ -98,6 +98,19 @@ class Allocator:
     def plan(self, draw: Draw, num_prompts: int, budget: int, keys: list) -> Allocation:
         raise NotImplementedError
 
+    def state_dict(self) -> dict:
+        """The allocator's memory as plain data for a checkpoint: its name and each prompt's earlier outcomes,
+        ``history`` [[key, successes, draws], ...] in the order first seen (what :class:`TwoStage`'s prior reads), so
+        a resumed run allocates as the uninterrupted one would."""
+        return {"name": self.name, "history": [[k, int(s), int(d)] for k, (s, d) in self.history.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s memory (replacing this allocator's own); a state of another allocator is an
+        error naming both."""
+        if state.get("name") != self.name:
+            raise ValueError(f"state: an allocator state of {state.get('name')!r}; allowed: one of {self.name!r}")
+        self.history = {k: (int(s), int(d)) for k, s, d in state["history"]}
+
     @staticmethod
     def _round(draw: Draw, counts: list, sizes: list, successes: list, rounds: list) -> None:
         """Draw ``counts[p]`` more of each prompt with counts > 0 and record them."""

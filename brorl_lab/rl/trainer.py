@@ -443,7 +443,8 @@ class Trainer:
     @property
     def allocator(self):
         """The run's per-prompt allocator (config ``rollout_allocation``), built on first use; it remembers each
-        prompt's earlier outcomes for this process only (a resumed run starts its memory afresh)."""
+        prompt's earlier outcomes (the two_stage prior), and that memory is part of the checkpoint
+        (:meth:`state_dict` ``allocator``), so a resumed run allocates as the uninterrupted one."""
         if getattr(self, "_allocator", None) is None:
             self._allocator = S.make_allocator(self.cfg.rollout_allocation, **allocator_options(self.cfg))
         return self._allocator
@@ -790,6 +791,7 @@ class Trainer:
             "reference": None if self.reference is None else self.reference.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
             "config": self.cfg.to_dict(),
+            "allocator": None if getattr(self, "_allocator", None) is None else self._allocator.state_dict(),
         }
 
     def save_checkpoint(self) -> Path:
@@ -891,6 +893,8 @@ class Trainer:
         np.random.set_state(state["rng"]["numpy"])
         self.step_idx, self.cum, self.rows = state["step"], {**new_cum(), **state["cum"]}, list(state["rows"])
         self.bad_steps = state.get("bad_steps", 0)
+        if state.get("allocator"):  # the allocator's memory (absent in checkpoints written before it was kept)
+            self.allocator.load_state_dict(state["allocator"])
         self._checkpoint_step = self.step_idx
         S.sync(self.engine, self.policy)
 
