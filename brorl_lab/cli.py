@@ -766,21 +766,23 @@ def _jobs_params(args) -> dict:
 
 
 def cmd_theorem(args) -> int:
-    import time
+    """Theorem 1 on the model, headless: argument parsing and ONE call of
+    :func:`brorl_lab.study.theorem.theorem_study` (the declaration first, resumable, its files with provenance, its
+    one reading). ``--read FOLDER`` runs nothing: the study's one reading of FOLDER's per-seed file."""
+    from brorl_lab.study import theorem
 
-    import torch
-
-    from brorl_lab.study.theorem import theorem_study
-
+    if args.read:
+        print(theorem.reading_line(theorem.reading_of_files(args.read)))
+        return 0
     p = _jobs_params(args)
-    torch.set_num_threads(p["torch_threads"])
-    t0 = time.perf_counter()
-    res = theorem_study(args.models, n_values=args.n_values, seeds=range(args.seeds), prompts=args.prompts,
-                        held_out=args.held_out, lr=args.lr, optimizer=args.optimizer, trials=args.trials,
-                        root=args.root, figure_dir=args.figure_dir, command=_command_line(args), jobs=p["jobs"],
-                        ray=p["ray"], threads=p["torch_threads"])
+    given = {k: v for k, v in (("n_values", args.n_values), ("prompts", args.prompts), ("held_out", args.held_out))
+             if v is not None}  # unset: study.theorem's N_VALUES, PROMPTS, HELD_OUT
+    res = theorem.theorem_study(args.models, seeds=range(args.seeds), lr=args.lr, optimizer=args.optimizer,
+                                trials=args.trials, root=args.root, figure_dir=args.figure_dir,
+                                command=_command_line(args), jobs=p["jobs"], ray=p["ray"], threads=p["torch_threads"],
+                                ship=args.ship, **given)
     print(res["table"])
-    print(f"figure: {res['png']}; tables: {args.root}; wall {time.perf_counter() - t0:.0f} s, "
+    print(f"reading: {res['text']}\nfigure: {res['png']}; tables: {args.root}; wall {res['record']['wall_s']:.0f} s, "
           f"load average {os.getloadavg()[0]:.1f}")
     return 0
 
@@ -1132,15 +1134,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     th = sub.add_parser("theorem", help="Theorem 1 on the model: one update at each N, dQ_pos per prompt, vs theory")
     th.add_argument("--models", nargs="+", default=["plateau", "default"])
-    th.add_argument("--n-values", type=int, nargs="+", default=[4, 16, 64, 256, 512])
+    th.add_argument("--n-values", type=int, nargs="+", default=None,
+                    help="the N (rollouts_per_prompt) of the update (default: study.theorem.N_VALUES, 4 to 512)")
     th.add_argument("--seeds", type=int, default=16, help="rollout seeds 0..K-1")
-    th.add_argument("--prompts", type=int, default=16, help="in-batch prompts (prompts_per_step)")
-    th.add_argument("--held-out", type=int, default=16, help="held-out prompts per family (frozen eval sets)")
+    th.add_argument("--prompts", type=int, default=None,
+                    help="in-batch prompts (prompts_per_step; default: study.theorem.PROMPTS, the BroRL arm's)")
+    th.add_argument("--held-out", type=int, default=None,
+                    help="held-out prompts per family (frozen eval sets; default: study.theorem.HELD_OUT)")
     th.add_argument("--lr", type=float, default=None, help="default: the flagship recipe's")
     th.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     th.add_argument("--trials", type=int, default=400, help="Monte-Carlo draws per prompt and N for P(dQ<0)")
     th.add_argument("--root", default=str(RUNS_DIR / "theorem"))
     th.add_argument("--figure-dir", default=str(NOTEBOOK_DIR / "figures"))
+    th.add_argument("--read", metavar="FOLDER", default=None, help="run nothing: the study's one reading "
+                    "(study.theorem.theorem_reading) of FOLDER's per-seed file (a --root, or notebooks/figures)")
+    th.add_argument("--ship", action="store_true", help="a run meant for shipped results: its declaration "
+                    "(ROOT/declaration.json) committed and the tree clean")
     add_jobs_options(th)
     th.set_defaults(func=cmd_theorem)
 

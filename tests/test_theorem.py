@@ -105,3 +105,50 @@ def test_bad_input_is_named(small, tmp_path):
         T.run_theorem("default", n_values=[1], root=tmp_path, st=small)
     with pytest.raises(ValueError, match="seeds"):
         T.run_theorem("default", seeds=[], root=tmp_path, st=small)
+
+
+def test_the_shipped_reading_through_the_cli_and_the_function_agree_with_the_summary(capsys):
+    """One reading (study.theorem.theorem_reading, from the per-seed rows): the CLI's `theorem --read` prints what
+    reading_of_files gives, and its intervals are the shipped summary's (computed from the same rows)."""
+    from brorl_lab.cli import main
+    from brorl_lab.core.paths import NOTEBOOK_DIR
+
+    shipped = NOTEBOOK_DIR / "figures"
+    reading = T.reading_of_files(shipped)
+    assert main(["theorem", "--read", str(shipped)]) == 0
+    assert capsys.readouterr().out.strip() == T.reading_line(reading)
+    s = pd.read_csv(shipped / f"{T.FIGURE_NAME}_summary.csv").set_index(["model", "n", "split"])
+    for model, r in reading.items():
+        row = s.loc[(model, r["n_hi"], "in_batch")]
+        assert r["hi"] == pytest.approx(row[["dq_per_lr", "dq_per_lr_lo", "dq_per_lr_hi"]].tolist(), rel=1e-4)
+    assert reading["plateau"]["trend"] == "rises with N"  # what docs/results/theorem.md reads from the same rows
+
+
+def test_theorem_study_declares_first_and_the_cli_reads_what_it_read(tmp_path, capsys, monkeypatch):
+    """A tiny study through the CLI: the declaration (naming its one reading) before the run, provenance with the
+    run's start beside every file, and `--read` on its root and on its figure folder gives the study's reading."""
+    import json
+
+    from brorl_lab.cli import main
+    from brorl_lab.study.results import SHIPPED_KEYS, read_provenance
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    root, fig = tmp_path / "root", tmp_path / "fig"
+    assert main(["theorem", "--models", "default", "--n-values", "4", "8", "--seeds", "2", "--prompts", "2",
+                 "--held-out", "1", "--trials", "10", "--threads", "1", "--jobs", "1", "--root", str(root),
+                 "--figure-dir", str(fig)]) == 0
+    printed = capsys.readouterr().out
+    decl = json.loads((root / "declaration.json").read_text())
+    assert decl["reading"]["function"] == "brorl_lab.study.theorem.theorem_reading"
+    assert decl["n_values"] == [4, 8] and decl["seeds"] == [0, 1]
+    verdict = json.loads((root / "verdict.json").read_text())
+    for folder in (root, fig):
+        capsys.readouterr()
+        assert main(["theorem", "--read", str(folder)]) == 0
+        assert capsys.readouterr().out.strip() == T.reading_line(verdict["reading"])
+    assert f"reading: {T.reading_line(verdict['reading'])}" in printed
+    for path in (root / "per_seed.csv", fig / f"{T.FIGURE_NAME}_per_seed.csv"):
+        record = read_provenance(path)
+        assert set(SHIPPED_KEYS) <= set(record) and record["started_at"] <= record["date"]
+        assert record["command"].startswith("python -m brorl_lab theorem")
+        assert record["declaration"]["path"].endswith("declaration.json")

@@ -21,10 +21,13 @@ layer below: core, theory, rollout, rl, lab):
                grid, per-seed files with provenance, the reading); the CLI, notebook 02 and `make demo` call it
     regime     the regime map: the BroRL - ProRL gap per seed across settings spanning rho (named and constructed
                pools), run on the runner's machinery (RegimeMap, run_regime_map), its one reading regime_reading
-    theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt
+    theorem    BroRL's Theorem 1 measured on the language model: one trainer update, decomposed per prompt, on the
+               runner's machinery (theorem_study: declaration, provenance), its one reading theorem_reading
     render     results pages rendered from the shipped files (`python -m brorl_lab render`): templates with fields,
                deterministic figures, the README headline, and the provenance gate (LEGACY names pre-rule records)
     frontier   the rollout frontier (issue 43) as data and its readings: which N wins at each budget mark, lr rule, pilots
+    allocation the allocation study (issue 44): per-prompt allocators against the frontier's shared uniform arms (read
+               from its ledger, never re-run), run through the runner; its one reading allocation_table
 
 Names (issue 42), one per quantity: an arm's N is ``rollouts_per_prompt`` and its prompts per step
 ``prompts_per_step`` (the Config fields); an *arm table* maps arm -> both (recipe.ARM_TABLE is the study's, the one

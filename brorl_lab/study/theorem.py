@@ -82,7 +82,8 @@ METRICS = ("share_neg", "dq", "dq_per_lr", "n_dq_per_lr")
 
 __all__ = ["N_VALUES", "DEFAULT_ROOT", "OPTIMIZERS", "METRICS", "theorem_config", "TheoremSetup", "setup",
            "one_update", "measure_update", "run_theorem", "per_seed", "summarise_theorem", "theory_predictions",
-           "theory_summary", "compare", "theorem_figure", "theorem_table", "first_order_dq", "theorem_study"]
+           "theory_summary", "compare", "theorem_figure", "theorem_table", "first_order_dq", "theorem_study",
+           "theorem_reading", "reading_of_files"]
 
 
 def theorem_config(model: str = "plateau", *, lr: Optional[float] = None, **overrides) -> Config:
@@ -424,6 +425,60 @@ def first_order_dq(st: TheoremSetup, policy_after: torch.nn.Module) -> np.ndarra
 
 
 FIGURE_NAME = "theorem_on_the_model"
+#: The reading's thresholds, declared with it: per model, in-batch mean dQ / lr (Adam's scale: the comparable one
+#: under the trainer's optimizer) at the smallest against the largest N, each with its 95% t interval over seeds.
+READING_THRESHOLDS = {"split": "in_batch", "metric": "dq_per_lr", "interval": "t over seeds", "level": 0.95,
+                      "compare": "smallest N against largest N: disjoint intervals", "against": 0.0}
+
+
+def theorem_reading(seeds: pd.DataFrame) -> dict:
+    """The theorem study's ONE reading (named in its declaration, :func:`theorem_declaration`), per model from the
+    per-seed rows (:func:`per_seed`; the shipped theorem_on_the_model_per_seed.csv): does one update's in-batch gain
+    per unit lr (mean dQ / lr, its 95% t interval over seeds, as :func:`summarise_theorem`'s) change with N?
+    ``rises with N`` when its interval at the largest N lies above the one at the smallest N, ``falls with N``
+    when below, ``unresolved`` when they overlap; and at the largest N whether the update ``gains`` (interval above
+    0), ``loses`` (below) or ``neither`` correct mass. ``{model: {trend, at_largest, n_lo, n_hi, lo: [mean, lo, hi],
+    hi: [...]}}``."""
+    t = READING_THRESHOLDS
+    rows = seeds[seeds["split"] == t["split"]]
+    out = {}
+    for model, g in rows.groupby("model", sort=True) if "model" in rows else [("", rows)]:
+        ns = sorted(set(g["n"]))
+        a, b = (t_interval(g.loc[g["n"] == n, t["metric"]].to_numpy(float), level=t["level"]) for n in
+                (ns[0], ns[-1]))
+        trend = "rises with N" if b["lo"] > a["hi"] else "falls with N" if b["hi"] < a["lo"] else "unresolved"
+        sign = "gains" if b["lo"] > t["against"] else "loses" if b["hi"] < t["against"] else "neither"
+        out[str(model)] = {"trend": trend, "at_largest": sign, "n_lo": int(ns[0]), "n_hi": int(ns[-1]),
+                           "lo": [a["mean"], a["lo"], a["hi"]], "hi": [b["mean"], b["lo"], b["hi"]]}
+    return out
+
+
+def reading_line(reading: dict) -> str:
+    """The reading in one line per model."""
+    return "; ".join(f"{model}: in-batch dQ/lr {r['trend']} (N={r['n_lo']}: {r['lo'][0]:+.3g} [{r['lo'][1]:+.3g}, "
+                     f"{r['lo'][2]:+.3g}]; N={r['n_hi']}: {r['hi'][0]:+.3g} [{r['hi'][1]:+.3g}, {r['hi'][2]:+.3g}]), "
+                     f"the update {r['at_largest']} correct mass at N={r['n_hi']}" for model, r in reading.items())
+
+
+def reading_of_files(folder: str | Path) -> dict:
+    """The reading (:func:`theorem_reading`) of the per-seed rows a run wrote in ``folder``: the shipped
+    ``theorem_on_the_model_per_seed.csv`` (notebooks/figures) or a run root's ``per_seed.csv``; the one path by which
+    the CLI (``theorem --read``) and a notebook read a folder."""
+    from brorl_lab.core.validation import UserError
+
+    folder = Path(folder)
+    for name in (f"{FIGURE_NAME}_per_seed.csv", "per_seed.csv"):
+        if (folder / name).is_file():
+            return theorem_reading(pd.read_csv(folder / name))
+    raise UserError(f"folder: {folder} holds no {FIGURE_NAME}_per_seed.csv or per_seed.csv; allowed: a --root "
+                    "`python -m brorl_lab theorem` wrote, or notebooks/figures")
+
+
+def theorem_declaration(models: Sequence[str], settings: dict) -> dict:
+    """The theorem study as declared before its run (:func:`brorl_lab.study.results.write_declaration`)."""
+    return {"study": "theorem", "models": list(models), **settings,
+            "reading": {"function": f"{theorem_reading.__module__}.{theorem_reading.__qualname__}",
+                        "thresholds": dict(READING_THRESHOLDS)}}
 
 
 def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: Sequence[int] = N_VALUES,
@@ -431,20 +486,36 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
                   lr: Optional[float] = None, optimizer: str = "adamw", trials: int = 400,
                   root: str | Path = DEFAULT_ROOT, figure_dir: Optional[str | Path] = None,
                   progress: bool = True, command: Optional[str] = None, jobs: int = 1, ray: Optional[str] = None,
-                  threads: Optional[int] = None) -> dict:
-    """The whole study: :func:`run_theorem` (``jobs`` / ``ray`` / ``threads`` as there) and
-    :func:`theory_predictions` for each model, the summaries, the
-    markdown table and the figure. Writes ``root/{per_prompt,summary,theory,theory_per_prompt}.csv`` and
-    ``root/table.md``, and into ``figure_dir`` (when given) the figure as PNG with its results files beside it:
-    the summary, the per-seed table (:func:`per_seed`, what the intervals are computed from) and the theory as CSV,
-    each with its provenance record (:mod:`brorl_lab.study.results`; ``command`` is the command as typed, default
-    the Python call). Resumable like run_theorem."""
+                  threads: Optional[int] = None, ship: bool = False) -> dict:
+    """The whole study on the runner's machinery (:mod:`brorl_lab.study.runner`): the start
+    (:func:`~brorl_lab.study.results.start_of_run`) and the declaration (``root/declaration.json``:
+    :func:`theorem_declaration`, enforced by :func:`~brorl_lab.study.results.require_preregistered` with ``ship``);
+    :func:`run_theorem` (``jobs`` / ``ray`` / ``threads`` as there) and :func:`theory_predictions` for each model;
+    the summaries, the markdown table, the figure and the one reading (:func:`theorem_reading`). Writes
+    ``root/{per_prompt,per_seed,summary,theory,theory_per_prompt}.csv`` and ``root/table.md`` with their provenance
+    and ``root/verdict.json`` / ``verdict.txt`` (:func:`~brorl_lab.study.runner.write_study_files`), and into
+    ``figure_dir`` (when given: notebooks/figures) the figure as PNG with the shipped results files beside it (the
+    summary, the per-seed table and the theory, each with the same provenance). Resumable like run_theorem."""
     import time
 
-    from brorl_lab.study.results import provenance, start_of_run, write_provenance
+    from brorl_lab.study.results import (
+        declaration_record,
+        provenance,
+        require_preregistered,
+        start_of_run,
+        write_declaration,
+        write_provenance,
+    )
+    from brorl_lab.study.runner import write_study_files
 
     t0, start = time.perf_counter(), start_of_run()  # the commit and UTC time when the run starts
     seeds = check_seeds(seeds)
+    settings = dict(n_values=list(n_values), seeds=list(seeds), prompts=prompts, held_out=held_out, lr=lr,
+                    optimizer=optimizer, trials=trials)
+    decl_path = write_declaration(root, theorem_declaration(models, settings))
+    declared = require_preregistered(decl_path) if ship else declaration_record(decl_path)
+    if threads:
+        torch.set_num_threads(threads)
     frames, theories, preds, setups = [], [], [], []
     for model in models:
         st = setup(model, prompts=prompts, held_out=held_out, lr=lr)
@@ -460,30 +531,35 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
         th.insert(0, "model", name)
         theories.append(th)
     df, pred, theory = (pd.concat(x, ignore_index=True) for x in (frames, preds, theories))
-    summary = summarise_theorem(df)
+    summary, seeds_table = summarise_theorem(df), per_seed(df)
     models_used = {m: s.cfg.model for m, s in zip(dict.fromkeys(df["model"]), setups)}
     root = Path(root)
-    for fname, table in (("per_prompt", df), ("summary", summary), ("theory", theory), ("theory_per_prompt", pred)):
+    tables = {"per_prompt": df, "per_seed": seeds_table, "summary": summary, "theory": theory,
+              "theory_per_prompt": pred}
+    for fname, table in tables.items():
         atomic_write_text(root / f"{fname}.csv", table.to_csv(index=False))
     table = theorem_table(summary, theory)
     atomic_write_text(root / "table.md", table + "\n")
+    reading = theorem_reading(seeds_table)
+    record = provenance(command or f"brorl_lab.study.theorem.theorem_study({list(models)!r}, seeds={len(seeds)})",
+                        models_used, time.perf_counter() - t0, commit=start["commit"],
+                        started_at=start["started_at"], declaration=declared, settings={**settings,
+                                                                                         "seeds": len(seeds)})
+    files = write_study_files(root, [root / f"{fname}.csv" for fname in tables] + [root / "table.md"], record,
+                              {"reading": reading}, reading_line(reading))
     fig = theorem_figure(summary, theory)
     png = None
     if figure_dir is not None:
         png = Path(figure_dir) / f"{FIGURE_NAME}.png"
         png.parent.mkdir(parents=True, exist_ok=True)
-        record = provenance(command or f"brorl_lab.study.theorem.theorem_study({list(models)!r}, seeds={len(seeds)})",
-                            models_used, time.perf_counter() - t0, commit=start["commit"],
-                            started_at=start["started_at"], declaration=None, settings=dict(
-                                n_values=list(n_values), seeds=len(seeds), prompts=prompts, held_out=held_out,
-                                lr=lr, optimizer=optimizer, trials=trials))
-        for fname, t in (("summary", summary), ("per_seed", per_seed(df)), ("theory", theory)):  # its numbers
+        for fname, t in (("summary", summary), ("per_seed", seeds_table), ("theory", theory)):  # its numbers
             path = png.parent / f"{FIGURE_NAME}_{fname}.csv"
             atomic_write_text(path, t.to_csv(index=False, float_format="%.6g"))
-            write_provenance(path, record)
+            files += [path, write_provenance(path, record)]
         try:
             fig.write_image(str(png), width=1300)
         except Exception as e:  # noqa: BLE001 - no Chromium/kaleido: the tables are still written
             png = f"PNG export skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
     return {"per_prompt": df, "summary": summary, "theory": theory, "theory_per_prompt": pred, "table": table,
-            "figure": fig, "png": png}
+            "figure": fig, "png": png, "reading": reading, "text": reading_line(reading), "files": files,
+            "record": record}
