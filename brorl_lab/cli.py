@@ -728,6 +728,12 @@ def cmd_paid(args) -> int:
     res = runner.run_study(study, Path(args.out), jobs=p["jobs"], ray=p["ray"], threads=p["torch_threads"],
                            progress=True, ship=args.ship, command=_command_line(args))
     print(res.text, file=sys.stdout if res.finished else sys.stderr)
+    if res.finished and args.figures:  # the shipped names: paid_<out's name without paid_>_<file>
+        from brorl_lab.study.results import publish
+
+        stem = "paid_" + Path(args.out).name.removeprefix("paid_")
+        names = {f: f"{stem}_{f}" for f in ("points.csv", "mechanism.csv", "metrics.parquet", "verdict.json")}
+        print("written: " + ", ".join(str(w) for w in publish(args.out, args.figures, names, res.record)[::2]))
     return 0 if res.finished else 130
 
 
@@ -1084,6 +1090,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(study.runner.PRESETS; the other design flags are ignored): pre-registration enforced")
     pa.add_argument("--ship", action="store_true", help="a run meant for shipped results: refuses to start unless "
                     "OUT/declaration.json is committed and the tree is clean (study.results.require_preregistered)")
+    pa.add_argument("--figures", default=None, metavar="DIR", help="also write the run's per-seed files, metrics and "
+                    "verdict.json into DIR (notebooks/figures) as paid_<OUT's name>_<file>, each with its provenance "
+                    "(--out runs/paid_learned -> paid_learned_points.csv, ...)")
     pa.add_argument("--read", metavar="POINTS", default=None, help="run nothing: print the study's one reading of a "
                     "per-seed points.csv (e.g. notebooks/figures/paid_learned_points.csv)")
     add_jobs_options(pa)
@@ -1124,7 +1133,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ship", action="store_true", help="a run meant for shipped results: the declaration "
                    "committed and the tree clean (the full-size design enforces this anyway)")
     g.add_argument("--figures", default=None, metavar="DIR", help="also write the shipped set (regime_*.csv, "
-                   "regime.json, regime.txt, regime_map.png, each with its provenance) into DIR (notebooks/figures)")
+                   "regime.json, regime.txt, each with its provenance) into DIR (notebooks/figures; `render` draws "
+                   "the page's figure from them)")
     add_jobs_options(g)
     g.add_argument("--summarize", action="store_true",
                    help="run nothing: redo the table, reading and figure from OUT/regime_seeds.csv and "

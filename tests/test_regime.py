@@ -281,3 +281,18 @@ def test_per_seed_rows_drift_and_the_setting_interval_recomputed_from_them():
     drift = G.drift_table(df, "s").set_index(["arm", "part"])
     assert drift.loc[("prorl", 2), "all_correct"] > drift.loc[("prorl", 1), "all_correct"]  # drifts to all-correct
     assert drift.loc[("prorl", 1), "all_wrong"] == pytest.approx(0.1)
+
+
+def test_publish_writes_the_shipped_names_each_with_its_provenance_and_skips_what_the_run_lacks(tmp_path):
+    """What a study command's --figures does (study.results.publish): no shipped results file copied by hand."""
+    from brorl_lab.study.results import provenance, publish, read_provenance
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "points.csv").write_text("arm,seed\nprorl,0\n")
+    record = provenance("python -m brorl_lab paid --out runs/paid_x --figures F", {}, 1.0, commit="abc1234")
+    written = publish(out, tmp_path / "F", {"points.csv": "paid_x_points.csv", "mechanism.csv": "paid_x_m.csv"},
+                      record)
+    assert [p.name for p in written] == ["paid_x_points.csv", "paid_x_points.csv.provenance.json"]
+    assert (tmp_path / "F" / "paid_x_points.csv").read_text() == "arm,seed\nprorl,0\n"
+    assert read_provenance(tmp_path / "F" / "paid_x_points.csv")["command"].endswith("--figures F")

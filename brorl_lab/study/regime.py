@@ -520,21 +520,6 @@ def write_outputs(out: Path, per_seed: pd.DataFrame, branch: pd.DataFrame, drift
     return {"table": table, "readings": readings, "power": power, "text": text, "figure": fig, "png_note": note}
 
 
-def checkpoints_of(out: Path) -> dict:
-    """{model: its checkpoint directory} for every branch point the run in ``out`` used (regime_branch.csv)."""
-    from brorl_lab.study.recipe import resolve_experiment_model
-
-    branch = pd.read_csv(Path(out) / OUTPUT_FILES["branch"], index_col=0)
-    return {str(m): resolve_experiment_model(str(m)) for m in dict.fromkeys(branch["model"])}
-
-
-def write_provenances(out: Path, record: Mapping) -> list[Path]:
-    """``record`` (:func:`brorl_lab.study.results.provenance`) beside every results file of the run in ``out``."""
-    from brorl_lab.study.results import write_provenance
-
-    return [write_provenance(Path(out) / name, record) for key, name in OUTPUT_FILES.items() if key != "text"]
-
-
 def read_outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(per_seed, branch, drift) as a run (:func:`run_regime_map`) wrote them into ``out``: what
     :func:`write_outputs` needs to redo the map."""
@@ -787,7 +772,9 @@ def run_regime_map(study: RegimeMap, out: str | Path, *, jobs: Optional[int] = 1
     torch threads each) under the runner's :func:`~brorl_lab.study.runner.heartbeat`; the per-seed rows and every
     output (:func:`write_outputs`), each file with its provenance and verdict.json / verdict.txt
     (:func:`~brorl_lab.study.runner.write_study_files`); with ``figures`` (e.g. notebooks/figures) the shipped set
-    written there too, with the same provenance. Returns a :class:`~brorl_lab.study.runner.StudyResult` whose
+    (:data:`OUTPUT_FILES`) written there too, with the same provenance (:func:`~brorl_lab.study.results.publish`;
+    the page's figure there is drawn by ``python -m brorl_lab render``, not copied). Returns a
+    :class:`~brorl_lab.study.runner.StudyResult` whose
     ``reading`` is :func:`reading_line` of the one reading :func:`regime_reading`. An unfinished grid (Ctrl-C, a
     stop) returns ``finished=False``: the same call resumes."""
     import time
@@ -795,7 +782,14 @@ def run_regime_map(study: RegimeMap, out: str | Path, *, jobs: Optional[int] = 1
     from brorl_lab.core.console import live_bars
     from brorl_lab.lab.jobs import plan_workers
     from brorl_lab.study.arms import arm_configs, plan_arms, run_plans
-    from brorl_lab.study.results import declaration_record, provenance, require_preregistered, start_of_run, write_declaration
+    from brorl_lab.study.results import (
+        declaration_record,
+        provenance,
+        publish,
+        require_preregistered,
+        start_of_run,
+        write_declaration,
+    )
     from brorl_lab.study.runner import StudyResult, heartbeat, write_study_files
 
     out = Path(out)
@@ -828,22 +822,5 @@ def run_regime_map(study: RegimeMap, out: str | Path, *, jobs: Optional[int] = 1
     report = {"readings": res["readings"], "settings": list(study.settings)}
     written = write_study_files(out, files, record, report, res["text"])
     if figures is not None:
-        written += publish(out, Path(figures), record)
+        written += publish(out, figures, {name: name for name in OUTPUT_FILES.values()}, record)
     return StudyResult(study, out, True, report, res["text"], reading_line(res["readings"]), written, record)
-
-
-def publish(out: Path, figures: Path, record: Mapping) -> list[Path]:
-    """The map's shipped set (:data:`OUTPUT_FILES` and regime_map.png) from ``out`` into ``figures`` (the shipped
-    notebooks/figures), each results file with ``record`` beside it: what the results page is rendered from."""
-    import shutil
-
-    from brorl_lab.study.results import write_provenance
-
-    figures.mkdir(parents=True, exist_ok=True)
-    done = []
-    for key, name in [*OUTPUT_FILES.items(), ("png", "regime_map.png")]:
-        if (out / name).is_file():
-            done.append(Path(shutil.copyfile(out / name, figures / name)))
-            if key not in ("text", "png"):
-                done.append(write_provenance(figures / name, record))
-    return done

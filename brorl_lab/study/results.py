@@ -113,6 +113,22 @@ def write_provenance(results_file: str | Path, record: Mapping) -> Path:
     return atomic_write_text(provenance_path(results_file), json.dumps(dict(record), indent=1, default=str) + "\n")
 
 
+def publish(out: str | Path, figures: str | Path, names: Mapping[str, str], record: Mapping) -> list[Path]:
+    """A run's results files into ``figures`` (the shipped notebooks/figures) under their shipped names (``names``:
+    {file in ``out``: its name in ``figures``}; a file the run did not write is skipped), each with ``record``
+    beside it: what a study command's ``--figures`` writes, so that no shipped results file is copied by hand.
+    Returns every path written."""
+    import shutil
+
+    out, figures = Path(out), Path(figures)
+    figures.mkdir(parents=True, exist_ok=True)
+    done = []
+    for src, name in names.items():
+        if (out / src).is_file():
+            done += [Path(shutil.copyfile(out / src, figures / name)), write_provenance(figures / name, record)]
+    return done
+
+
 def read_provenance(results_file: str | Path) -> dict:
     """The provenance record of ``results_file``: its sidecar, or the ``"provenance"`` key of a JSON file."""
     side = provenance_path(results_file)

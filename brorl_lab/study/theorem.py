@@ -493,9 +493,10 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
     :func:`run_theorem` (``jobs`` / ``ray`` / ``threads`` as there) and :func:`theory_predictions` for each model;
     the summaries, the markdown table, the figure and the one reading (:func:`theorem_reading`). Writes
     ``root/{per_prompt,per_seed,summary,theory,theory_per_prompt}.csv`` and ``root/table.md`` with their provenance
-    and ``root/verdict.json`` / ``verdict.txt`` (:func:`~brorl_lab.study.runner.write_study_files`), and into
-    ``figure_dir`` (when given: notebooks/figures) the figure as PNG with the shipped results files beside it (the
-    summary, the per-seed table and the theory, each with the same provenance). Resumable like run_theorem."""
+    and ``root/verdict.json`` / ``verdict.txt`` (:func:`~brorl_lab.study.runner.write_study_files`), the figure as
+    ``root/theorem_on_the_model.png``, and into ``figure_dir`` (when given: notebooks/figures) the shipped results
+    files (the summary, the per-seed table and the theory, each with the same provenance; the page's figure there
+    is drawn from them by ``python -m brorl_lab render``). Resumable like run_theorem."""
     import time
 
     from brorl_lab.study.results import (
@@ -547,19 +548,17 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
                                                                                          "seeds": len(seeds)})
     files = write_study_files(root, [root / f"{fname}.csv" for fname in tables] + [root / "table.md"], record,
                               {"reading": reading}, reading_line(reading))
-    fig = theorem_figure(summary, theory)
-    png = None
-    if figure_dir is not None:
-        png = Path(figure_dir) / f"{FIGURE_NAME}.png"
-        png.parent.mkdir(parents=True, exist_ok=True)
+    if figure_dir is not None:  # the shipped set; the page's figure there is drawn by `python -m brorl_lab render`
+        Path(figure_dir).mkdir(parents=True, exist_ok=True)
         for fname, t in (("summary", summary), ("per_seed", seeds_table), ("theory", theory)):  # its numbers
-            path = png.parent / f"{FIGURE_NAME}_{fname}.csv"
+            path = Path(figure_dir) / f"{FIGURE_NAME}_{fname}.csv"
             atomic_write_text(path, t.to_csv(index=False, float_format="%.6g"))
             files += [path, write_provenance(path, record)]
-        try:
-            fig.write_image(str(png), width=1300)
-        except Exception as e:  # noqa: BLE001 - no Chromium/kaleido: the tables are still written
-            png = f"PNG export skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
+    fig, png = theorem_figure(summary, theory), root / f"{FIGURE_NAME}.png"
+    try:
+        fig.write_image(str(png), width=1300)
+    except Exception as e:  # noqa: BLE001 - no Chromium/kaleido: the tables are still written
+        png = f"PNG export skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
     return {"per_prompt": df, "summary": summary, "theory": theory, "theory_per_prompt": pred, "table": table,
             "figure": fig, "png": png, "reading": reading, "text": reading_line(reading), "files": files,
             "record": record}
