@@ -700,6 +700,10 @@ def cmd_scaling(args) -> int:
     print(res.text, file=sys.stdout if res.finished else sys.stderr)
     if res.finished:
         print(f"written: {Path(args.out) / 'verdict.txt'} (verdict.json and metrics.parquet beside it)")
+    if res.finished and args.figures:  # the floor's shipped name (docs/results/floor.md reads it)
+        from brorl_lab.study.results import publish
+
+        print(f"written: {publish(args.out, args.figures, {'verdict.json': 'flagship_verdict.json'}, res.record)[0]}")
     return 0 if res.finished else 130
 
 
@@ -1113,6 +1117,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the floor's eval_k to the k it allows")
     s.add_argument("--eval-k", type=int, nargs="+", default=None, help="the k of pass@k (each <= --eval-samples)")
     s.add_argument("--measure-mechanism", action=argparse.BooleanOptionalAction, default=None)
+    s.add_argument("--figures", default=None, metavar="DIR", help="also write verdict.json into DIR "
+                   "(notebooks/figures) as flagship_verdict.json, the floor page's file, with its provenance")
     s.add_argument("--param", "-p", action="append", metavar="NAME=VALUE", help="any other setting of "
                    "study.runner.FLOOR (lr, reward, eval_k, mechanism_prompts, mechanism_draws, tasks, ...)")
     add_jobs_options(s)
