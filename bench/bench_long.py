@@ -13,7 +13,10 @@ N in {16, 64, 512} at a fixed total of samples per call (P = total / N prompts).
              KV copies, sampling, other ops, and outside any op (Python and dispatch: per-token overhead)
     roofline the least time this machine allows (:func:`decode_roofline`): model FLOPs at the measured matmul
              peak plus the KV cache decode must read at the measured copy bandwidth; from it, the largest
-             torch/hf ratio and the smallest step/TRL ratio any implementation could reach here
+             torch/hf ratio and the smallest step/TRL ratio any implementation could reach here. The decode's
+             share of its roofline is measured in ``pairs`` (3) calls at the largest N, each between two copy
+             rounds and after a matmul round: each call against the bandwidth and peak measured beside it (the
+             median and the spread are reported), so a load that changes during the run moves both sides alike
     attention decode attention alone against its memory roofline: the profiled call's attention time against its KV
              bytes at the copy bandwidth, and the kernel alone at N=512 rows with candidate kernels beside it
              (``bench/bench_decode_attention.py``: engine, transposed keys, SDPA, a plain read of the same KV)
@@ -70,6 +73,7 @@ class Size:
     profile_tokens: int  # response length of the profiled decode call
     stream_mib: int  # size of the tensor copied to measure memory bandwidth
     attn_repeats: int  # round-robin repetitions of the decode-attention kernels (bench_decode_attention)
+    pairs: int = 3  # decode calls at the largest N per engine (eager, fused), each between two copy rounds
 
 
 # new_tokens: 256 fixed-length tokens (~70x the short regime's 3-4-token answers; the GPU check runs 256 too)
@@ -134,6 +138,26 @@ def decode_roofline(batch, cfg, counts, peak: float, bandwidth: float) -> dict:
     return {"seconds": flops / peak + kv / bandwidth, "flop_seconds": flops / peak, "kv_gb": kv / 1e9}
 
 
+def decode_pairs(calls: dict, size: Size) -> dict[str, list[dict]]:
+    """``size.pairs`` rounds of each decode call in ``calls`` ({engine: call}), round-robin, each call after a
+    matmul round and between two copy rounds: per engine a list of ``{"seconds", "batch", "peak", "bandwidth"}``,
+    the bandwidth the mean of the copy rounds just before and just after that call. A call's roofline share is then
+    taken against the machine as it was during that call, not against the best round of the whole run."""
+    import time
+
+    peak_round, copy_round = matmul_round(size.matmul_n, 3), stream_round(size.stream_mib, 3)
+    out: dict[str, list[dict]] = {e: [] for e in calls}
+    for _ in range(size.pairs):
+        for engine, call in calls.items():
+            peak, before = peak_round(), copy_round()
+            t0 = time.perf_counter()
+            batch = call()
+            seconds = time.perf_counter() - t0
+            out[engine].append({"seconds": seconds, "batch": batch, "peak": peak,
+                                "bandwidth": (before + copy_round()) / 2})
+    return out
+
+
 def update_floor_seconds(batch, counts, peak: float) -> float:
     """The least time one update over ``batch`` can take at the matmul peak: reference forward plus policy forward
     and backward, 4 forwards' worth of model FLOPs over each prompt once and every response token."""
@@ -186,8 +210,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
 
         cases = {"matmul": matmul_round(size.matmul_n, 3), "stream": stream_round(size.stream_mib, 3)}
         cases.update({(name, n): case(built[name], n) for n in size.ns for name in names})
-        cases[("torch-fused", hi)] = case(built["torch-fused"], hi)
         seconds, results = interleave(cases, size.repeats, warmup=False)
+        pairs = decode_pairs({e: case(built[e], hi) for e in ("torch", "torch-fused")}, size)
         torch_model = built["torch"].model
         counts = param_counts(torch_model)
         prof_shares, prof_wall = profile_call(lambda: built["torch"].generate(pool[: size.total // hi], hi,
@@ -203,8 +227,9 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
     # one read 13.9 GB/s where every other copy in the run read 21), and a low bandwidth flatters the roofline share.
     _, extra = interleave({"matmul": cases["matmul"], "stream": cases["stream"]}, 3, warmup=False)
     attn = bench_decode_attention.measure(attn_size)
-    peak = max(results["matmul"] + extra["matmul"])
-    bandwidth = max(results["stream"] + extra["stream"] + [attn["copy_gbps"] * 1e9])
+    peak = max(results["matmul"] + extra["matmul"] + [p["peak"] for e in pairs.values() for p in e])
+    bandwidth = max(results["stream"] + extra["stream"] + [attn["copy_gbps"] * 1e9]
+                    + [p["bandwidth"] for e in pairs.values() for p in e])
 
     sps, tps = {}, {}
     for key in cases:
@@ -265,13 +290,28 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
     rows.append(row(GROUP, f"long decode roofline N={hi}", roof["seconds"], "s",
                     note=f"{roof['flop_seconds']:.3g} s of model FLOPs at the matmul peak + {roof['kv_gb']:.3g} GB "
                          f"of KV-cache reads at the copy bandwidth; the torch engine took {decode_s:.3g} s"))
-    rows.append(row(GROUP, f"long decode torch engine speed / roofline N={hi}", 100 * roof["seconds"] / decode_s,
-                    "% roofline", target=None if smoke else TARGETS["decode roofline"]))
-    fused_s = median(seconds[("torch-fused", hi)])
+    roof_shares = {e: [100 * decode_roofline(p["batch"], cfg, counts, p["peak"], p["bandwidth"])["seconds"] / p["seconds"]
+                       for p in pairs[e]] for e in pairs}
+    pair_fair = (f"{size.pairs} calls per engine, each after a matmul round (n={size.matmul_n}) and between two "
+                 f"{size.stream_mib} MiB copy rounds; each call against the peak and the mean of the two copy "
+                 f"bandwidths beside it")
+
+    def spread(e: str) -> str:
+        bw = [p["bandwidth"] / 1e9 for p in pairs[e]]
+        return (f"median of {len(roof_shares[e])} calls, range {min(roof_shares[e]):.1f} to {max(roof_shares[e]):.1f}%; "
+                f"copy "
+                f"bandwidth beside them {min(bw):.1f} to {max(bw):.1f} GB/s")
+
+    eager_s, fused_s = (median([p["seconds"] for p in pairs[e]]) for e in ("torch", "torch-fused"))
+    rows.append(row(GROUP, f"long decode torch engine speed / roofline N={hi}", median(roof_shares["torch"]),
+                    "% roofline", target=None if smoke else TARGETS["decode roofline"], fairness=pair_fair,
+                    note=f"{spread('torch')}; against the run's best bandwidth and peak "
+                         f"{100 * roof['seconds'] / eager_s:.1f}%"))
     rows.append(row(GROUP, f"long decode torch engine compile_decode speed / roofline N={hi}",
-                    100 * roof["seconds"] / fused_s, "% roofline", target=None if smoke else TARGETS["decode roofline"],
+                    median(roof_shares["torch-fused"]), "% roofline", target=None if smoke else TARGETS["decode roofline"],
+                    fairness=pair_fair,
                     note=f"the decode step through torch.compile (compiled in the warm-up): {fused_s:.3g} s per call, "
-                         f"{fused_s / decode_s:.3g}x the eager engine's {decode_s:.3g} s in the same round-robin"))
+                         f"{fused_s / eager_s:.3g}x the eager engine's {eager_s:.3g} s; {spread('torch-fused')}"))
     if hf_s:
         rows.append(row(GROUP, f"long rollout torch/hf N={hi} at the roofline", hf_s / roof["seconds"], "x",
                         note=f"hf's {hf_s:.3g} s over the roofline: the largest torch/hf any engine could reach here"))
