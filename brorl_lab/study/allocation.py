@@ -396,6 +396,59 @@ def read_stage(stage: str, *, ledger: Optional[str | Path] = None,
     return StageReading(stage, metrics, points, table, summary, missing)
 
 
+# ---- the cost pilot (exploratory): what a generated sample costs under each allocator --------------------------------
+PILOT_KEEP = ("step", "samples", "step_wall_s", "time/rollout", "time/score", "refill_rounds", "rollout_rounds",
+              "ds_cap_hit", "kept_groups", "trained_samples", "alloc/informative_groups", "alloc/n_max", "alloc/n_min")
+
+
+def cost_pilot(branches: Sequence[str], *, steps: int, root: str | Path, seed: int = 0, threads: int = 1,
+               study: Optional[AllocationStudy] = None) -> pd.DataFrame:
+    """A few fill-to-full steps of the base arm's shape from each branch point under ``uniform`` and each stage's
+    allocator (:func:`brorl_lab.study.frontier.pilot_config`: the branch point's own lr, the frontier's pilot round
+    cap, no evaluation; the study's allocator options), one after another at ``threads`` torch threads. An
+    allocator splits a round's generation into several smaller engine calls (two_stage: the probe, then the rest;
+    until_signal: one per round), so its wall time per generated sample may differ from uniform's; the study's cost
+    estimate needs it. One row per training step: branch, arm ('uniform' or the stage), and :data:`PILOT_KEEP`."""
+    from brorl_lab.rl.trainer import Trainer
+
+    st = study or ALLOCATION
+    check_int("steps", steps, 1)
+    n, p = st.frontier.arms(FRONTIER_STAGE)[st.base_arm]
+    rows = []
+    for b in branches:
+        for alloc in ("uniform", *STAGES):
+            cfg = F.pilot_config(b, n, p, steps=steps, seed=seed, root=root, threads=threads).replace(
+                rollout_allocation=alloc, allocation_probe=st.probe, allocation_cap=st.allocation_cap,
+                allocation_round=st.round_size, allocation_prior_draws=st.prior_draws,
+                run_name=f"{b}_{st.base_arm}_{alloc}_s{seed}")
+            with Trainer(cfg, progress=False, overwrite=True) as trainer:
+                df = trainer.run()
+            df = df[df["step"] > 0][[k for k in PILOT_KEEP if k in df.columns]]
+            rows.append(df.assign(branch=b, arm=alloc))
+    return pd.concat(rows, ignore_index=True)
+
+
+def pilot_summary(steps: pd.DataFrame) -> pd.DataFrame:
+    """:func:`cost_pilot`'s rows per branch point and arm: steps, generated samples, wall ms per generated sample
+    (whole steps: rollout, scoring, update), the rollout's share of it, refills per step (mean, max), round-cap
+    hits, informative groups per generated sample, the largest N one prompt got, and the ratio of the arm's ms per
+    sample to uniform's from the same branch point."""
+    out = []
+    for (b, arm), g in steps.groupby(["branch", "arm"], sort=False):
+        samples = float(g["samples"].sum())
+        out.append({"branch": b, "arm": arm, "steps": len(g), "samples": int(samples),
+                    "ms_per_sample": 1000 * float(g["step_wall_s"].sum()) / samples,
+                    "rollout_share": float(g["time/rollout"].sum() / g["step_wall_s"].sum()),
+                    "refills_mean": float(g["refill_rounds"].mean()), "refills_max": int(g["refill_rounds"].max()),
+                    "cap_hits": int(g["ds_cap_hit"].astype(bool).sum()),
+                    "informative_per_sample": float(g["alloc/informative_groups"].sum()) / samples,
+                    "n_max": int(g["alloc/n_max"].max())})
+    t = pd.DataFrame(out)
+    base = t[t["arm"] == "uniform"].set_index("branch")["ms_per_sample"]
+    t["vs_uniform"] = t["ms_per_sample"] / t["branch"].map(base)
+    return t
+
+
 # ---- the command: python -m brorl_lab.study.allocation run STAGE ----------------------------------------------------
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``run STAGE [--jobs 2] [--threads 1] [--out runs/allocation] [--exploratory]``: one stage through the study
@@ -420,6 +473,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     q.add_argument("stage", choices=list(STAGES))
     q.add_argument("--ledger", default=None, help="the study's ledger root (default notebooks/figures/allocation)")
     q.add_argument("--write", action="store_true", help="write <stage>_table.csv and <stage>_summary.csv there")
+    c = sub.add_parser("pilot", help="exploratory: wall time per generated sample under uniform and each allocator")
+    c.add_argument("--steps", type=int, default=3)
+    c.add_argument("--branches", nargs="+", default=list(F.BRANCH_POINTS), choices=list(F.BRANCH_POINTS))
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default="runs/allocation_pilot")
+    c.add_argument("--figures", default=None, help="also write the tables here with provenance")
     args = ap.parse_args(argv)
     command = "python -m brorl_lab.study.allocation " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     try:
@@ -433,6 +492,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"read it with: python -m brorl_lab.study.allocation read {args.stage}")
             return 0 if grid.finished else 130
         t0 = time.perf_counter()
+        if args.cmd == "pilot":
+            check_int("--steps", args.steps, 1)
+            return run_pilot(args, command)
         got = read_stage(args.stage, ledger=args.ledger)
         if got.missing:
             print(f"{len(got.missing)} runs not in the ledgers yet (read on what is there): "
@@ -448,6 +510,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UserError, ValueError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+
+
+def run_pilot(args, command: str) -> int:
+    """The ``pilot`` command: :func:`cost_pilot` at 1 torch thread -> ``allocation_pilot_steps.csv`` and
+    ``allocation_pilot.csv`` (:func:`pilot_summary`) in ``--out`` and ``--figures``, each with a provenance record
+    marked exploratory."""
+    import torch
+
+    from brorl_lab.study.recipe import resolve_experiment_model
+    from brorl_lab.study.results import git_commit, provenance, write_provenance
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commit, t0 = git_commit(), time.perf_counter()
+    steps = cost_pilot(args.branches, steps=args.steps, root=out / "runs", seed=args.seed)
+    written = {"allocation_pilot_steps.csv": steps, "allocation_pilot.csv": pilot_summary(steps)}
+    cks = {b: resolve_experiment_model(F.BRANCH_POINTS[b][0]) for b in args.branches}
+    record = provenance(command, cks, time.perf_counter() - t0, commit=commit, status="exploratory",
+                        note="exploratory pilot, not pre-registered: sizes the allocation study's cost (issue 44)")
+    for d in [out] + ([Path(args.figures)] if args.figures else []):
+        for name, t in written.items():
+            t.to_csv(d / name, index=False)
+            write_provenance(d / name, record)
+    print(written["allocation_pilot.csv"].to_string(index=False))
+    return 0
 
 
 def write_reading(got: StageReading, root: Path, command: str, wall_s: float) -> list:
