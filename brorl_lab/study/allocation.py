@@ -197,6 +197,9 @@ class AllocationStudy:
                                        "not_resolved": "the interval contains 0, or fewer than 2 paired seeds",
                                        "beats_both": "both intervals (against every shared uniform arm) above 0"},
                         "at": "every budget mark of each branch point, each branch point on its own",
+                        "headline": ("each branch point's budget (its last mark), stage two_stage; the earlier marks "
+                                     "are read the same way and reported as the curve, and until_signal as the "
+                                     "secondary arm, neither as further claims (no multiplicity correction)"),
                         "words": f"{here}.allocation_reading"},
             "reported_beside": {"function": f"{here}.allocation_summary",
                                 "what": ("per arm: informative groups per generated sample (with its t interval over "
