@@ -20,7 +20,7 @@ from helpers_jobs import failing_job, matmul_job, sleeping_job, train_job
 from helpers_runs import TIMING, tiny_config, without_timing
 
 from brorl_lab.core.validation import UserError
-from brorl_lab.lab.jobs import NOT_RUN, Job, JobError, run_jobs, split_threads
+from brorl_lab.lab.jobs import NOT_RUN, Job, JobError, physical_cores, run_jobs, split_threads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,8 +41,12 @@ def test_two_processes_give_the_sequential_results_at_equal_threads(tmp_path):
     assert all(w > 0 for w in side.wall_s)
 
 
-def test_threads_are_split_over_the_cores():
+def test_threads_are_split_over_the_cores(monkeypatch):
     assert split_threads(1, cores=16) == 16 and split_threads(2, cores=16) == 8 and split_threads(3, cores=2) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a process started at one thread starts its jobs at one
+    assert split_threads(1) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert split_threads(1) == physical_cores()
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -138,9 +138,14 @@ def physical_cores() -> int:
 
 
 def split_threads(workers: int, cores: Optional[int] = None) -> int:
-    """Torch threads per job when ``workers`` jobs share ``cores`` (default :func:`physical_cores`): cores // workers,
-    at least 1."""
-    return max(1, (cores or physical_cores()) // workers)
+    """Torch threads per job when ``workers`` jobs share ``cores`` (default :func:`physical_cores`, or fewer where
+    ``$OMP_NUM_THREADS`` asks for fewer: a process started at one thread, a test worker or a ``--jobs`` worker,
+    starts its own jobs at one thread too instead of taking a core another process holds): cores // workers, at
+    least 1."""
+    if cores is None:
+        cores, asked = physical_cores(), os.environ.get("OMP_NUM_THREADS", "")
+        cores = min(cores, int(asked)) if asked.isdigit() and int(asked) > 0 else cores
+    return max(1, cores // workers)
 
 
 def check_workers(workers: Any, name: str = "jobs") -> int:
