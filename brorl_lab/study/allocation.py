@@ -235,7 +235,11 @@ def allocation_reading(gaps: Mapping[str, Mapping], *, allocation: str = "alloca
 def allocation_table(points: pd.DataFrame, *, allocation: str, uniform: Sequence[str],
                      level: float = LEVEL) -> pd.DataFrame:
     """THE reading, at every mark (and branch point, when ``points`` has a ``branch`` column): the allocation arm
-    minus each uniform arm on their paired seeds (:func:`brorl_lab.lab.stats.paired_t_interval` at ``level``).
+    minus each uniform arm on their paired seeds (:func:`brorl_lab.lab.stats.paired_t_interval` at ``level``)::
+
+        d_s = v_alloc(s) - v_u(s)  for the seeds s where both arms reached the mark      # [n]
+        gap = mean(d),   [lo, hi] = gap -+ t_{(1+level)/2, n-1} sd(d) / sqrt(n)           # NaN when n < 2
+
     ``points`` is :func:`brorl_lab.study.paid.grid_points`' per-seed table (arm, seed, mark, value). One row per
     branch and mark: ``gap_<arm>``, ``lo_<arm>``, ``hi_<arm>``, ``n_<arm>`` per uniform arm, the arms it
     ``beats``, ``loses_to`` and is ``not_resolved`` against, ``beats_both`` and ``reading``
