@@ -1,16 +1,13 @@
-"""What a user meets in the first minute (issue 46): refusals in a second, before torch loads; no dead end whatever
-stopped a run (two Ctrl-C / SIGTERM or kill -9 before the first checkpoint, kill -9 after one, a signal in the last
-step, a full disk); every user-side fault one line with exit 2; a sweep over `train` flags whose report pairs seeds.
+"""What a user meets in the first minute (issue 46): refusals in a second, before torch loads; every user-side
+fault one line with exit 2; a sweep over `train` flags whose report pairs seeds; one set of flags (a flag two
+commands share states its default where they differ). No dead end whatever stopped a run, at whatever phase:
+tests/test_stop_matrix.py.
 
-Real processes, real signals, a real file-size limit (RLIMIT_FSIZE: the kernel refuses the write as a full disk
-does); the tiny model of helpers_models and a few steps each."""
+Real processes where a refusal is timed; the tiny model of helpers_models and a few steps each."""
 
 from __future__ import annotations
 
-import json
 import os
-import resource
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +17,6 @@ import pandas as pd
 import pytest
 from helpers_models import save_tiny
 
-from brorl_lab.core.rundir import RunDir
 from brorl_lab.core.runlock import RunLock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,104 +112,9 @@ def test_trl_names_without_a_one_to_one_value_are_refused_with_our_equivalent(fi
     assert p.returncode == 2 and f"here: {ours}" in last_line(p.stderr)
 
 
-# ---- no dead ends ----------------------------------------------------------------------------------------------------
-def wait_for(pred, proc, what: str, timeout: float = 240) -> None:
-    t0 = time.monotonic()
-    while not pred():
-        if proc.poll() is not None:
-            raise AssertionError(f"exited ({proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}")
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+# ---- no dead ends: every way to stop x every phase is tests/test_stop_matrix.py ------------------------------------
 
 
-def trained_steps(run_dir: Path) -> int:
-    try:
-        return int(json.loads((run_dir / "status.json").read_text()).get("step", 0))
-    except (OSError, ValueError):
-        return 0
-
-
-@pytest.mark.parametrize("way, then", [("SIGINT twice", "same command"), ("SIGTERM twice", "--resume"),
-                                       ("kill -9", "--resume")])
-def test_stopped_before_the_first_checkpoint_the_advice_restarts_it(way, then, tiny_model, tmp_path, capsys):
-    """Steps trained, no checkpoint yet (checkpoint_every 0): nothing can continue it, so the same command and
-    --resume both start it again, without --overwrite, and the printed line says so."""
-    cmd = train_cmd(tiny_model, tmp_path, "r", steps=400, rollouts_per_prompt=16, max_new_tokens=12)
-    p = subprocess.Popen(cmd, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for(lambda: trained_steps(tmp_path / "r") >= 1, p, "a trained step")
-    if way == "kill -9":
-        p.kill()
-    else:
-        sig = signal.SIGINT if way.startswith("SIGINT") else signal.SIGTERM
-        p.send_signal(sig)
-        time.sleep(0.01)
-        p.send_signal(sig)
-    _, err = p.communicate(timeout=120)
-    assert not (tmp_path / "r" / "checkpoint").exists()
-    if way != "kill -9":
-        assert p.returncode == 128 + sig, err
-        line = last_line(err)
-        assert "run the same command again, or train --resume" in line, line
-    rc, _, err = cli(cmd[3:cmd.index("--steps") + 1] + ["2"] + cmd[cmd.index("--steps") + 2:]
-                     if then == "same command" else ["train", "--quiet", "--resume", tmp_path / "r", "--steps", "2"],
-                     capsys)
-    assert rc == 0, err
-    assert ("cleared what an attempt stopped before its first checkpoint left" if then == "same command"
-            else "starting it again from its config.yaml") in err
-    assert RunDir(tmp_path / "r").read_status()["status"] == "finished"
-    assert (tmp_path / "r" / "checkpoint" / "state.pt").is_file()
-
-
-def test_killed_after_a_checkpoint_the_same_command_says_resume_and_resume_continues(tiny_model, tmp_path, capsys):
-    cmd = train_cmd(tiny_model, tmp_path, "r", steps=400, checkpoint_every=1)
-    p = subprocess.Popen(cmd, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for(lambda: (tmp_path / "r" / "checkpoint" / "state.pt").is_file(), p, "a checkpoint")
-    p.kill()
-    p.communicate(timeout=60)
-    rc, _, err = cli(cmd[3:], capsys)
-    line = last_line(err)
-    assert rc == 2 and "status interrupted (writer gone)" in line and "--resume" in line, line
-    rc, _, err = cli(["train", "--quiet", "--resume", tmp_path / "r", "--steps",
-                      max(trained_steps(tmp_path / "r"), 1) + 1], capsys)
-    assert rc == 0, err
-    assert RunDir(tmp_path / "r").read_status()["status"] == "finished"
-
-
-def test_a_signal_in_the_last_step_finishes_the_run_and_says_so(tiny_model, tmp_path):
-    cmd = train_cmd(tiny_model, tmp_path, "r", steps=1, eval_every=1, rollouts_per_prompt=64, prompts_per_step=4,
-                    max_new_tokens=16)
-    p = subprocess.Popen(cmd, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for(lambda: (tmp_path / "r" / "metrics.parquet").is_file(), p, "the first evaluation")  # then the step
-    time.sleep(0.5)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
-    status = RunDir(tmp_path / "r").read_status()["status"]
-    if p.returncode == 0:  # the signal came in the last step: finished, and the command says so
-        assert status == "finished" and "the run finished" in err, err
-    else:  # the step had not begun (a loaded machine): interrupted, with the advice that continues it
-        assert p.returncode == 130 and status == "interrupted", err
-        assert run(cmd).returncode == 0  # no checkpoint before step 1: the same command starts it again
-    assert "resume with" not in err or status == "interrupted"
-
-
-def test_a_full_disk_is_one_line_and_the_same_command_then_runs(tiny_model, tmp_path, capsys):
-    """RLIMIT_FSIZE below the weights' size: the kernel refuses the checkpoint's write (EFBIG) as a full disk does
-    (ENOSPC), inside safetensors. One line, exit 2, no temp files left after the next start."""
-    def small_disk():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-
-    cmd = train_cmd(tiny_model, tmp_path, "r", steps=1)
-    full = run(cmd, preexec_fn=small_disk)
-    line = last_line(full.stderr)
-    assert full.returncode == 2 and "could not be written" in line and "run the same command again" in line, line
-    rc, _, err = cli(cmd[3:], capsys)
-    assert rc == 0, err
-    assert not [f.name for f in (tmp_path / "r").rglob(".*") if f.name.endswith((".tmp", ".old"))]
-
-
-# ---- one line for user-side faults ----------------------------------------------------------------------------------
 def test_damaged_weights_are_one_line_for_eval_and_train(tiny_model, tmp_path, capsys):
     rc, _, err = cli(train_cmd(tiny_model, tmp_path, "r", steps=1)[3:], capsys)
     assert rc == 0, err
@@ -333,3 +234,29 @@ def test_scaling_eval_samples_alone_trims_eval_k_and_eval_k_is_a_flag(argv, eval
     assert seen["eval_k"] == eval_k
     cfg = recipe_config(eval_samples=seen["eval_samples"], eval_k=seen["eval_k"])  # a Config the floor can build
     assert cfg.eval_k == eval_k
+
+
+# ---- one set of flags ------------------------------------------------------------------------------------------------
+def test_a_flag_two_commands_share_states_its_default_where_they_differ_and_the_docs_list_them_all():
+    """Every flag taken by two or more commands: where their defaults differ, each command's --help says its
+    default (or where it comes from: a study's design); docs/CLI.md carries the whole table, as the parsers have it."""
+    import argparse
+
+    from brorl_lab.cli import _HelpFormatter, build_parser, shared_flags, shared_flags_markdown
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    table = shared_flags(parser)
+    assert table["--threads"]["train"] == "0" and table["--threads"]["eval"] == "1"  # the difference the help explains
+    unexplained = []
+    for flag, by in table.items():
+        if len(set(by.values())) == 1:
+            continue
+        for command in by:
+            action = next(a for a in sub.choices[command]._actions if flag in a.option_strings)
+            if "default" not in _HelpFormatter(command)._get_help_string(action):
+                unexplained.append(f"{command} {flag}")
+    assert not unexplained, unexplained
+    assert shared_flags_markdown() in (ROOT / "docs" / "CLI.md").read_text(), (
+        "docs/CLI.md's table of shared flags differs from the parsers: paste the output of `python -c 'from "
+        "brorl_lab.cli import shared_flags_markdown as t; print(t())'` over it")

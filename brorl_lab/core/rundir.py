@@ -116,9 +116,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
             os.fsync(dir_fd)  # make the rename itself durable
         finally:
             os.close(dir_fd)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno and e.filename is None:  # a writer's own error (pyarrow's): name the
+            raise OSError(e.errno, os.strerror(e.errno), str(path)) from e  # file, as the file system's errors do
         raise
     return path
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -86,6 +87,24 @@ class CheckpointError(RuntimeError):
     def __init__(self, message: str, *, errno_: Optional[int] = None, kept: Optional[Path] = None):
         super().__init__(message)
         self.errno, self.kept = errno_, kept
+
+
+PAUSE_ENV, PAUSE_FILE_ENV = "BRORL_PAUSE_AT", "BRORL_PAUSE_FILE"  # a test's hold at a named phase (_pause_at)
+
+
+def _pause_at(phase: str) -> None:
+    """A hold for tests that stop a run at an exact moment (tests/test_stop_matrix.py): when ``$BRORL_PAUSE_AT``
+    names ``phase``, write this pid to ``$BRORL_PAUSE_FILE`` and wait while that file exists (at most 10 min), so a
+    signal, a ``kill -9`` or a full disk lands in that phase and nowhere else. Phases: ``start`` (the model loaded,
+    status running, before the first evaluation and step: a signal stops at once) and ``step N`` (step N begun,
+    nothing of it done: a first signal lets it finish). Unset (always, outside tests) it costs one dict lookup."""
+    if os.environ.get(PAUSE_ENV) != phase:
+        return
+    hold = Path(os.environ[PAUSE_FILE_ENV])
+    hold.write_text(str(os.getpid()))
+    deadline = time.monotonic() + 600
+    while hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # a signal's handler runs here (it may raise: a second Ctrl-C, or one before the loop)
 
 
 def _best_effort(*records: Callable[[], object]) -> None:
@@ -311,11 +330,14 @@ def _run_exists(path: Path) -> RunExistsError:
     lock, so a status "running" was left by a writer that is gone: kill -9, an out-of-memory kill)."""
     from brorl_lab.core.rundir import WRITER_GONE
 
-    status = RunDir(path).read_status()["status"]
-    status = WRITER_GONE if status == "running" else status
+    was = RunDir(path).read_status()
+    status = WRITER_GONE if was["status"] == "running" else was["status"]
+    go_on = (f"Trainer.resume({str(path)!r}, steps=N) (CLI: train --resume {path} --steps N, N more than its "
+             f"{was.get('step', 0)}) to extend it" if status == "finished" else
+             f"Trainer.resume({str(path)!r}) (CLI: train --resume {path}) to continue it")
     return RunExistsError(f"run_dir: {path} already holds a run ({', '.join(RunDir.run_files_in(path))}; status "
-                          f"{status}); allowed: Trainer.resume({str(path)!r}) (CLI: train --resume) to continue it, "
-                          "overwrite=True (CLI: --overwrite) to replace it, or another run_name / run_dir")
+                          f"{status}); allowed: {go_on}, overwrite=True (CLI: --overwrite) to replace it, or another "
+                          "run_name / run_dir")
 
 
 def ds_round_cap(cfg: Config) -> int:
@@ -675,6 +697,7 @@ class Trainer:
 
         c = self.cfg
         self.run_dir.write_status("running", step=self.step_idx, steps=total)
+        _pause_at("start")
         if not self.rows and c.evaluates:  # row 0: where training starts from
             t0 = time.perf_counter()
             row = {"step": 0, **{f"cum_{k}": v for k, v in self.cum.items()}, **self.evaluate(0).metrics}
@@ -689,6 +712,7 @@ class Trainer:
         try:
             with self._interruptible():
                 while self.step_idx < total and not self._stop.is_set() and not c.budget_spent(self.cum["samples"]):
+                    _pause_at(f"step {self.step_idx + 1}")
                     row = self.step()
                     self._emit(row)
                     self.run_dir.write_status("running", step=self.step_idx, steps=total)  # a sweep's view inside
@@ -869,8 +893,9 @@ class Trainer:
                f"{type(e).__name__}: {' '.join(str(e).split())[:160]}")
         if target.is_file():
             at = f"step {self._checkpoint_step}" if self._checkpoint_step is not None else "an earlier step"
-            kept = (f"the last good checkpoint ({at}) is kept, unchanged, at {target}; free space, then "
-                    f"Trainer.resume({str(self.run_dir.path)!r}) continues from it")
+            kept = (f"the last good checkpoint ({at}) is kept, unchanged, at {target}; free space, then resume with: "
+                    f"python -m brorl_lab train --resume {self.run_dir.path} (in Python: "
+                    f"Trainer.resume({str(self.run_dir.path)!r}))")
         else:
             kept = (f"there is no earlier checkpoint to fall back on ({target} was never written); free space, then "
                     "run the same command again (it starts over)")
