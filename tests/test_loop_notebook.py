@@ -2,6 +2,7 @@
 passes) and a headless run of the loop at a test size."""
 
 import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -43,23 +44,33 @@ def test_each_stub_fails_its_check_and_its_solution_passes(name):
     assert "correct" in EXERCISES[name](getattr(course.load_solutions("07_write_the_loop"), name))
 
 
-@pytest.mark.notebook
-def test_the_loop_runs_headless_on_the_pieces_and_updates_the_model(tmp_path, monkeypatch):
-    """The whole notebook under papermill at a test size, with the solutions as the student's pieces: every check
-    passes and says it ran the solution, the answers print before and after, and the loop made optimizer steps.
+#: The loop's test size: the takeoff base on gcd, which it answers right about 1 time in 4, so most groups of 8 are
+#: mixed and every step updates. The notebook's defaults (spell_backward, solved once in 50 to 250 draws) rise only
+#: after some 300 steps of 32 x 16, minutes of CPU beyond a test. lr 2e-4: at the notebook's 5e-4 one seed of three
+#: collapsed onto answering "2" (held-out pass@1 +3.5 points after 100 steps).
+LOOP_TEST = dict(use_solutions=True, task="gcd", steps=80, prompts_per_step=16, rollouts_per_prompt=8, lr=2e-4,
+                 eval_prompts=100, eval_samples=4, broad_n=0)
+RISE = 0.12  # the held-out pass@1 rise (a fraction) the test size must reach: a margin under the lowest measured
 
-    The rise of held-out pass@1 is not asserted here: at a size a test can afford (a few steps of 4 x 8 from the
-    takeoff base, which solves spell_backward about once in 50 to 250 draws) most groups are all wrong and the loop
-    barely updates; the default model (which solves most words) is used so that groups are mixed and the loop must
-    update. The notebook's defaults and their measured rise are in its first cell."""
+
+@pytest.mark.notebook
+def test_the_loop_on_the_students_pieces_raises_held_out_pass_at_1(tmp_path, monkeypatch):
+    """The whole notebook under papermill at the test size, with the solutions as the student's pieces (the exact-
+    answer verifier of exercise 5 scores gcd's one-number answers too): every check passes and says it ran the
+    solution, the answers print before and after, and held-out pass@1 (100 frozen gcd prompts x 4 samples, the
+    library's evaluation) rises by at least RISE.
+
+    Measured 2026-12-07 at lr 2e-4 and 16 x 8 (load 14 to 23 on the 2 cores): after 80 steps +22.3, +19.4 and +18.7
+    points at seeds 0, 1, 2 (runs of 160 steps, read at step 80; they end at +23.0, +20.2, +18.5: a plateau near
+    0.43); after 100 steps +20.2 and +19.5 (seeds 0, 2). Not the 20 points the notebook's defaults reach on
+    spell_backward (stated in its first cell): gcd's rise plateaus there, and it is mostly the base learning to
+    choose between the commonest answers, 1 and 2 (its answers before and after show it), not to compute a GCD."""
     from helpers_notebooks import execute_small
 
-    run = execute_small(NOTEBOOK, tmp_path, dict(use_solutions=True, model="default", steps=3, prompts_per_step=4,
-                                                 rollouts_per_prompt=8, eval_prompts=8, eval_samples=2, broad_n=16),
-                        monkeypatch)
+    run = execute_small(NOTEBOOK, tmp_path, LOOP_TEST, monkeypatch)
     text = run["text"]
     assert text.count(": correct") == len(EXERCISES) == text.count("this run used the reference solution")
-    assert "the base, before RL:" in text and "after 3 steps of 4 x 8:" in text
-    done = [line for line in text.splitlines() if line.startswith("N = 8: step    3")]
-    assert done and int(done[0].split(", ")[1].split()[0]) > 0, text[-2000:]  # optimizer steps were taken
-    assert "held-out pass@1" in text and "N = 16:" in text
+    assert "the base, before RL:" in text and "after 80 steps of 16 x 8:" in text
+    rise = re.search(r"held-out pass@1 ([0-9.]+) -> ([0-9.]+) \(([+-][0-9.]+) points\)", text)
+    assert rise and float(rise[3]) / 100 >= RISE, text[-2500:]
+    print(f"the loop at its test size: {rise[0]}")
