@@ -139,3 +139,15 @@ def test_a_tiny_study_reads_the_uniform_arms_from_the_frontier_ledger_and_runs_o
     assert A.main(["run", "two_stage", "--out", str(tmp_path / "cli"), "--exploratory", "--jobs", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_the_design_pages_pilot_table_comes_from_the_shipped_pilot_files():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    steps = pd.read_csv(root / "notebooks/figures/allocation/allocation_pilot_steps.csv")
+    summary = pd.read_csv(root / "notebooks/figures/allocation/allocation_pilot.csv")
+    pd.testing.assert_frame_equal(A.pilot_summary(steps), summary, check_dtype=False)  # the summary is of these steps
+    page = (root / "docs/results/allocation_design.md").read_text()
+    block = page.split("<!-- pilot-table -->\n", 1)[1].split("\n<!-- /pilot-table -->", 1)[0]
+    assert block == A.pilot_markdown(summary, steps)

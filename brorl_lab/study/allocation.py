@@ -456,6 +456,22 @@ def pilot_summary(steps: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+def pilot_markdown(summary: pd.DataFrame, steps: pd.DataFrame) -> str:
+    """The cost pilot as the design page's markdown table (a test rebuilds the page's block from the shipped
+    ``allocation_pilot.csv`` and ``allocation_pilot_steps.csv``): per branch point and arm, generated samples, ms
+    per sample, its ratio to uniform, refills per step, informative groups per generated sample, the largest N of a
+    prompt and the mean trained samples of a step's update batch."""
+    trained = steps.groupby(["branch", "arm"], sort=False)["trained_samples"].mean()
+    rows = ["| branch point | arm | generated samples | ms per sample (under load) | vs uniform | refills per step, "
+            "mean (max) | informative groups per generated sample | largest N of a prompt | trained samples per "
+            "update batch, mean |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in summary.itertuples():
+        rows.append(f"| {r.branch} | {r.arm} | {r.samples:,} | {r.ms_per_sample:.2f} | {r.vs_uniform:.2f} | "
+                    f"{r.refills_mean:.1f} ({r.refills_max}) | {r.informative_per_sample:.5f} | {r.n_max} | "
+                    f"{trained[(r.branch, r.arm)]:,.0f} |")
+    return "\n".join(rows)
+
+
 # ---- the command: python -m brorl_lab.study.allocation run STAGE ----------------------------------------------------
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``run STAGE [--jobs 2] [--threads 1] [--out runs/allocation] [--exploratory]``: one stage through the study
