@@ -170,6 +170,7 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     import pandas as pd
 
     from brorl_lab.study import frontier as F
+    from brorl_lab.study import render as R
     from brorl_lab.study.results import read_provenance
 
     fr = F.Frontier(name="tiny", branches=("learned",), ratio_arms={2: 4, 8: 2}, budgets={"learned": 64}, marks=2,
@@ -183,6 +184,13 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     assert pilot.finished and len(list((tmp_path / "ledger" / "lr_pilot").glob("*_s*.parquet"))) == 4
     picks = pd.read_csv(tmp_path / "ledger" / "lr_pilot" / "lr_picks.csv")
     assert list(picks["arm"]) == ["n2x4", "n8x2"] and picks["lr"].isin([1e-4, 1e-3]).all()
+    # the results page reads the same ledger: one row per arm x lr with each seed's value, and the picks
+    (tmp_path / R.FRONTIER_LEDGER).parent.mkdir(parents=True)
+    (tmp_path / "ledger").rename(tmp_path / R.FRONTIER_LEDGER)
+    page = R.frontier_fields(R.Files(tmp_path))
+    assert "| learned | n8x2 | 0.001 | 1 |" in page["frontier_lr_pilot"] and "| 4 of 4 |" in page["frontier_stages"]
+    assert f"| learned | n8x2 | {picks.set_index('arm').loc['n8x2', 'lr']:g} |" in page["frontier_picks"]
+    (tmp_path / R.FRONTIER_LEDGER).rename(tmp_path / "ledger")
     ratio = F.run_stage("ratio", out=tmp_path / "runs", ledger=tmp_path / "ledger", ship=False, frontier=fr, jobs=1,
                         progress=False)
     assert ratio.finished and ratio.metrics["cum_samples"].groupby(ratio.metrics["run"]).max().ge(64).all()

@@ -35,7 +35,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from brorl_lab.study.results import is_shippable, read_provenance
+from brorl_lab.study.results import DECLARATION, is_shippable, read_provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = Path(__file__).resolve().with_name("templates")
@@ -805,6 +805,64 @@ def floor_fields(f: Files) -> dict:
             "floor_sd": pts(head["sd"], sign=False), "floor_seeds_needed": _seeds_needed(head["sd"])}
 
 
+# ---- the frontier (docs/results/frontier.md): the pre-registered study's ledger, as far as it has run -----------------
+FRONTIER_LEDGER = f"{FIG}/frontier"
+
+
+def frontier_files(root: Path = ROOT) -> tuple[str, ...]:
+    """The frontier's declaration and every ledger file committed so far (one per finished arm x seed), plus the lr
+    picks once the pilot is complete."""
+    ledger = Path(root) / FRONTIER_LEDGER
+    runs = sorted(str(q.relative_to(root)) for q in ledger.glob("*/*_s*.parquet"))
+    picks = [str(q.relative_to(root)) for q in sorted(ledger.glob("*/lr_picks.csv"))]
+    return (f"{FRONTIER_LEDGER}/declaration.json", *runs, *picks)
+
+
+def frontier_fields(f: Files) -> dict:
+    """Per stage: finished of planned arm x seed runs; the lr pilot per branch point, arm and lr at its pilot budget
+    (each seed's held-out pass@1, the mean, the share of steps within the KL bound); the picks once made."""
+    from brorl_lab.study import frontier as FR
+
+    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+    names = [n for n in frontier_files(f.root) if n.endswith(".parquet")]
+    by_stage = {st: [n for n in names if n.split("/")[-2] == st] for st in decl["stages"]}
+    arms_per_design = {"lr_pilot": len(decl["designs"]["ratio"]) * len(decl["lr"]["grid"]),
+                       "ratio": len(decl["designs"]["ratio"]), "capped": len(decl["designs"]["ratio"]),
+                       "fixed": len(decl["designs"]["fixed_batch"])}
+    stages = ["| stage | what | arm x seed runs finished | seeds |", "|---|---|---:|---|"]
+    for st in [st for st in FR.STAGES if st in decl["stages"]]:
+        d = decl["stages"][st]
+        planned = arms_per_design[st] * len(decl["branch_points"]) * len(d["seeds"])
+        stages.append(f"| `{st}` | {d['what']} | {len(by_stage[st])} of {planned} | {d['seeds'][0]}-{d['seeds'][-1]} |")
+    pilot = ("No lr pilot run has finished yet." if not by_stage["lr_pilot"] else "")
+    if by_stage["lr_pilot"]:
+        df = FR.split_arm(pd.concat([f(n) for n in by_stage["lr_pilot"]], ignore_index=True))
+        rows = ["| branch point | arm | lr | seeds | held-out pass@1 per seed (%) | mean (%) | steps within the KL bound |",
+                "|---|---|---:|---:|---|---:|---:|"]
+        for b, g in df.groupby("branch", sort=False):
+            t = FR.lr_pilot_rows(g, mark=decl["lr"]["pilot_budget"][b], metric=decl["evaluation"]["metric"])
+            for (arm, lr), r in t.groupby(["arm", "lr"], sort=False):
+                per = ", ".join("-" if np.isnan(v) else f"{100 * v:.1f}" for v in r.sort_values("seed")["value"])
+                share = r["kl_within"].sum() / max(r["steps"].sum(), 1)
+                rows.append(f"| {b} | {arm} | {lr:g} | {len(r)} | {per} | {100 * r['value'].mean():.1f} | "
+                            f"{100 * share:.0f}% of {r['steps'].sum()} |")
+        pilot = "\n".join(rows)
+    pick_files = [n for n in frontier_files(f.root) if n.endswith("lr_picks.csv")]
+    if pick_files:
+        t = f(pick_files[0])
+        picks = ["| branch point | arm | picked lr | its mean pass@1 (%) | BroRL's sqrt rule from the N = 16 pick |",
+                 "|---|---|---:|---:|---:|"] + [
+            f"| {r.branch} | {r.arm} | {r.lr:g} | {100 * r.value:.1f} | {r.sqrt_rule_lr:.2g} |" for r in t.itertuples()]
+        picks = "\n".join(picks)
+    else:
+        picks = ("Not made yet: `pick_lr` reads the pilot once every run of it has finished (the later stages refuse "
+                 "to start before).")
+    return {"frontier_stages": "\n".join(stages), "frontier_lr_pilot": pilot, "frontier_picks": picks,
+            "frontier_eval": f"{decl['evaluation']['prompts_per_family']} prompts x "
+                             f"{decl['evaluation']['samples_per_prompt']} samples per family",
+            "frontier_kl_share": f"{100 * decl['lr']['kl_share']:.0f}%"}
+
+
 def no_fields(f: Files) -> dict:
     return {}
 
@@ -852,6 +910,7 @@ PAGES: tuple[Page, ...] = (
     Page("docs/results/plateau.md", "plateau.md.tmpl", ("data/plateau_model/plateau.json",), plateau_fields),
     Page("docs/results/floor.md", "floor.md.tmpl", (f"{FIG}/flagship_verdict.json",), floor_fields,
          {f"{FIG}/flagship_grid_gaps.png": floor_grid_png}, tuple(FROZEN_FIGURES)),
+    Page("docs/results/frontier.md", "frontier.md.tmpl", frontier_files(), frontier_fields),
 )
 README_FILES = FLAGSHIP_FILES + REGIME_FILES + THEOREM_FILES
 
@@ -861,6 +920,8 @@ def check_files(f: Files, names: tuple[str, ...], where: str) -> list[str]:
     """The legacy files among ``names``; raises RenderError for a file that is neither shippable nor in LEGACY."""
     legacy = []
     for n in names:
+        if Path(n).name == DECLARATION:
+            continue  # the design, not a result: each result's own record names the commit that holds it
         why = is_shippable(f.provenance(n))
         if why and n not in LEGACY:
             raise RenderError(f"{where}: {n} cannot back a shipped page ({'; '.join(why)}); allowed: a record from a "
