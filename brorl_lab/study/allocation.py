@@ -37,7 +37,9 @@ and the N-per-prompt histogram the trainer's metrics record (``alloc/*``: :func:
 allocation_metrics`).
 
 The command: ``python -m brorl_lab.study.allocation run two_stage --jobs 2`` (then ``until_signal``);
-``python -m brorl_lab.study.allocation read two_stage`` prints the reading from both ledgers.
+``python -m brorl_lab.study.allocation read two_stage`` prints the reading from both ledgers. The exploratory cost
+pilot (``... pilot --steps 3``, :func:`cost_pilot`) measures wall time per generated sample under each allocator
+against uniform; docs/results/allocation_design.md quotes it (:func:`pilot_markdown`).
 """
 
 from __future__ import annotations
