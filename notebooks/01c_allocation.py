@@ -38,6 +38,9 @@
 # The same allocators run in training (`Config(rollout_allocation="two_stage")`, `python -m brorl_lab train
 # --rollout-allocation two_stage`); here they run on Bernoulli draws at known $p$, so every number is an expectation
 # (a Monte-Carlo mean), not a training result.
+#
+# **Run time.** At these defaults 38 s on the 2-core machine while other jobs kept its load near 13 (measured
+# 2026-12-07 by `make book`, whose preset runs them; the one real rollout included).
 
 # %% tags=["parameters"]
 prompts = 64                  # prompts in the simulated population
@@ -58,6 +61,7 @@ seed = 0
 import numpy as np
 import plotly.graph_objects as go
 
+from brorl_lab.lab import plots  # noqa: F401 - figures keep an HTML copy (the book and HTML exports draw it)
 from brorl_lab.rl.allocation import compare
 from brorl_lab.theory import allocation as A
 from brorl_lab.theory import balance
