@@ -83,7 +83,8 @@ bench: env
 # The book: papermill executes each notebook at docs/book/presets.yml's "book" sizes (a notebook whose source,
 # parameters and brorl_lab code are unchanged is not run again), Sphinx + myst-nb renders them with the theory and
 # results pages into build/book/html. BOOK_ARGS="--force" re-executes all; "--preset tiny" builds in minutes.
-# Measured on the shared 2-core machine (load 14): 70 min from scratch, 47 min of it notebook 02; ~20 s cached.
+# Measured 2026-12-07 on the shared 2-core machine (load ~19): 51 min from scratch (12.4 min of CPU), 24 min of
+# it notebook 07's loop and 13 min notebook 02 (docs/book/build_book.py says more); ~20 s cached.
 BOOK_ARGS ?=
 book: env
 	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR) $(BIN)/python docs/book/build_book.py $(BOOK_ARGS)

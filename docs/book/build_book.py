@@ -29,10 +29,14 @@ the book preset, per notebook: 00 39 s, 01 345 s, 01b 149 s, 02 2,798 s (47 min:
 all; Sphinx alone 8 to 18 s. A rebuild with nothing changed executes nothing
 (about 20 s); a change under brorl_lab/ re-executes every notebook.
 Measured again 2026-12-07 (load 20 to 25 from other jobs): the tiny preset from scratch, 10 notebooks, 903 s (00 78 s,
-01 79, 01b 94, 01c 67, 02 110, 03 101, 04 32, 05 49, 06 206, 07 42; Sphinx 28). The book preset was not built in one
-go since notebook 02 became the flagship miniature; its new parts measured alone at that load: 01 at its defaults
-308 s (50 s of CPU), 01b 297 s (44 s of CPU), 07 at its defaults: see the notebook's first cell. Its old total of
-70 min was dominated by the old 02 (47 min); the notebooks' own first cells state their times.
+01 79, 01b 94, 01c 67, 02 110, 03 101, 04 32, 05 49, 06 206, 07 42; Sphinx 28); again at load ~23, 874 s.
+**The book preset from scratch** (`nice -n 10 python docs/book/build_book.py --preset book --force`, 2026-12-07
+05:35 to 06:26 UTC, load average 6 at the start, 18.8 on average, up to 30, from four other engineers' jobs and a
+background study): **50 min 39 s** wall, 12.4 min of CPU (706 s user + 39 s system, kernels included). Per notebook:
+00 32 s, 01 144, 01b 158, 01c 38, 02 770, 03 133, 05 80, 06 127, 07 1,451, 04 52; Sphinx 27. Over the 25 minutes
+aimed at: the time went to 07 (24 min: its loop at the defaults, 450 steps of 32 x 16 from the takeoff base, about 5
+min of CPU on one thread) and 02 (13 min: the flagship miniature, both branch points, 3 seeds). The whole build used
+12.4 min of CPU, so the rest of the wall time was waiting for the shared cores; no quiet machine was there to time.
 
 Why the committed notebooks stay without outputs and the book is where they are read executed: an executed notebook
 carries each plotly figure twice (its JSON and an HTML twin) plus the 4.8 MB plotly.js, 5 to 20 MB per notebook
