@@ -112,7 +112,7 @@ def test_a_tiny_study_reads_the_uniform_arms_from_the_frontier_ledger_and_runs_o
     (fl / "lr_pilot").mkdir(parents=True)
     pd.DataFrame({"branch": "learned", "arm": ["n2x4", "n8x2"], "lr": [1e-3, 1e-3]}).to_csv(
         fl / "lr_pilot" / "lr_picks.csv", index=False)
-    ratio = F.run_stage("ratio", out=tmp_path / "runs_frontier", ledger=fl, ship=False, frontier=fr, jobs=2,
+    ratio = F.run_stage("ratio", out=tmp_path / "runs_frontier", ledger=fl, ship=False, frontier=fr, jobs=1,
                         progress=False)
     assert ratio.finished
     shared = {p: p.stat().st_mtime_ns for p in (fl / "ratio").glob("*.parquet")}
