@@ -192,8 +192,8 @@ def test_no_tracked_file_names_a_path_of_the_build_machine():
 # Each study module may import only the study modules before it here: the recipe is the base, the plateau sits above
 # what it uses and below nothing but the CLI, the verdict lives in revival alone.
 STUDY_ORDER = ("results", "recipe", "rare", "compare", "mechanism", "plateau", "arms", "paid", "revival", "ablations",
-               "runner", "regime", "theorem", "render", "frontier",
-               "allocation")  # regime and theorem run on the runner's machinery
+               "runner", "regime", "theorem", "frontier",
+               "allocation", "render")  # regime and theorem run on the runner's machinery; render reads every study
 
 
 def study_imports(graph) -> dict[str, set[str]]:
