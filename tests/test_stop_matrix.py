@@ -147,6 +147,18 @@ def last_line(err: str) -> str:
     return lines[-1] if lines else ""
 
 
+def exited(pid: int) -> bool:
+    """The forked child has exited (a zombie until the forker reaps it: its pid stays ours)."""
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def handled(done, what: str, timeout: float = 120) -> None:
+    t0 = time.monotonic()
+    while not done():
+        assert time.monotonic() - t0 < timeout, f"{what} was not handled in {timeout} s"
+        time.sleep(0.01)
+
+
 def stop(forker, argv: list[str], phase: str, way: str, tmp: Path) -> tuple[int, str]:
     """Run `train argv` in a forked child, hold it at ``phase``, stop it ``way``: (exit status, stderr)."""
     hold, err = tmp / "hold", tmp / "stderr.txt"
@@ -157,21 +169,26 @@ def stop(forker, argv: list[str], phase: str, way: str, tmp: Path) -> tuple[int,
     try:
         t0 = time.monotonic()
         while not hold.exists():  # the child reached the phase (or failed before it: it never writes the file)
-            gone = Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # exited, not yet reaped
-            assert not gone and time.monotonic() - t0 < 240, f"never reached {phase}: {err.read_text()}"
+            assert not exited(pid) and time.monotonic() - t0 < 240, f"never reached {phase}: {err.read_text()}"
             time.sleep(0.02)
         if way == "disk full":  # no file may grow past FULL_DISK bytes (before the first step: SMALL_FILE)
             limit = SMALL_FILE if phase == "start" else FULL_DISK
             resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
         elif way == "kill -9":
             os.kill(pid, signal.SIGKILL)
-        else:
+            handled(lambda: exited(pid), "the kill")
+        else:  # each signal handled while the run is held at the phase (a loaded machine may take its time)
             sig = signal.SIGTERM if way == "SIGTERM" else signal.SIGINT
             os.kill(pid, sig)
-            if way == "Ctrl-C twice":
-                time.sleep(0.2)  # the first one handled: the second is the user's impatience, not one keypress
-                os.kill(pid, sig)  # (an exited child is a zombie until reaped: this pid is still ours)
-        time.sleep(0.2)  # delivered and handled while the run is held at the phase
+            if phase == "start":  # before the loop a signal stops the command at once; a second lands as it stops
+                if way == "Ctrl-C twice":
+                    os.kill(pid, sig)
+                handled(lambda: exited(pid), "the signal")
+            else:  # in a step: the first one asks the loop to stop after it (the hold says it saw that)
+                handled(Path(f"{hold}.stopping").exists, "the first signal")
+                if way == "Ctrl-C twice":  # the second stops at once
+                    os.kill(pid, sig)
+                    handled(lambda: exited(pid), "the second signal")
     except BaseException:
         os.kill(pid, signal.SIGKILL)
         raise

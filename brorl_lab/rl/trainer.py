@@ -92,19 +92,24 @@ class CheckpointError(RuntimeError):
 PAUSE_ENV, PAUSE_FILE_ENV = "BRORL_PAUSE_AT", "BRORL_PAUSE_FILE"  # a test's hold at a named phase (_pause_at)
 
 
-def _pause_at(phase: str) -> None:
+def _pause_at(phase: str, stopping: Callable[[], bool] = lambda: False) -> None:
     """A hold for tests that stop a run at an exact moment (tests/test_stop_matrix.py): when ``$BRORL_PAUSE_AT``
     names ``phase``, write this pid to ``$BRORL_PAUSE_FILE`` and wait while that file exists (at most 10 min), so a
-    signal, a ``kill -9`` or a full disk lands in that phase and nowhere else. Phases: ``start`` (the model loaded,
-    status running, before the first evaluation and step: a signal stops at once) and ``step N`` (step N begun,
-    nothing of it done: a first signal lets it finish). Unset (always, outside tests) it costs one dict lookup."""
+    signal, a ``kill -9`` or a full disk lands in that phase and nowhere else; once ``stopping()`` (a first signal
+    was handled) it creates ``$BRORL_PAUSE_FILE.stopping``, so the test knows before it lets the run go on. Phases:
+    ``start`` (the model loaded, status running, before the first evaluation and step: a signal stops at once) and
+    ``step N`` (step N begun, nothing of it done: a first signal lets it finish). Unset (always, outside tests) it
+    costs one dict lookup."""
     if os.environ.get(PAUSE_ENV) != phase:
         return
     hold = Path(os.environ[PAUSE_FILE_ENV])
     hold.write_text(str(os.getpid()))
-    deadline = time.monotonic() + 600
+    said, deadline = False, time.monotonic() + 600
     while hold.exists() and time.monotonic() < deadline:
         time.sleep(0.01)  # a signal's handler runs here (it may raise: a second Ctrl-C, or one before the loop)
+        if not said and stopping():
+            Path(f"{hold}.stopping").touch()
+            said = True
 
 
 def _best_effort(*records: Callable[[], object]) -> None:
@@ -712,7 +717,7 @@ class Trainer:
         try:
             with self._interruptible():
                 while self.step_idx < total and not self._stop.is_set() and not c.budget_spent(self.cum["samples"]):
-                    _pause_at(f"step {self.step_idx + 1}")
+                    _pause_at(f"step {self.step_idx + 1}", self._stop.is_set)
                     row = self.step()
                     self._emit(row)
                     self.run_dir.write_status("running", step=self.step_idx, steps=total)  # a sweep's view inside
