@@ -330,3 +330,22 @@ def test_run_grid_writes_one_ledger_file_per_arm_and_seed_and_reads_them_back_in
     with pytest.raises(UserError, match="ledger: .*b_s0.parquet holds a run of another config"):
         runner.run_grid("g", {**arms, "b": arms["b"].replace(lr=2e-4)}, seeds=[0], out=tmp_path / "run3",
                         declaration={"study": "g"}, ledger=ledger, threads=1, progress=False)
+
+
+def test_the_heartbeat_prints_a_line_on_time_with_run_directories_or_a_count(tmp_path, capsys):
+    """The runner's plain progress line (papermill, a log file): from the run directories under its root by default,
+    from a counting function for a study whose units are not run directories (the theorem: models done)."""
+    import time
+
+    from brorl_lab.study import runner
+
+    done = []
+    with runner.heartbeat(tmp_path, "t", runs=3, enabled=True, every_s=0.05, count=lambda: len(done), unit="models"):
+        done.append(1)
+        time.sleep(0.3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("t: 3 models to run or read back (a line every 0.05 s)")
+    assert any(line.endswith("1 of 3 models finished") for line in lines[1:])
+    with runner.heartbeat(tmp_path, "t", runs=2, enabled=True, every_s=0.05):
+        time.sleep(0.3)
+    assert any(line.endswith("0 of 2 arm runs finished") for line in capsys.readouterr().out.splitlines())

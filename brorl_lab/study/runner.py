@@ -366,10 +366,11 @@ HEARTBEAT_ENV = "BRORL_HEARTBEAT_S"  # overrides HEARTBEAT_S (seconds), also in 
 
 
 @contextlib.contextmanager
-def heartbeat(root: Path, name: str, *, runs: int, enabled: bool, every_s: Optional[float] = None
-              ) -> Iterator[None]:
-    """While the body runs, print one plain line every ``every_s`` seconds: the study, the time so far, the arm runs
-    finished of ``runs`` and each run in flight at its step (read from the run directories under ``root``). For
+def heartbeat(root: Path, name: str, *, runs: int, enabled: bool, every_s: Optional[float] = None,
+              count: Optional[Callable[[], int]] = None, unit: str = "arm runs") -> Iterator[None]:
+    """While the body runs, print one plain line every ``every_s`` seconds: the study, the time so far, the ``unit``
+    finished of ``runs`` and each run in flight at its step (read from the run directories under ``root``; a study
+    whose units are not run directories passes ``count``, a function giving the units finished so far). For
     consoles where a tqdm bar shows nothing: a notebook under papermill (``BRORL_PLAIN_PROGRESS=1``), a log file;
     worker processes' own lines do not reach a kernel's output."""
     if not enabled:
@@ -381,15 +382,18 @@ def heartbeat(root: Path, name: str, *, runs: int, enabled: bool, every_s: Optio
     every_s = every_s or float(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_S)
     stop, t0 = threading.Event(), time.monotonic()
 
-    print(f"{time.strftime('%H:%M:%S')} {name}: {runs} arm runs to run or read back (a line every {every_s:g} s)",
+    print(f"{time.strftime('%H:%M:%S')} {name}: {runs} {unit} to run or read back (a line every {every_s:g} s)",
           flush=True)
 
     def beat() -> None:
         while not stop.wait(every_s):
-            dirs = sorted(d for d in Path(root).glob("*_s*") if d.is_dir())
-            done = [d for d in dirs if RunDir(d).read_status().get("status") == "finished"]
-            busy = [d for d in dirs if d not in done]
-            print(f"{time.strftime('%H:%M:%S')} {name}: {time.monotonic() - t0:.0f} s, {len(done)} of {runs} arm runs "
+            if count is not None:
+                done, busy = count(), []
+            else:
+                dirs = sorted(d for d in Path(root).glob("*_s*") if d.is_dir())
+                finished = [d for d in dirs if RunDir(d).read_status().get("status") == "finished"]
+                done, busy = len(finished), [d for d in dirs if d not in finished]
+            print(f"{time.strftime('%H:%M:%S')} {name}: {time.monotonic() - t0:.0f} s, {done} of {runs} {unit} "
                   f"finished" + (f"; {progress_text(busy)}" if busy else ""), flush=True)
 
     thread = threading.Thread(target=beat, name=f"heartbeat-{name}", daemon=True)

@@ -499,6 +499,7 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
     is drawn from them by ``python -m brorl_lab render``). Resumable like run_theorem."""
     import time
 
+    from brorl_lab.core.console import live_bars
     from brorl_lab.study.results import (
         declaration_record,
         provenance,
@@ -507,7 +508,7 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
         write_declaration,
         write_provenance,
     )
-    from brorl_lab.study.runner import write_study_files
+    from brorl_lab.study.runner import heartbeat, write_study_files
 
     t0, start = time.perf_counter(), start_of_run()  # the commit and UTC time when the run starts
     seeds = check_seeds(seeds)
@@ -518,19 +519,22 @@ def theorem_study(models: Sequence[str] = ("plateau", "default"), *, n_values: S
     if threads:
         torch.set_num_threads(threads)
     frames, theories, preds, setups = [], [], [], []
-    for model in models:
-        st = setup(model, prompts=prompts, held_out=held_out, lr=lr)
-        setups.append(st)
-        frames.append(run_theorem(model, n_values=n_values, seeds=seeds, prompts=prompts, held_out=held_out,
-                                  lr=lr, optimizer=optimizer, root=root, progress=progress, st=st, jobs=jobs,
-                                  ray=ray, threads=threads))
-        name = frames[-1]["model"].iloc[0]
-        pred = theory_predictions(st, n_values=n_values, trials=trials, progress=progress)
-        pred.insert(0, "model", name)
-        preds.append(pred)
-        th = theory_summary(pred)
-        th.insert(0, "model", name)
-        theories.append(th)
+    beat = heartbeat(Path(root), "theorem", runs=len(models), enabled=progress and not live_bars(),
+                     count=lambda: len(theories), unit="models (every N x seed, then the theory)")
+    with beat:
+        for model in models:
+            st = setup(model, prompts=prompts, held_out=held_out, lr=lr)
+            setups.append(st)
+            frames.append(run_theorem(model, n_values=n_values, seeds=seeds, prompts=prompts, held_out=held_out,
+                                      lr=lr, optimizer=optimizer, root=root, progress=progress, st=st, jobs=jobs,
+                                      ray=ray, threads=threads))
+            name = frames[-1]["model"].iloc[0]
+            pred = theory_predictions(st, n_values=n_values, trials=trials, progress=progress)
+            pred.insert(0, "model", name)
+            preds.append(pred)
+            th = theory_summary(pred)
+            th.insert(0, "model", name)
+            theories.append(th)
     df, pred, theory = (pd.concat(x, ignore_index=True) for x in (frames, preds, theories))
     summary, seeds_table = summarise_theorem(df), per_seed(df)
     models_used = {m: s.cfg.model for m, s in zip(dict.fromkeys(df["model"]), setups)}
