@@ -254,7 +254,8 @@ LEGACY_SHIMS = {"LEGACY_ARM_OPTIONS", "LEGACY_NAMES", "legacy_arm_table"}
 PENDING_N = {
     "paid.py": "the lead is generalizing it to per-arm configs (issue 42): arm_options' n_small, ... and n_draws",
     "runner.py": "the lead is generalizing it to per-arm configs (issue 42): run_floor's n_small, literals",
-    "frontier.py": "the lead's (issue 43): its arms as N -> prompts with the paper's 16 and 512 written in",
+    "frontier.py": ("its arms come from the recipe's table; what is left: 16 as a round cap and as a batch of groups, "
+                    "and the committed declaration's text naming arm n512x16 (changing it would change the declaration)"),
     "render.py": "reads the shipped files' columns named by N (E_s16, ds_512): renaming them needs a re-ship",
 }
 

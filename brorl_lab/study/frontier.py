@@ -49,14 +49,18 @@ import pandas as pd
 from brorl_lab.core.config import Config
 from brorl_lab.core.validation import check_int, is_number
 from brorl_lab.study.paid import METRIC  # held-out pass@1, the mean over the branch point's families
+from brorl_lab.study.recipe import ARM_TABLE
 
 # ---- the arms --------------------------------------------------------------------------------------------------------
-#: The 4:1 design: {N: prompts per step}. 16, 64 and 512 are the frontier's; 4 and 128 are optional (module docstring).
-RATIO_ARMS = {16: 64, 64: 32, 512: 16}
-OPTIONAL_RATIO_ARMS = {4: 128, 128: 32}
-#: The fixed-batch design: {N: prompts per step} at 8,192 samples per step in every arm.
-FIXED_BATCH_ARMS = {16: 512, 64: 128, 512: 16}
-FIXED_BATCH_SAMPLES = 8192
+#: The 4:1 design: {N: prompts per step}, the recipe's arm table (ProRL 16 x 64, middle 64 x 32, BroRL 512 x 16);
+#: N = 4 and 128 are optional, their prompts from the same power law (module docstring).
+_ROWS = [ARM_TABLE[a] for a in ("prorl", "middle", "brorl")]
+RATIO_ARMS = {r["rollouts_per_prompt"]: r["prompts_per_step"] for r in _ROWS}
+PRORL_SHAPE = (ARM_TABLE["prorl"]["rollouts_per_prompt"], ARM_TABLE["prorl"]["prompts_per_step"])
+BRORL_SHAPE = (ARM_TABLE["brorl"]["rollouts_per_prompt"], ARM_TABLE["brorl"]["prompts_per_step"])
+#: The fixed-batch design: {N: prompts per step} at BroRL's samples per step (8,192) in every arm.
+FIXED_BATCH_SAMPLES = BRORL_SHAPE[0] * BRORL_SHAPE[1]
+FIXED_BATCH_ARMS = {n: FIXED_BATCH_SAMPLES // n for n in RATIO_ARMS}
 #: The paper's exponent: prompts fall 4x while N grows 32x.
 PROMPT_EXPONENT = math.log(4) / math.log(32)
 
@@ -66,12 +70,15 @@ def arm_name(n: int, prompts: int) -> str:
     return f"n{n}x{prompts}"
 
 
-def ratio_prompts(n: int, *, n_ref: int = 16, prompts_ref: int = 64) -> int:
+def ratio_prompts(n: int, *, n_ref: int = PRORL_SHAPE[0], prompts_ref: int = PRORL_SHAPE[1]) -> int:
     """Prompts per step of the 4:1 design at N = ``n``: prompts_ref (n / n_ref)^(-0.4), rounded to the nearest power
     of two (in log2: the power-law's own scale)."""
     check_int("n", n, 1)
     exact = prompts_ref * (n / n_ref) ** (-PROMPT_EXPONENT)
     return 2 ** round(math.log2(exact))
+
+
+OPTIONAL_RATIO_ARMS = {n: ratio_prompts(n) for n in (4, 128)}  # 4 x 128 (111 -> 128), 128 x 32 (27.9 -> 32)
 
 
 # ---- the readings (functions on per-seed tables; fixed before the run) -------------------------------------------
@@ -488,7 +495,8 @@ RACE_UPDATES = 100
 MIN_TAKEOFF_BUDGET = 1_000_000  # the issue's floor for the takeoff base
 
 
-def budgets_from_pilot(refill: pd.DataFrame, *, brorl_arm: str = "n512x16", prorl_arm: str = "n16x64") -> dict:
+def budgets_from_pilot(refill: pd.DataFrame, *, brorl_arm: str = arm_name(*BRORL_SHAPE),
+                       prorl_arm: str = arm_name(*PRORL_SHAPE)) -> dict:
     """Each branch point's budget (generated samples per arm) from the refill pilot's :func:`cap_binding` table:
     :func:`size_budget` of the BroRL arm's generated samples per update for :data:`MIN_BRORL_UPDATES` updates; from
     the takeoff base at least :data:`MIN_TAKEOFF_BUDGET` and :data:`RACE_UPDATES` of the N=16 arm's updates (same
@@ -537,7 +545,7 @@ def noise_markdown(noise: pd.DataFrame) -> str:
 # ---- the critical batch size at each branch point (rl.noise_scale) ----------------------------------------------------
 #: The noise-scale measurement's design: two batch sizes in informative groups, repeats per (branch, N), and the
 #: prompts drawn per collection round at each N (the 4:1 arms' own).
-NOISE_DESIGN = dict(b_small=1, b_big=16, repeats=8, prompts={16: 64, 512: 16})
+NOISE_DESIGN = dict(b_small=1, b_big=16, repeats=8, prompts=dict([PRORL_SHAPE, BRORL_SHAPE]))
 
 
 def noise_table(branches: Sequence[str], ns: Sequence[int], *, b_small: int = NOISE_DESIGN["b_small"],
@@ -736,10 +744,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pilot", help="the refill pilot: how often a round cap binds, samples per update at fill-to-full")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--arms", nargs="+", default=["16x64", "64x32", "128x32", "512x16"], help="NxP")
+    p.add_argument("--arms", nargs="+", default=[f"{n}x{ratio_prompts(n)}" for n in sorted({*RATIO_ARMS, 128})],
+                   help="NxP")
     p.add_argument("--out", default="runs/frontier_pilot")
     q = sub.add_parser("noise", help="the gradient noise scale at each branch point and N")
-    q.add_argument("--ns", type=int, nargs="+", default=[16, 512])
+    q.add_argument("--ns", type=int, nargs="+", default=[PRORL_SHAPE[0], BRORL_SHAPE[0]])
     q.add_argument("--b-small", type=int, default=NOISE_DESIGN["b_small"])
     q.add_argument("--b-big", type=int, default=NOISE_DESIGN["b_big"])
     q.add_argument("--repeats", type=int, default=NOISE_DESIGN["repeats"])
