@@ -63,7 +63,7 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
 
 test: env browser-deps lint
-	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-fast: env lint
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not browser and not ray and not vllm and not notebook" $(PYTEST_ARGS)

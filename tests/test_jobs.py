@@ -211,13 +211,12 @@ def two_node_cluster(tmp_path_factory):
     temp_dir = Path("/tmp") / f"ray-jobs-{os.getpid()}"  # Ray's socket paths must stay short
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    # Token auth off on both sides, said explicitly: `ray start` turns it on by itself once ~/.ray/auth_token exists
-    # (any local ray.init() writes it, the Ray engine's tests included), while ray.init(address=...) never does, so
-    # the driver was refused ("Authentication token is missing") and the fixture waited until the test timed out.
+    # Token auth off on both sides (conftest sets RAY_AUTH_MODE=disabled for the session): `ray start` turns it on
+    # by itself once ~/.ray/auth_token exists (any local ray.init() writes it), while ray.init(address=...) never
+    # does, so the driver was refused ("Authentication token is missing") and the fixture waited until it timed out.
+    assert os.environ.get("RAY_AUTH_MODE") == "disabled", "tests/conftest.py sets RAY_AUTH_MODE for the session"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-           "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
-    auth_mode = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # this process is the driver of every test that uses the cluster
+           "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
     common = ["--num-cpus", "1", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
 
     def connected() -> bool:
@@ -243,10 +242,6 @@ def two_node_cluster(tmp_path_factory):
         for p in reversed(procs):
             _stop_group(p)
         shutil.rmtree(temp_dir, ignore_errors=True)
-        if auth_mode is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = auth_mode
 
 
 @pytest.mark.ray
