@@ -3,6 +3,7 @@
     pytest -q -n 2 -p no:cacheprovider --durations=0 > durations.txt      # a profile of the whole suite
     python -m bench.bench_suite table durations.txt                     # -> tests/durations.json
     python -m bench.bench_suite estimate [--workers 2]                   # the schedule's wall time from that table
+    python -m bench.bench_suite fresh [--workers 2]                      # time the suite in a fresh clone of HEAD
 
 ``table``: each test's setup + call + teardown seconds (pytest's ``--durations`` lines, ``12.34s call nodeid``)
 summed into the units tests/conftest.py's :func:`scope_of` hands out (a module, a SPLIT module's parts, the serial
@@ -11,6 +12,12 @@ each unit's seconds are what one worker would spend, so a repeated fixture (the 
 tests of one unit) counts once. Tests below the profile's cut (``--durations=N`` lists only the N slowest) are
 given ``other_test_s``: the seconds left of both workers' time over the run (2 x its wall time, idle included:
 an upper bound) spread over them, at most the shortest listed test.
+
+``fresh``: the suite as CI runs it, timed: a fresh clone of HEAD, the tests run there by the same pytest command
+``make test`` runs (``-n WORKERS --dist loadgroup``), with this checkout's venv and ``PYTHONPATH`` at the clone (as
+``bench.bench_demo`` does: every process the tests start imports the clone's package). Writes
+``bench/results/suite_<date>.json``: the wall time, pytest's own seconds and counts, the load average before and
+after, the commit and the machine. The environment's build (``make env``, minutes of pip) is not in the figure.
 
 ``estimate``: longest-processing-time-first on ``--workers`` (what LongestFirstScheduling does): each unit, longest
 first, to the worker that frees first; prints the makespan (the estimated wall time of the tests, start-up and
@@ -107,6 +114,52 @@ def estimate(table: dict, ids: list[str], scope_of, unit_estimate, workers: int 
             "plan": [[(u, round(units[u], 1)) for u in p] for p in plan]}
 
 
+SUMMARY = re.compile(r"^=*\s*(.*?\b(?:passed|failed|error|errors)\b.*?) in ([\d.]+)s")
+
+
+def fresh(workers: int, out: Path | None = None) -> dict:
+    """Time the suite in a fresh clone of HEAD (see the module's docstring); returns what it writes."""
+    import os
+    import tempfile
+    import time
+
+    sys.path.insert(0, str(REPO))
+    from bench.common import format_table, row
+    from brorl_lab.study.results import machine_info
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    argv = [sys.executable, "-m", "pytest", "-q", "-n", str(workers), "--dist", "loadgroup", "-p", "no:cacheprovider",
+            "--durations=25"]
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+        env = {**os.environ, "PYTHONPATH": str(clone)}
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    load1 = os.getloadavg()[0]
+    lines = proc.stdout.splitlines()
+    found = [SUMMARY.match(x) for x in lines]
+    summary = next((m for m in reversed(found) if m), None)
+    counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", summary.group(1))) \
+        if summary else {}
+    note = f"commit {commit}; {workers} workers; load average {load0:.1f} before, {load1:.1f} after; {os.cpu_count()} CPUs"
+    rows = [row("suite", f"the test suite from a fresh clone (env built), {workers} workers: wall", wall, "s", "<= 720",
+                note)]
+    print(format_table(rows))
+    result = {"command": f"python -m bench.bench_suite fresh --workers {workers}", "machine": machine_info(),
+              "rows": rows, "rc": proc.returncode, "commit": commit, "pytest_argv": argv[1:],
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": load0, "load_after": load1,
+              "pytest_s": float(summary.group(2)) if summary else None, "counts": counts,
+              "tail": lines[-40:] + proc.stderr.splitlines()[-10:]}
+    path = out or REPO / "bench" / "results" / f"suite_{time.strftime('%Y-%m-%d')}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"written: {path}; pytest: {summary.group(0) if summary else 'no summary line'}")
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_suite", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -117,7 +170,12 @@ def main(argv=None) -> int:
     e = sub.add_parser("estimate", help="the LPT schedule's wall time from tests/durations.json")
     e.add_argument("--workers", type=int, default=2)
     e.add_argument("--table", type=Path, default=TABLE)
+    f = sub.add_parser("fresh", help="time the suite in a fresh clone of HEAD; writes bench/results/suite_<date>.json")
+    f.add_argument("--workers", type=int, default=2, help="pytest-xdist workers, as make test's TEST_WORKERS")
+    f.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.cmd == "fresh":
+        return 0 if fresh(args.workers, args.out)["rc"] == 0 else 1
     c, ids = conftest(), collected()
     if args.cmd == "table":
         profile, wall = parse_profile(args.profile.read_text())

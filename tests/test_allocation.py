@@ -430,25 +430,3 @@ def test_vllm_draws_a_per_prompt_n():
         engine.close()
 
 
-@pytest.mark.ray
-@pytest.mark.timeout(400)
-def test_ray_pool_splits_a_per_prompt_n_by_samples_and_equals_the_in_process_reference(tiny):
-    import ray
-
-    _, _, path = tiny
-    assert not ray.is_initialized()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each actor: float sums depend on the thread count
-    local = make_engine("torch", str(path), device="cpu")
-    pool = make_engine("ray", str(path), workers=2, worker_engine="torch", local_cpus=2, num_cpus_per_worker=0.5,
-                       device="cpu", start_timeout_s=240, timeout_s=120)
-    try:
-        counts = [1, 9, 2, 3]  # 15 samples, 8 a worker: prompt 1 is cut, four shards on two workers
-        got, want = pool.generate(PROMPTS, counts, SP), generate_sharded(local, PROMPTS, counts, SP, workers=2)
-        assert got.group_sizes.tolist() == counts and torch.equal(got.response_ids, want.response_ids)
-        assert got.texts == want.texts and torch.equal(got.logprobs, want.logprobs)
-        assert [(s["shard"], s["worker"]) for s in got.meta["shards"]] == [(0, 0), (1, 1), (2, 0), (3, 1)]
-    finally:
-        pool.close()
-        local.close()
-        torch.set_num_threads(threads)

@@ -140,6 +140,18 @@ def test_pool_returns_the_in_process_batch_for_the_same_seed(pool, local):
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
+def test_ray_pool_splits_a_per_prompt_n_by_samples_and_equals_the_in_process_reference(pool, local):
+    """A per-prompt N (rollout allocation, issue 44) on the pool: shards cut by samples, not prompts, and the
+    batch equals the in-process reference drawn shard by shard."""
+    counts = [1, 9, 2, 3]  # 15 samples, 8 a worker: prompt 1 is cut, four shards on two workers
+    got, want = pool.generate(PROMPTS, counts, SP), generate_sharded(local, PROMPTS, counts, SP, workers=2)
+    assert got.group_sizes.tolist() == counts and torch.equal(got.response_ids, want.response_ids)
+    assert got.texts == want.texts and torch.equal(got.logprobs, want.logprobs)
+    assert [(s["shard"], s["worker"]) for s in got.meta["shards"]] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
 def test_sync_reaches_every_worker_and_a_replacement(pool, local, model_dir):
     import ray
     from transformers import AutoModelForCausalLM
