@@ -152,6 +152,7 @@ def fresh(workers: int, out: Path | None = None) -> dict:
     result = {"command": f"python -m bench.bench_suite fresh --workers {workers}", "machine": machine_info(),
               "rows": rows, "rc": proc.returncode, "commit": commit, "pytest_argv": argv[1:],
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": load0, "load_after": load1,
+              "wall_s": round(wall, 1), "wall_min": round(wall / 60, 1),
               "pytest_s": float(summary.group(2)) if summary else None, "counts": counts,
               "tail": lines[-40:] + proc.stderr.splitlines()[-10:]}
     path = out or REPO / "bench" / "results" / f"suite_{time.strftime('%Y-%m-%d')}.json"
