@@ -183,7 +183,8 @@ def lr_pilot_rows(df: pd.DataFrame, *, mark: float, metric: str, kl_bound: Optio
     """Per (arm, lr, seed) of an lr pilot's long metrics table (columns arm, lr, seed, step, kl, ``x``,
     ``metric``): held-out ``metric`` at the first evaluation reaching ``mark`` (``value``, NaN when never reached),
     the training steps, and those whose KL stayed within ``kl_bound`` (default: the collapse rule's,
-    :data:`brorl_lab.study.compare.COLLAPSE` kl_max)."""
+    :data:`brorl_lab.study.compare.COLLAPSE` kl_max), and the optimizer updates the run made (``updates``: its last
+    ``cum_updates``, when the table has that column; what the pilot budget bought)."""
     from brorl_lab.study.compare import COLLAPSE
     from brorl_lab.study.paid import grid_points
 
@@ -193,8 +194,9 @@ def lr_pilot_rows(df: pd.DataFrame, *, mark: float, metric: str, kl_bound: Optio
         pts = grid_points(g, [mark], x=x, metric=metric).set_index("seed")["value"]
         for seed, s in g[g["step"] > 0].groupby("seed"):
             kl = s["kl"].dropna()
+            updates = int(s["cum_updates"].max()) if "cum_updates" in s else len(kl)
             rows.append({"arm": arm, "lr": float(lr), "seed": int(seed), "value": float(pts.get(seed, np.nan)),
-                         "steps": len(kl), "kl_within": int((kl <= bound).sum())})
+                         "steps": len(kl), "kl_within": int((kl <= bound).sum()), "updates": updates})
     return pd.DataFrame(rows)
 
 

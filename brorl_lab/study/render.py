@@ -837,15 +837,16 @@ def frontier_fields(f: Files) -> dict:
     pilot = ("No lr pilot run has finished yet." if not by_stage["lr_pilot"] else "")
     if by_stage["lr_pilot"]:
         df = FR.split_arm(pd.concat([f(n) for n in by_stage["lr_pilot"]], ignore_index=True))
-        rows = ["| branch point | arm | lr | seeds | held-out pass@1 per seed (%) | mean (%) | steps within the KL bound |",
-                "|---|---|---:|---:|---|---:|---:|"]
+        rows = ["| branch point | arm | lr | seeds | held-out pass@1 per seed (%) | mean (%) | steps within the KL bound "
+                "| optimizer updates per seed |", "|---|---|---:|---:|---|---:|---:|---|"]
         for b, g in df.groupby("branch", sort=False):
             t = FR.lr_pilot_rows(g, mark=decl["lr"]["pilot_budget"][b], metric=decl["evaluation"]["metric"])
             for (arm, lr), r in t.groupby(["arm", "lr"], sort=False):
                 per = ", ".join("-" if np.isnan(v) else f"{100 * v:.1f}" for v in r.sort_values("seed")["value"])
                 share = r["kl_within"].sum() / max(r["steps"].sum(), 1)
+                updates = ", ".join(str(u) for u in r.sort_values("seed")["updates"])
                 rows.append(f"| {b} | {arm} | {lr:g} | {len(r)} | {per} | {100 * r['value'].mean():.1f} | "
-                            f"{100 * share:.0f}% of {r['steps'].sum()} |")
+                            f"{100 * share:.0f}% of {r['steps'].sum()} | {updates} |")
         pilot = "\n".join(rows)
     pick_files = [n for n in frontier_files(f.root) if n.endswith("lr_picks.csv")]
     if pick_files:
