@@ -117,6 +117,14 @@ def estimate(table: dict, ids: list[str], scope_of, unit_estimate, workers: int 
 SUMMARY = re.compile(r"^=*\s*(.*?\b(?:passed|failed|error|errors)\b.*?) in ([\d.]+)s")
 
 
+def scrub(lines: list[str], paths: dict[str, str]) -> list[str]:
+    """``lines`` with each of this machine's ``paths`` replaced by its label (results files are committed: no
+    machine's paths in them), the longest path first."""
+    for path in sorted(paths, key=len, reverse=True):
+        lines = [x.replace(path, paths[path]) for x in lines]
+    return lines
+
+
 def fresh(workers: int, out: Path | None = None) -> dict:
     """Time the suite in a fresh clone of HEAD (see the module's docstring); returns what it writes."""
     import os
@@ -140,7 +148,8 @@ def fresh(workers: int, out: Path | None = None) -> dict:
         proc = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
     load1 = os.getloadavg()[0]
-    lines = proc.stdout.splitlines()
+    lines = scrub(proc.stdout.splitlines() + proc.stderr.splitlines()[-10:], {sys.prefix: "<venv>", str(clone): "<clone>",
+                                                                               str(REPO): "<repo>"})
     found = [SUMMARY.match(x) for x in lines]
     summary = next((m for m in reversed(found) if m), None)
     counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", summary.group(1))) \
@@ -154,7 +163,7 @@ def fresh(workers: int, out: Path | None = None) -> dict:
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": load0, "load_after": load1,
               "wall_s": round(wall, 1), "wall_min": round(wall / 60, 1),
               "pytest_s": float(summary.group(2)) if summary else None, "counts": counts,
-              "tail": lines[-40:] + proc.stderr.splitlines()[-10:]}
+              "tail": lines[-50:]}
     path = out or REPO / "bench" / "results" / f"suite_{time.strftime('%Y-%m-%d')}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {path}; pytest: {summary.group(0) if summary else 'no summary line'}")
