@@ -34,9 +34,9 @@
 #
 # Run it top to bottom. The `parameters` cell below holds every size; papermill overrides it for quick headless runs.
 #
-# **Run time.** At these defaults 308 s on the 2-core machine while other jobs kept its load near 20 (50 s of CPU,
-# so a quiet machine takes about a minute or two). `paper_sizes = True` runs the paper's Fig. 3 (1000 steps, five N)
-# and a 4x larger budget: 34.5 minutes there (17 minutes of CPU).
+# **Run time.** At these defaults 47 s on a quiet 2-core machine (the book's build of 2026-12-07,
+# `bench/results/book_2026-12-07.json`); 308 s there when other jobs kept its load near 20. `paper_sizes = True` runs
+# the paper's Fig. 3 (1000 steps, five N) and a 4x larger budget: 34.5 minutes at that load (17 minutes of CPU).
 
 # %% tags=["parameters"]
 # Sizes. The vocabulary is the paper's; the simulation's steps and the budget are cut so the notebook runs in a few

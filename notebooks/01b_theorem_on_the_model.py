@@ -29,9 +29,9 @@
 # and at these defaults both models made an update in every seed at every N. `models = ["learned", ...]` runs the
 # others anyway; the tables then say which seeds made no update.
 #
-# **Run time.** At these defaults (2 models; N = 4, 16, 64; 4 seeds; 8 prompts) 297 s (44 s of CPU) on the 2-core
-# machine while other jobs kept its load near 25, so a quiet machine takes less; `full = True` runs the results
-# page's sizes (N up to 512, 16 seeds, 16 prompts: about 20 minutes there).
+# **Run time.** At these defaults (2 models; N = 4, 16, 64; 4 seeds; 8 prompts) 46 s on a quiet 2-core machine (the
+# book's build of 2026-12-07, `bench/results/book_2026-12-07.json`); 297 s there when other jobs kept its load near
+# 25. `full = True` runs the results page's sizes (N up to 512, 16 seeds, 16 prompts: about 20 minutes at that load).
 #
 # Three kinds of statement appear below, each marked:
 #

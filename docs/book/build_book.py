@@ -37,6 +37,10 @@ background study): **50 min 39 s** wall, 12.4 min of CPU (706 s user + 39 s syst
 aimed at: the time went to 07 (24 min: its loop at the defaults, 450 steps of 32 x 16 from the takeoff base, about 5
 min of CPU on one thread) and 02 (13 min: the flagship miniature, both branch points, 3 seeds). The whole build used
 12.4 min of CPU, so the rest of the wall time was waiting for the shared cores; no quiet machine was there to time.
+**Quiet, from a fresh clone** (`OMP_NUM_THREADS=1 python docs/book/build_book.py --preset book` in a new clone of
+fb988e6, the env built, the machine otherwise idle, 2026-12-07 14:04 UTC; `bench/results/book_2026-12-07.json`):
+**11 min 33 s** wall (690 s by the builder's own clock), 12.9 min of CPU. Per notebook: 00 20 s, 01 47, 01b 46,
+01c 19, 02 119, 03 39, 05 27, 06 31, 07 317, 04 10; Sphinx 9. Within the 25 minutes aimed at.
 
 Why the committed notebooks stay without outputs and the book is where they are read executed: an executed notebook
 carries each plotly figure twice (its JSON and an HTML twin) plus the 4.8 MB plotly.js, 5 to 20 MB per notebook
