@@ -16,13 +16,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import REPO, format_table, row  # noqa: E402
+from bench.common import REPO, format_table, fresh_clone, row  # noqa: E402
 
 
 def timed_lines(argv: list[str], cwd: Path, env: dict) -> tuple[int, float, list[float], list[str]]:
@@ -39,13 +38,8 @@ def timed_lines(argv: list[str], cwd: Path, env: dict) -> tuple[int, float, list
 
 
 def main(out: str | None = None) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                            check=True).stdout.strip()
     load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        clone = Path(tmp) / "clone"
-        subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-        env = {**os.environ, "PYTHONPATH": str(clone)}
+    with fresh_clone() as (clone, env, commit):
         env.pop("BRORL_PLAIN_PROGRESS", None)
         rc, wall, times, lines = timed_lines([sys.executable, "-m", "brorl_lab", "demo", "--out", "runs/demo"],
                                              clone, env)

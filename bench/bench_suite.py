@@ -128,22 +128,16 @@ def scrub(lines: list[str], paths: dict[str, str]) -> list[str]:
 def fresh(workers: int, out: Path | None = None) -> dict:
     """Time the suite in a fresh clone of HEAD (see the module's docstring); returns what it writes."""
     import os
-    import tempfile
     import time
 
     sys.path.insert(0, str(REPO))
-    from bench.common import format_table, row
+    from bench.common import format_table, fresh_clone, row
     from brorl_lab.study.results import machine_info
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                            check=True).stdout.strip()
     argv = [sys.executable, "-m", "pytest", "-q", "-n", str(workers), "--dist", "loadgroup", "-p", "no:cacheprovider",
             "--durations=25"]
     load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        clone = Path(tmp) / "clone"
-        subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-        env = {**os.environ, "PYTHONPATH": str(clone)}
+    with fresh_clone() as (clone, env, commit):
         t0 = time.perf_counter()
         proc = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -316,6 +317,19 @@ class Lockstep:
 
 
 # ---- model, prompts, FLOPs ----------------------------------------------------------------------------------------
+@contextmanager
+def fresh_clone() -> Iterator[tuple[Path, dict, str]]:
+    """A fresh clone of HEAD in a temporary folder, as a newcomer (or CI) gets it: yields (the clone, an environment
+    whose ``PYTHONPATH`` is the clone, HEAD's short commit). Run it with this checkout's venv (``sys.executable``):
+    every process started there, notebook kernels included, imports the clone's package, not the editable install's."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+        yield clone, {**os.environ, "PYTHONPATH": str(clone)}, commit
+
+
 def model_path() -> str:
     """The shipped default model; while it is missing, a tiny random Qwen2 (tests/helpers_models.save_tiny)."""
     from brorl_lab.core.models import DEFAULT_MODEL_DIR

@@ -184,7 +184,7 @@ def lr_pilot_rows(df: pd.DataFrame, *, mark: float, metric: str, kl_bound: Optio
     ``metric``): held-out ``metric`` at the first evaluation reaching ``mark`` (``value``, NaN when never reached),
     the training steps, and those whose KL stayed within ``kl_bound`` (default: the collapse rule's,
     :data:`brorl_lab.study.compare.COLLAPSE` kl_max), and the optimizer updates the run made (``updates``: its last
-    ``cum_updates``, when the table has that column; what the pilot budget bought)."""
+    ``cum_updates``, NaN when the table has no such column; what the pilot budget bought)."""
     from brorl_lab.study.compare import COLLAPSE
     from brorl_lab.study.paid import grid_points
 
@@ -194,7 +194,7 @@ def lr_pilot_rows(df: pd.DataFrame, *, mark: float, metric: str, kl_bound: Optio
         pts = grid_points(g, [mark], x=x, metric=metric).set_index("seed")["value"]
         for seed, s in g[g["step"] > 0].groupby("seed"):
             kl = s["kl"].dropna()
-            updates = int(s["cum_updates"].max()) if "cum_updates" in s else len(kl)
+            updates = int(s["cum_updates"].max()) if "cum_updates" in s else np.nan  # not a step count
             rows.append({"arm": arm, "lr": float(lr), "seed": int(seed), "value": float(pts.get(seed, np.nan)),
                          "steps": len(kl), "kl_within": int((kl <= bound).sum()), "updates": updates})
     return pd.DataFrame(rows)
