@@ -179,6 +179,8 @@ def main(argv=None) -> int:
     f.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.cmd == "fresh":
+        if args.workers < 1:
+            ap.error(f"--workers: got {args.workers}; allowed: 1 or more pytest-xdist workers")
         return 0 if fresh(args.workers, args.out)["rc"] == 0 else 1
     c, ids = conftest(), collected()
     if args.cmd == "table":

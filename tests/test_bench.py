@@ -313,6 +313,9 @@ def test_suite_table_and_its_longest_first_schedule():
     assert plan == [["a", "d"], ["b", "c", "e"]] and makespan == 10
     m = S.SUMMARY.match("1 failed, 1197 passed, 34 warnings, 5 errors in 850.98s (0:14:10)")  # `fresh` reads it
     assert m and m.group(2) == "850.98" and "5 errors" in m.group(1)
+    with pytest.raises(SystemExit) as exit_:  # refused before anything is cloned, run or written
+        S.main(["fresh", "--workers", "0"])
+    assert exit_.value.code == 2
 
 
 def test_units_split_a_module_but_keep_a_shared_fixture_together(monkeypatch):
