@@ -64,6 +64,28 @@ def test_a_bad_preset_is_one_line_naming_it_and_exit_2(tmp_path, capsys):
     assert not out.exists()  # nothing executed, nothing written
 
 
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target)
+
+
+def test_every_relative_link_of_a_book_page_points_at_a_file_the_book_stages():
+    """A fast twin of the crawl below: a Markdown page's relative link must land on a file the book copies (a page,
+    a figure, a notebook); Sphinx turns a link to anything else (a bench JSON, a .py) into a dangling #fragment."""
+    book = builder()
+    staged = {REPO / rel for rel in book.PAGES} | {REPO / "notebooks"}
+    pages = [REPO / "README.md", *(p for p in (REPO / "docs").rglob("*.md")
+                                   if not p.is_relative_to(REPO / "docs" / "book"))]
+    bad = []
+    for page in pages:
+        for target in MD_LINK.findall(page.read_text()):
+            if urlparse(target).scheme or target.startswith(("#", "mailto:")):
+                continue
+            file = (page.parent / unquote(urldefrag(target)[0])).resolve()
+            inside = any(file == s or file.is_relative_to(s) for s in staged)
+            if not (file.exists() and inside) or (file.parent == REPO / "notebooks" and file.suffix != ".ipynb"):
+                bad.append(f"{page.relative_to(REPO)} -> {target}")
+    assert not bad, bad
+
+
 @pytest.fixture(scope="module")
 def tiny_book(tmp_path_factory):
     """`make book` at the tiny preset: (build folder, seconds it took). The folder is a tmp one, or
