@@ -128,6 +128,15 @@ def test_declaration_and_configs():
     assert F.FRONTIER.stage_arms("capped", picks=picks)["takeoff-n16x64"].max_resample_rounds == 4
     with pytest.raises(ValueError, match="picks: no lr picks"):
         F.FRONTIER.stage_arms("ratio")
+    # the amendment: the takeoff pilot again at 5x its budget, read at its end; one branch point at a time
+    long = F.FRONTIER.stage_arms("lr_pilot_long")
+    assert len(long) == 3 * 4 and {a.split("-")[0] for a in long} == {"takeoff"}
+    assert {c.max_samples for c in long.values()} == {5 * F.FRONTIER.lr_pilot_budget["takeoff"]}
+    assert long["takeoff-n512x16-lr0.0001"].eval_at_samples[-2:] == [524_288, 655_360]
+    assert F.FRONTIER.to_declaration()["lr"]["amendment"]["pilot_long_budget"] == {"takeoff": 655_360}
+    assert {a.split("-")[0] for a in F.FRONTIER.stage_arms("ratio", picks=picks, branches=["learned"])} == {"learned"}
+    with pytest.raises(ValueError, match="branches: got \\['somewhere'\\]; allowed: one or more of takeoff, learned"):
+        F.FRONTIER.stage_arms("ratio", picks=picks, branches=["somewhere"])
     with pytest.raises(ValueError, match="round_cap"):
         F.Frontier(round_cap=4)
 
@@ -188,8 +197,9 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     (tmp_path / R.FRONTIER_LEDGER).parent.mkdir(parents=True)
     (tmp_path / "ledger").rename(tmp_path / R.FRONTIER_LEDGER)
     page = R.frontier_fields(R.Files(tmp_path))
-    assert "| learned | n8x2 | 0.001 | 1 |" in page["frontier_lr_pilot"] and "| 4 of 4 |" in page["frontier_stages"]
-    assert f"| learned | n8x2 | {picks.set_index('arm').loc['n8x2', 'lr']:g} |" in page["frontier_picks"]
+    assert "| `lr_pilot` | learned | n8x2 | 0.001 | 1 |" in page["frontier_lr_pilot"]
+    assert "| 4 of 4 |" in page["frontier_stages"]
+    assert f"| `lr_pilot` | learned | n8x2 | {picks.set_index('arm').loc['n8x2', 'lr']:g} |" in page["frontier_picks"]
     (tmp_path / R.FRONTIER_LEDGER).rename(tmp_path / "ledger")
     ratio = F.run_stage("ratio", out=tmp_path / "runs", ledger=tmp_path / "ledger", ship=False, frontier=fr, jobs=1,
                         progress=False)
@@ -199,3 +209,16 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     again = F.run_stage("lr_pilot", out=tmp_path / "runs2", ledger=tmp_path / "ledger", ship=False, frontier=fr,
                         jobs=1, progress=False)
     assert again.finished and not (tmp_path / "runs2" / "lr_pilot" / "arms").exists()
+    # an amendment naming the branch point: its picks come from the longer pilot, which must finish first
+    import dataclasses
+
+    amended = dataclasses.replace(fr, lr_pilot_long_budget={"learned": 48})
+    with pytest.raises(ValueError, match="needs the lr picks of stage 'lr_pilot_long'"):
+        F.run_stage("ratio", out=tmp_path / "runs", ledger=tmp_path / "ledger", ship=False, frontier=amended, jobs=1,
+                    progress=False)
+    long = F.run_stage("lr_pilot_long", out=tmp_path / "runs", ledger=tmp_path / "ledger", ship=False,
+                       frontier=amended, jobs=1, progress=False)
+    assert long.finished and long.metrics["cum_samples"].groupby(long.metrics["run"]).max().ge(48).all()
+    long_picks = pd.read_csv(tmp_path / "ledger" / "lr_pilot_long" / "lr_picks.csv")
+    assert F.stage_picks(tmp_path / "ledger", amended) == F.picks_of(long_picks)
+    assert F.stage_picks(tmp_path / "ledger", fr) == F.picks_of(picks)

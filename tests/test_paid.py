@@ -4,6 +4,7 @@ curves whose answer is known."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -349,3 +350,19 @@ def test_the_heartbeat_prints_a_line_on_time_with_run_directories_or_a_count(tmp
     with runner.heartbeat(tmp_path, "t", runs=2, enabled=True, every_s=0.05):
         time.sleep(0.3)
     assert any(line.endswith("0 of 2 arm runs finished") for line in capsys.readouterr().out.splitlines())
+
+
+def test_a_config_fingerprints_alike_from_any_checkout(monkeypatch, tmp_path):
+    """A ledger written in one clone (a study run from /tmp/study) must resume in another (a fresh machine's
+    checkout): the model counts by its repo-relative path; a different model still changes the fingerprint."""
+    from brorl_lab.core import paths
+    from brorl_lab.study import runner
+
+    cfg = recipe_config(model="takeoff", tasks=["spell_backward"], lr=2e-4, rollouts_per_prompt=4,
+                        prompts_per_step=2, steps=1)
+    here = runner.config_fingerprint(cfg)
+    other_root = tmp_path / "elsewhere"
+    monkeypatch.setattr(paths, "REPO_ROOT", other_root)
+    moved = cfg.replace(model=str(other_root / Path(cfg.model).relative_to(Path(__file__).resolve().parents[1])))
+    assert moved.model != cfg.model and runner.config_fingerprint(moved) == here
+    assert runner.config_fingerprint(moved.replace(model=str(other_root / "data" / "learned_plateau"))) != here

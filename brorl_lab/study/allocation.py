@@ -128,24 +128,29 @@ class AllocationStudy:
         """``<branch>-<base arm>-<stage>``: the run name of a stage's allocation arm (``learned-n16x64-two_stage``)."""
         return f"{branch}-{self.base_arm}-{check_stage(stage)}"
 
+    def picked(self, picks: Mapping[str, Mapping[str, float]]) -> tuple:
+        """The branch points that have lr picks, in the frontier's order (a branch point waits for its pilot)."""
+        return tuple(b for b in self.frontier.branches if b in picks)
+
     def stage_arms(self, stage: str, picks: Mapping[str, Mapping[str, float]]) -> dict[str, Config]:
-        """{``<branch>-<base>-<stage>``: Config} for every branch point: the frontier's ``ratio`` config of the base arm
-        at its lr pick (``picks`` {branch: {arm: lr}}, :func:`brorl_lab.study.frontier.lr_picks`) with the step's
-        budget spread by allocator ``stage`` (probe, cap, round, prior); every other field is the shared arm's."""
+        """{``<branch>-<base>-<stage>``: Config} for every branch point with picks: the frontier's ``ratio`` config of
+        the base arm at its lr pick (``picks`` {branch: {arm: lr}}, :func:`brorl_lab.study.frontier.stage_picks`)
+        with the step's budget spread by allocator ``stage`` (probe, cap, round, prior); every other field is the
+        shared arm's."""
         check_stage(stage)
-        shared = self.frontier.stage_arms(FRONTIER_STAGE, picks=picks)
+        shared = self.frontier.stage_arms(FRONTIER_STAGE, picks=picks, branches=self.picked(picks))
         return {self.arm_of(b, stage): shared[f"{b}-{self.base_arm}"].replace(
                     rollout_allocation=stage, allocation_probe=self.probe, allocation_cap=self.allocation_cap,
                     allocation_round=self.round_size, allocation_prior_draws=self.prior_draws)
-                for b in self.frontier.branches}
+                for b in self.picked(picks)}
 
     def uniform_plan(self, picks: Mapping[str, Mapping[str, float]]) -> list[tuple[str, int, Config]]:
         """The shared uniform runs as the frontier planned them, ``(<branch>-<arm>, seed, config)``: what its ledger
         files must have been written by (same config fingerprint)."""
         from brorl_lab.study.arms import plan_arms
 
-        shared = self.frontier.stage_arms(FRONTIER_STAGE, picks=picks)
-        arms = {f"{b}-{a}": shared[f"{b}-{a}"] for b in self.frontier.branches for a in self.uniform_arms}
+        shared = self.frontier.stage_arms(FRONTIER_STAGE, picks=picks, branches=self.picked(picks))
+        arms = {f"{b}-{a}": shared[f"{b}-{a}"] for b in self.picked(picks) for a in self.uniform_arms}
         return plan_arms(arms, seeds=self.frontier.seeds, root=self.frontier_root / "unused")
 
     # the declaration ------------------------------------------------------------------------------------------------
@@ -175,8 +180,10 @@ class AllocationStudy:
                 "rollout_allocation": list(STAGES), "allocation_probe": self.probe,
                 "allocation_cap": self.allocation_cap, "allocation_cap_is": f"the N of {large}",
                 "allocation_round": self.round_size, "allocation_prior_draws": self.prior_draws,
-                "lr": f"the frontier's lr pick of {small} per branch point (notebooks/figures/frontier/lr_pilot/"
-                      "lr_picks.csv, study.frontier.pick_lr); no stage starts without it"},
+                "lr": f"the frontier's lr pick of {small} per branch point (study.frontier.stage_picks: "
+                      "notebooks/figures/frontier/lr_pilot/lr_picks.csv, replaced by lr_pilot_long/lr_picks.csv where "
+                      "the frontier's lr amendment names the branch point; rule study.frontier.pick_lr); no stage "
+                      "starts at a branch point without its pick"},
             "shared_uniform_arms": {
                 "arms": [small, large], "frontier_stage": FRONTIER_STAGE,
                 "read_from": f"notebooks/figures/frontier/{FRONTIER_STAGE}/<branch>-<arm>_s<seed>.parquet",
@@ -316,14 +323,15 @@ def allocation_summary(metrics: pd.DataFrame) -> pd.DataFrame:
 
 # ---- the stages, run by the study runner --------------------------------------------------------------------------
 def read_picks(study: Optional[AllocationStudy] = None) -> dict:
-    """{branch: {arm: lr}} from the frontier's ``lr_pilot/lr_picks.csv``; missing is an error saying what to run."""
+    """{branch: {arm: lr}}: the frontier's picks (:func:`brorl_lab.study.frontier.stage_picks`: its lr pilot's, the
+    amendment's longer pilot's where that names the branch point); missing is an error saying what to run."""
     st = study or ALLOCATION
     path = st.frontier_root / "lr_pilot" / "lr_picks.csv"
     if not path.is_file():
         raise ValueError(f"lr picks: {repo_relative(path)} is missing; allowed: run the frontier's lr pilot to its end "
                          "first (python -m brorl_lab.study.frontier run lr_pilot): this study runs at its "
                          f"{st.base_arm} pick")
-    return F.picks_of(pd.read_csv(path))
+    return F.stage_picks(st.frontier_root)
 
 
 def run_stage(stage: str, *, out: str | Path = "runs/allocation", ledger: Optional[str | Path] = None,
@@ -342,8 +350,9 @@ def run_stage(stage: str, *, out: str | Path = "runs/allocation", ledger: Option
     st = study or ALLOCATION
     check_stage(stage)
     root = Path(ledger) if ledger else LEDGER
-    arms = st.stage_arms(stage, read_picks(st))
-    cks = {b: resolve_experiment_model(F.BRANCH_POINTS[b][0]) for b in st.frontier.branches}
+    picks = read_picks(st)
+    arms = st.stage_arms(stage, picks)  # the branch points with lr picks (each waits for its pilot)
+    cks = {b: resolve_experiment_model(F.BRANCH_POINTS[b][0]) for b in st.picked(picks)}
     return run_grid(f"{st.name}_{stage}", arms, seeds=st.frontier.seeds, out=Path(out) / stage,
                     declaration=st.to_declaration(), declare_in=root, ledger=root / stage, ship=ship,
                     checkpoints=cks, jobs=jobs, ray=ray, threads=threads, progress=progress, command=command)
@@ -384,7 +393,8 @@ def read_stage(stage: str, *, ledger: Optional[str | Path] = None,
     mine = plan_arms(st.stage_arms(stage, picks), seeds=st.frontier.seeds, root=root / "unused")
     runs = [(st.frontier_root / FRONTIER_STAGE, a, s, c) for a, s, c in st.uniform_plan(picks)]
     runs += [(root / stage, a, s, c) for a, s, c in mine]
-    frames, missing = [], []
+    frames = []
+    missing = [f"{b}: no lr pick yet (the frontier's pilot for it)" for b in st.frontier.branches if b not in picks]
     for folder, arm, seed, cfg in runs:
         t = read_ledger(folder, arm, seed, cfg)
         if t is None:

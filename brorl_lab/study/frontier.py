@@ -260,7 +260,9 @@ class Frontier:
     ``budgets`` are generated samples per arm and branch point (:func:`size_budget` from the refill pilot);
     ``round_cap`` is the primary protocol's ``max_resample_rounds`` (fill-to-full: binds on < 5% of steps in the
     pilot), ``capped_round_cap`` the ablation's (the recipe's 4). ``seeds`` the main runs' paired seeds (>= 10: the
-    race's rule), ``lr_grid`` / ``lr_seeds`` / ``lr_pilot_budget`` the lr pilot's, whose rule is :func:`pick_lr`."""
+    race's rule), ``lr_grid`` / ``lr_seeds`` / ``lr_pilot_budget`` the lr pilot's, whose rule is :func:`pick_lr`;
+    ``lr_pilot_long_budget`` the amendment's (stage 'lr_pilot_long': the same grid, seeds and rule at a longer budget
+    for the branch points it names, whose picks replace the first pilot's there)."""
 
     name: str = "frontier"
     branches: tuple = ("takeoff", "learned")
@@ -275,6 +277,7 @@ class Frontier:
     lr_grid: tuple = LR_GRID
     lr_seeds: tuple = LR_PILOT_SEEDS
     lr_pilot_budget: Mapping = field(default_factory=dict)
+    lr_pilot_long_budget: Mapping = field(default_factory=dict)  # the amendment: branch -> a longer pilot's budget
     race_level: float = 0.10
     race_family: str = "spell_backward"
     gap_effect: float = GAP_EFFECT
@@ -315,7 +318,7 @@ class Frontier:
 
         model, families, lr0 = BRANCH_POINTS[branch]
         budget = budget or self.budgets.get(branch)
-        marks = [m for m in self.budget_marks(branch) if m <= budget]
+        marks = sorted({m for m in self.budget_marks(branch) if m <= budget} | {budget})  # the pilot reads its end
         out = {}
         for arm, (n, p) in self.arms(design, optional=optional).items():
             out[arm] = recipe_config(
@@ -330,22 +333,34 @@ class Frontier:
     def stage_seeds(self, stage: str) -> tuple:
         """The paired seeds of ``stage``: the lr pilot's :attr:`lr_seeds`, every other stage's :attr:`seeds`."""
         check_stage(stage)
-        return tuple(self.lr_seeds if stage == "lr_pilot" else self.seeds)
+        return tuple(self.lr_seeds if stage in PILOT_STAGES else self.seeds)
 
-    def stage_arms(self, stage: str, *, picks: Optional[Mapping[str, Mapping[str, float]]] = None
-                   ) -> dict[str, Config]:
+    def pilot_budgets(self, stage: str) -> Mapping:
+        """{branch: budget} of an lr pilot stage: 'lr_pilot' every branch point, 'lr_pilot_long' the amendment's."""
+        return self.lr_pilot_long_budget if stage == "lr_pilot_long" else self.lr_pilot_budget
+
+    def stage_arms(self, stage: str, *, picks: Optional[Mapping[str, Mapping[str, float]]] = None,
+                   branches: Optional[Sequence[str]] = None) -> dict[str, Config]:
         """{"<branch>-<arm>[-lr<lr>]": Config} of ``stage`` (:data:`STAGES`) over every branch point. The lr pilot:
         each 4:1 arm at every lr of :attr:`lr_grid`, paid :attr:`lr_pilot_budget`. 'ratio' (the primary frontier)
         and 'capped' (its ablation): each arm at its pick (``picks`` {branch: {arm: lr}}, :func:`lr_picks` of the
         pilot). 'fixed' (IsoCompute's fixed batch): every arm at the pick of the largest-N 4:1 arm (n512x16), whose
-        samples and updates per step they all share."""
+        samples and updates per step they all share. 'lr_pilot_long' (the amendment): the lr pilot again, only at
+        the branch points of :attr:`lr_pilot_long_budget`, paid that budget. ``branches``: only these branch points
+        (a stage may run one branch point at a time; its ledger files are per run)."""
         check_stage(stage)
+        chosen = self.branches if branches is None else tuple(branches)
+        unknown = [b for b in chosen if b not in self.branches]
+        if unknown or not chosen:
+            raise ValueError(f"branches: got {list(chosen)}; allowed: one or more of {', '.join(self.branches)}")
         out = {}
-        for b in self.branches:
-            if stage == "lr_pilot":
+        for b in chosen:
+            if stage in PILOT_STAGES:
+                if b not in self.pilot_budgets(stage):
+                    continue  # the longer pilot runs only where the amendment names a budget
                 for lr in self.lr_grid:
                     arms = self.configs(b, "ratio", lrs={a: lr for a in self.arms("ratio")},
-                                        budget=self.lr_pilot_budget[b])
+                                        budget=self.pilot_budgets(stage)[b])
                     out.update({f"{b}-{a}-lr{lr:g}": c for a, c in arms.items()})
                 continue
             if not picks or b not in picks:
@@ -391,6 +406,9 @@ class Frontier:
                          "ablation": {"dynamic_sampling": "capped", "max_resample_rounds": self.capped_round_cap}},
             "lr": {"grid": list(self.lr_grid), "seeds": list(self.lr_seeds), "pilot_budget": dict(self.lr_pilot_budget),
                    "rule": f"{here}.pick_lr", "kl_share": LR_KL_SHARE,
+                   "amendment": {"declared": LR_AMENDMENT["declared"], "why": LR_AMENDMENT["why"],
+                                 "pilot_long_budget": dict(self.lr_pilot_long_budget),
+                                 "picks": LR_AMENDMENT["picks"]},
                    "kl_bound": "study.compare.COLLAPSE kl_max (nats/token)",
                    "sqrt_rule_reported": f"{here}.sqrt_rule_lr"},
             "seeds": list(self.seeds),
@@ -626,15 +644,29 @@ def continue_plateau(*, steps: int, eval_every: int, seed: int = 1, root: str | 
 #: refill pilot (notebooks/figures/frontier_pilot_refill.csv; a test recomputes them): takeoff 1,048,576 (the 1M
 #: floor binds: BroRL's 64 updates need 721k, N=16's 100 race updates 1.01M), learned 917,504 (64 x 11,469 x 1.25).
 #: Round cap 63 refills: 3 times the pilot's largest need (21 refills; a cap of 32 bound on 0 of its 40 steps).
+#: The lr amendment (declared 2026-12-07, after the lr pilot and before any full-size stage; evidence in
+#: docs/results/frontier_design.md): the takeoff pilot's budget bought 10-26 updates, where the audit's pilot from the
+#: same checkpoint needed about 100 to rise 10 points, so its picks were made on noise. The takeoff pilot runs again
+#: at 5 times that budget (655,360 generated samples: about 66 updates for n512x16 at the pilot's 9.9k samples per
+#: update), same grid, seeds and rule; its picks replace the first pilot's at takeoff. The learned picks stand.
+LR_AMENDMENT = {"declared": "2026-12-07",
+                "why": ("the first takeoff pilot bought 10-26 optimizer updates per run and every arm x lr ended at "
+                        "0.4-3.1% held-out pass@1: too short for the rule to see an lr's effect from takeoff"),
+                "picks": ("a branch point in pilot_long_budget takes its picks from lr_pilot_long/lr_picks.csv, "
+                          "every other from lr_pilot/lr_picks.csv")}
 FRONTIER = Frontier(budgets={"takeoff": 1_048_576, "learned": 917_504}, round_cap=63,
-                    lr_pilot_budget={"takeoff": 131_072, "learned": 114_688})
+                    lr_pilot_budget={"takeoff": 131_072, "learned": 114_688},
+                    lr_pilot_long_budget={"takeoff": 655_360})
 
 
 #: The stages of the frontier, in the order they run (``python -m brorl_lab.study.frontier run STAGE``).
 STAGES = {"lr_pilot": "each 4:1 arm at each lr of the grid, lr_seeds, the pilot budget: the lr rule's input",
+          "lr_pilot_long": ("the amendment: the lr pilot again at 5 times the budget, takeoff only; its picks replace "
+                            "lr_pilot's there"),
           "ratio": "the primary frontier: the 4:1 arms at their picked lr, fill-to-full, the full budget",
           "fixed": "IsoCompute's fixed-batch design: 8,192 samples and 2 updates per step in every arm",
           "capped": "the ablation: the 4:1 arms with the recipe's round cap of 4"}
+PILOT_STAGES = ("lr_pilot", "lr_pilot_long")
 LEDGER = Path(__file__).resolve().parents[2] / "notebooks" / "figures" / "frontier"  # committed, one file per run
 
 
@@ -653,7 +685,7 @@ def split_arm(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def lr_picks(df: pd.DataFrame, frontier: Optional["Frontier"] = None) -> pd.DataFrame:
+def lr_picks(df: pd.DataFrame, frontier: Optional["Frontier"] = None, stage: str = "lr_pilot") -> pd.DataFrame:
     """The lr rule (:func:`pick_lr`, fixed before the pilot) applied to the lr pilot's ledger table, per branch
     point at its pilot budget: one row per branch and arm (lr NaN: no lr qualified, the arm's grid moves down), with
     where BroRL's sqrt rule applied to the n16x64 pick lands (``sqrt_rule_lr``)."""
@@ -661,7 +693,7 @@ def lr_picks(df: pd.DataFrame, frontier: Optional["Frontier"] = None) -> pd.Data
     t = split_arm(df)
     rows = []
     for b, g in t.groupby("branch", sort=False):
-        picked = pick_lr(lr_pilot_rows(g, mark=fr.lr_pilot_budget[b], metric=METRIC))
+        picked = pick_lr(lr_pilot_rows(g, mark=fr.pilot_budgets(stage)[b], metric=METRIC))
         shapes = fr.arms("ratio")
         small = min(shapes, key=arm_n)  # ProRL's shape: the smallest N
         ref = picked.set_index("arm")["lr"].get(small, np.nan)
@@ -670,6 +702,21 @@ def lr_picks(df: pd.DataFrame, frontier: Optional["Frontier"] = None) -> pd.Data
         rows.append(picked.assign(branch=b))
     return pd.concat(rows, ignore_index=True)[["branch", "arm", "lr", "value", "sqrt_rule_lr", "qualified",
                                                "kl_share_by_lr", "value_by_lr"]]
+
+
+def stage_picks(root: str | Path, frontier: Optional["Frontier"] = None) -> dict:
+    """{branch: {arm: lr}} for the main stages: each branch point's picks from ``root/lr_pilot/lr_picks.csv``,
+    replaced by ``root/lr_pilot_long/lr_picks.csv`` at the branch points the amendment names. A branch point whose
+    pilot has not finished has no entry (a stage asked to run it refuses, naming the pilot)."""
+    fr = frontier or FRONTIER
+    picks = {}
+    for stage in PILOT_STAGES:
+        path = Path(root) / stage / "lr_picks.csv"
+        if path.is_file():
+            got = picks_of(pd.read_csv(path))
+            picks.update({b: v for b, v in got.items() if stage == "lr_pilot_long"
+                          or b not in fr.lr_pilot_long_budget})
+    return picks
 
 
 def picks_of(table: pd.DataFrame) -> dict:
@@ -685,12 +732,13 @@ def picks_of(table: pd.DataFrame) -> dict:
 def run_stage(stage: str, *, out: str | Path = "runs/frontier", ledger: Optional[str | Path] = None,
               ship: bool = True, frontier: Optional["Frontier"] = None, jobs: Optional[int] = 2,
               threads: Optional[int] = 1, ray: Optional[str] = None, progress: bool = True,
-              command: Optional[str] = None):
+              command: Optional[str] = None, branches: Optional[Sequence[str]] = None):
     """Run one stage of the frontier through the study runner (:func:`brorl_lab.study.runner.run_grid`): the
     declaration (:meth:`Frontier.to_declaration`) must be committed in the ledger's parent (``ship``), every
     finished arm x seed lands in ``ledger/<stage>/`` at once (commit them as they come), runs already there are
-    read back. The main stages take their lrs from the pilot's ledger (:func:`lr_picks`). Returns the
-    :class:`~brorl_lab.study.runner.GridRun`; after a finished lr pilot, ``lr_picks.csv`` is written beside it."""
+    read back. The main stages take their lrs from the pilots' ledgers (:func:`stage_picks`). ``branches``: run
+    only these branch points. Returns the :class:`~brorl_lab.study.runner.GridRun`; after a finished lr pilot
+    stage, ``lr_picks.csv`` is written beside its runs."""
     from brorl_lab.study.recipe import resolve_experiment_model
     from brorl_lab.study.results import provenance, write_provenance
     from brorl_lab.study.runner import run_grid
@@ -698,23 +746,26 @@ def run_stage(stage: str, *, out: str | Path = "runs/frontier", ledger: Optional
     fr = frontier or FRONTIER
     check_stage(stage)
     root = Path(ledger) if ledger else LEDGER
+    chosen = tuple(branches) if branches else fr.branches
     picks = None
-    if stage != "lr_pilot":
-        picks_file = root / "lr_pilot" / "lr_picks.csv"
-        if not picks_file.is_file():
-            raise ValueError(f"stage: {stage!r} needs the lr picks ({picks_file.name}); allowed: run stage "
-                             "'lr_pilot' to its end first")
-        picks = picks_of(pd.read_csv(picks_file))
-    arms = fr.stage_arms(stage, picks=picks)
-    cks = {b: resolve_experiment_model(BRANCH_POINTS[b][0]) for b in fr.branches}
+    if stage not in PILOT_STAGES:
+        picks = stage_picks(root, fr)
+        for b in chosen:
+            if b not in picks:
+                pilot = "lr_pilot_long" if b in fr.lr_pilot_long_budget else "lr_pilot"
+                raise ValueError(f"stage: {stage!r} at {b!r} needs the lr picks of stage {pilot!r} "
+                                 f"({pilot}/lr_picks.csv); allowed: run that stage to its end first, or --branches "
+                                 f"{' '.join(x for x in chosen if x in picks) or '<a branch point with picks>'}")
+    arms = fr.stage_arms(stage, picks=picks, branches=chosen)
+    cks = {b: resolve_experiment_model(BRANCH_POINTS[b][0]) for b in chosen}
     grid = run_grid(f"{fr.name}_{stage}", arms, seeds=fr.stage_seeds(stage), out=Path(out) / stage,
                     declaration=fr.to_declaration(), declare_in=root, ledger=root / stage, ship=ship,
                     checkpoints=cks, jobs=jobs, ray=ray, threads=threads, progress=progress, command=command)
-    if stage == "lr_pilot" and grid.finished:
-        table = lr_picks(grid.metrics, fr)
-        path = root / "lr_pilot" / "lr_picks.csv"
+    if stage in PILOT_STAGES and grid.finished and set(chosen) >= set(fr.pilot_budgets(stage)):
+        table = lr_picks(grid.metrics, fr, stage)
+        path = root / stage / "lr_picks.csv"
         table.to_csv(path, index=False)
-        write_provenance(path, provenance(command or f"{__name__}.run_stage('lr_pilot')", cks, grid.wall_s,
+        write_provenance(path, provenance(command or f"{__name__}.run_stage({stage!r})", cks, grid.wall_s,
                                           commit=grid.start["commit"], started_at=grid.start["started_at"],
                                           declaration=grid.declared, reading=f"{__name__}.lr_picks"))
     return grid
@@ -770,6 +821,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2: one per core)")
     r.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     r.add_argument("--out", default="runs/frontier", help="the runs' checkpoints (not committed)")
+    r.add_argument("--branches", nargs="+", default=None, help="only these branch points (default: all)")
     r.add_argument("--exploratory", action="store_true",
                    help="no pre-registration: the ledger goes under --out, records say so")
     args = ap.parse_args(argv)
@@ -783,13 +835,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             grid = run_stage(args.stage, out=args.out,
                              ledger=Path(args.out) / "ledger" if args.exploratory else None,
-                             ship=not args.exploratory, jobs=args.jobs, threads=args.threads, command=command)
+                             ship=not args.exploratory, jobs=args.jobs, threads=args.threads, command=command,
+                             branches=args.branches)
         except (UserError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(f"{args.stage}: {'finished' if grid.finished else 'stopped: run the same command again to resume'}; "
               f"{grid.metrics['run'].nunique() if len(grid.metrics) else 0} arm x seed runs in {grid.ledger}")
-        if args.stage == "lr_pilot" and grid.finished:
+        if args.stage in PILOT_STAGES and (grid.ledger / "lr_picks.csv").is_file() and grid.finished:
             print(pd.read_csv(grid.ledger / "lr_picks.csv")[["branch", "arm", "lr", "value", "sqrt_rule_lr"]]
                   .to_string(index=False))
         return 0 if grid.finished else 130

@@ -826,34 +826,44 @@ def frontier_fields(f: Files) -> dict:
     decl = f(f"{FRONTIER_LEDGER}/declaration.json")
     names = [n for n in frontier_files(f.root) if n.endswith(".parquet")]
     by_stage = {st: [n for n in names if n.split("/")[-2] == st] for st in decl["stages"]}
-    arms_per_design = {"lr_pilot": len(decl["designs"]["ratio"]) * len(decl["lr"]["grid"]),
+    pilot_budgets = {"lr_pilot": decl["lr"]["pilot_budget"],
+                     "lr_pilot_long": decl["lr"].get("amendment", {}).get("pilot_long_budget", {})}
+    pilot_arms = len(decl["designs"]["ratio"]) * len(decl["lr"]["grid"])
+    arms_per_design = {"lr_pilot": pilot_arms, "lr_pilot_long": pilot_arms,
                        "ratio": len(decl["designs"]["ratio"]), "capped": len(decl["designs"]["ratio"]),
                        "fixed": len(decl["designs"]["fixed_batch"])}
     stages = ["| stage | what | arm x seed runs finished | seeds |", "|---|---|---:|---|"]
     for st in [st for st in FR.STAGES if st in decl["stages"]]:
         d = decl["stages"][st]
-        planned = arms_per_design[st] * len(decl["branch_points"]) * len(d["seeds"])
+        planned = arms_per_design[st] * len(pilot_budgets.get(st, decl["branch_points"])) * len(d["seeds"])
         stages.append(f"| `{st}` | {d['what']} | {len(by_stage[st])} of {planned} | {d['seeds'][0]}-{d['seeds'][-1]} |")
-    pilot = ("No lr pilot run has finished yet." if not by_stage["lr_pilot"] else "")
-    if by_stage["lr_pilot"]:
-        df = FR.split_arm(pd.concat([f(n) for n in by_stage["lr_pilot"]], ignore_index=True))
-        rows = ["| branch point | arm | lr | seeds | held-out pass@1 per seed (%) | mean (%) | steps within the KL bound "
-                "| optimizer updates per seed |", "|---|---|---:|---:|---|---:|---:|---|"]
+    pilots = [st for st in FR.PILOT_STAGES if by_stage.get(st)]
+    pilot = "No lr pilot run has finished yet." if not pilots else ""
+    if pilots:
+        rows = ["| stage | branch point | arm | lr | seeds | held-out pass@1 per seed (%) | mean (%) | steps within the "
+                "KL bound | optimizer updates per seed |", "|---|---|---|---:|---:|---|---:|---:|---|"]
+    for st in pilots:
+        df = FR.split_arm(pd.concat([f(n) for n in by_stage[st]], ignore_index=True))
         for b, g in df.groupby("branch", sort=False):
-            t = FR.lr_pilot_rows(g, mark=decl["lr"]["pilot_budget"][b], metric=decl["evaluation"]["metric"])
+            t = FR.lr_pilot_rows(g, mark=pilot_budgets[st][b], metric=decl["evaluation"]["metric"])
             for (arm, lr), r in t.groupby(["arm", "lr"], sort=False):
                 per = ", ".join("-" if np.isnan(v) else f"{100 * v:.1f}" for v in r.sort_values("seed")["value"])
                 share = r["kl_within"].sum() / max(r["steps"].sum(), 1)
                 updates = ", ".join(str(u) for u in r.sort_values("seed")["updates"])
-                rows.append(f"| {b} | {arm} | {lr:g} | {len(r)} | {per} | {100 * r['value'].mean():.1f} | "
+                rows.append(f"| `{st}` | {b} | {arm} | {lr:g} | {len(r)} | {per} | {100 * r['value'].mean():.1f} | "
                             f"{100 * share:.0f}% of {r['steps'].sum()} | {updates} |")
+    if pilots:
         pilot = "\n".join(rows)
     pick_files = [n for n in frontier_files(f.root) if n.endswith("lr_picks.csv")]
     if pick_files:
-        t = f(pick_files[0])
-        picks = ["| branch point | arm | picked lr | its mean pass@1 (%) | BroRL's sqrt rule from the N = 16 pick |",
-                 "|---|---|---:|---:|---:|"] + [
-            f"| {r.branch} | {r.arm} | {r.lr:g} | {100 * r.value:.1f} | {r.sqrt_rule_lr:.2g} |" for r in t.itertuples()]
+        picks = ["| stage | branch point | arm | picked lr | its mean pass@1 (%) | BroRL's sqrt rule from the N = 16 "
+                 "pick | used by the main stages |", "|---|---|---|---:|---:|---:|---|"]
+        for name in pick_files:
+            st = name.split("/")[-2]
+            for r in f(name).itertuples():
+                used = st == "lr_pilot_long" or r.branch not in pilot_budgets["lr_pilot_long"]
+                picks.append(f"| `{st}` | {r.branch} | {r.arm} | {r.lr:g} | {100 * r.value:.1f} | "
+                             f"{r.sqrt_rule_lr:.2g} | {'yes' if used else 'no: replaced by lr_pilot_long'} |")
         picks = "\n".join(picks)
     else:
         picks = ("Not made yet: `pick_lr` reads the pilot once every run of it has finished (the later stages refuse "

@@ -256,12 +256,17 @@ class GridRun:
 
 def config_fingerprint(cfg) -> str:
     """sha256 (16 hex) of a run's config without the fields that do not change its numbers (where it runs, its
-    threads, its name): two runs with one fingerprint and one seed compute the same numbers."""
+    threads, its name): two runs with one fingerprint and one seed compute the same numbers. A model inside the
+    checkout counts by its repo-relative path (``data/takeoff_base``), so the same run fingerprints alike from any
+    clone, on any machine: a ledger resumes wherever it is checked out."""
     import hashlib
 
+    from brorl_lab.core.paths import repo_relative
     from brorl_lab.study.recipe import IGNORED_FIELDS
 
     keep = {k: v for k, v in cfg.to_dict().items() if k not in (*IGNORED_FIELDS, "run_name")}
+    if isinstance(keep.get("model"), str) and Path(keep["model"]).is_absolute():
+        keep["model"] = repo_relative(keep["model"])
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
