@@ -206,6 +206,15 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     assert ratio.finished and ratio.metrics["cum_samples"].groupby(ratio.metrics["run"]).max().ge(64).all()
     assert read_provenance(tmp_path / "ledger" / "ratio" / "learned-n8x2_s1.parquet")["lr"] == float(
         picks.set_index("arm").loc["n8x2", "lr"])
+    # the page reads the complete branch point: the best N per mark on each axis, the protocol's checks, a figure
+    (tmp_path / "ledger").rename(tmp_path / R.FRONTIER_LEDGER)
+    assert R.frontier_complete(tmp_path) == ["learned"]
+    files = R.Files(tmp_path)
+    text = R.frontier_fields(files)["frontier_ratio"]
+    assert "### From the learned branch point" in text and "| n8x2 | 1 |" in text
+    assert "At equal generated samples:" in text and "| best N |" in text
+    assert R.frontier_png(files, "learned")[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / R.FRONTIER_LEDGER).rename(tmp_path / "ledger")
     again = F.run_stage("lr_pilot", out=tmp_path / "runs2", ledger=tmp_path / "ledger", ship=False, frontier=fr,
                         jobs=1, progress=False)
     assert again.finished and not (tmp_path / "runs2" / "lr_pilot" / "arms").exists()

@@ -135,6 +135,52 @@ def frontier_table(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+AXES = ("cum_samples", "cum_trained_samples", "cum_updates", "cum_wall_s")  # the issue's four axes
+
+
+def axis_marks(df: pd.DataFrame, axis: str) -> list[float]:
+    """Powers of 2 on ``axis`` that every run of ``df`` (one branch point) passed at an evaluation: from the first
+    power at or above the latest first evaluation after step 0 to the last power at or below the earliest final
+    one. The generated-samples axis uses the declared marks instead (:meth:`Frontier.budget_marks`)."""
+    ev = df[df[METRIC].notna() & (df["step"] > 0)]
+    first = ev.groupby("run")[axis].min().max()
+    last = ev.groupby("run")[axis].max().min()
+    if not (first > 0 and last >= first):
+        return []
+    return [float(2 ** k) for k in range(math.ceil(math.log2(first)), math.floor(math.log2(last)) + 1)]
+
+
+def ratio_reading(df: pd.DataFrame, marks: Sequence[float], *, metric: str = METRIC) -> dict:
+    """The frontier at one branch point, the declared reading of stage ``ratio`` (or ``capped``/``fixed``) once its
+    runs are complete: on each of :data:`AXES` the per-seed points (:func:`brorl_lab.study.paid.grid_points`, the
+    first evaluation at or past each mark; ``marks`` on generated samples, :func:`axis_marks` on the others) and
+    :func:`frontier_table` (the best N per mark with paired intervals). ``checks``: per arm, the protocol's facts
+    the issue asks for: seeds, optimizer updates at the end of each run (min, max), the share of steps on which the
+    refill cap bound (``ds_cap_hit``) and on which KL stayed within the collapse bound. ``df``: the ledger's long
+    table (arm names ``<branch>-<arm>``)."""
+    from brorl_lab.study.compare import COLLAPSE
+    from brorl_lab.study.paid import grid_points
+
+    t = split_arm(df)
+    t = t.assign(run=t["run_arm"] + "_s" + t["seed"].astype(str))
+    axes = {}
+    for axis in AXES:
+        m = list(marks) if axis == "cum_samples" else axis_marks(t, axis)
+        pts = grid_points(t, m, x=axis, metric=metric) if m else pd.DataFrame()
+        axes[axis] = {"points": pts, "table": frontier_table(pts) if len(pts) else pd.DataFrame()}
+    steps = t[t["step"] > 0]
+    ends = t.groupby(["arm", "seed"])["cum_updates"].max()
+    checks = pd.DataFrame([{
+        "arm": arm, "n": arm_n(arm), "seeds": int(ends[arm].size),
+        "updates_min": int(ends[arm].min()), "updates_max": int(ends[arm].max()),
+        "samples_per_update": float(g.groupby("seed")["cum_samples"].max().sum()
+                                    / g.groupby("seed")["cum_updates"].max().sum()),
+        "cap_hit_share": float(g["ds_cap_hit"].astype(float).mean()),
+        "kl_within_share": float((g["kl"].dropna() <= COLLAPSE["kl_max"]).mean()),
+        "steps": int(len(g))} for arm, g in steps.groupby("arm", sort=False)]).sort_values("n", ignore_index=True)
+    return {"axes": axes, "checks": checks}
+
+
 def takeoff_races(df: pd.DataFrame, *, reference: str, level: float = 0.10, budget: float,
                   metric: str, x: str = "cum_samples") -> pd.DataFrame:
     """The takeoff race of every arm against ``reference`` (:func:`brorl_lab.study.paid.time_to_level` and

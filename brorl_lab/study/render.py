@@ -818,6 +818,123 @@ def frontier_files(root: Path = ROOT) -> tuple[str, ...]:
     return (f"{FRONTIER_LEDGER}/declaration.json", *runs, *picks)
 
 
+def frontier_complete(root: Path = ROOT, stage: str = "ratio") -> list[str]:
+    """The branch points whose ``stage`` runs are all in the ledger (every arm x seed of the declaration): only these
+    are read (the reading is declared for a complete stage)."""
+    decl = json.loads((Path(root) / FRONTIER_LEDGER / "declaration.json").read_text())
+    design = decl["designs"]["fixed_batch" if stage == "fixed" else "ratio"]
+    have = {q.name for q in (Path(root) / FRONTIER_LEDGER / stage).glob("*_s*.parquet")}
+    return [b for b in decl["branch_points"] if all(f"{b}-{a}_s{s}.parquet" in have for a in design
+                                                     for s in decl["stages"][stage]["seeds"])]
+
+
+def _frontier_runs(f: Files, stage: str, branch: str) -> pd.DataFrame:
+    names = [n for n in frontier_files(f.root) if n.split("/")[-2] == stage and Path(n).name.startswith(f"{branch}-")
+             and n.endswith(".parquet")]
+    return pd.concat([f(n) for n in names], ignore_index=True)
+
+
+def _frontier_reading(f: Files, branch: str) -> dict:
+    from brorl_lab.study import frontier as FR
+
+    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+    return FR.ratio_reading(_frontier_runs(f, "ratio", branch), decl["budget"]["marks"][branch],
+                            metric=decl["evaluation"]["metric"])
+
+
+def _best_n_rows(points: pd.DataFrame, table: pd.DataFrame, axis: str) -> list[str]:
+    """One markdown row per mark: each arm's mean held-out pass@1 (%), the best N's reading, and the leader minus
+    each other arm in points with its paired 95% t interval."""
+    from brorl_lab.study import frontier as FR
+
+    arms = sorted(points["arm"].unique(), key=FR.arm_n)
+    head = (f"| {AXIS_NAMES[axis]} (mark) | " + " | ".join(f"N={FR.arm_n(a)} (%)" for a in arms)
+            + " | best N | leader - other, points [95% t] |")
+    rows = [head, "|---:|" + "---:|" * len(arms) + "---|---|"]
+    for r in table.itertuples():
+        g = points[(points["mark"] == r.mark) & points["value"].notna()]
+        means = g.groupby("arm")["value"].mean()
+        gaps = "; ".join(f"- N={FR.arm_n(o)}: {pts(getattr(r, f'gap_{o}'))} [{pts(getattr(r, f'lo_{o}'))}, "
+                         f"{pts(getattr(r, f'hi_{o}'))}]" for o in arms if o != r.leader and hasattr(r, f"gap_{o}"))
+        mark = count(r.mark) if r.mark >= 100 else f"{r.mark:g}"
+        rows.append(f"| {mark} | " + " | ".join(f"{100 * means[a]:.1f}" if a in means else "-" for a in arms)
+                    + f" | {r.reading} | {gaps} |")
+    return rows
+
+
+def frontier_ratio_text(f: Files) -> str:
+    """The frontier section: per branch point whose ratio runs are complete, the best N at every mark on each of the
+    four axes and the protocol's checks; a line saying what is still running otherwise."""
+    from brorl_lab.study import frontier as FR
+
+    done = frontier_complete(f.root)
+    if not done:
+        return ("No branch point has all its `ratio` runs yet: the frontier is read per branch point once every arm x "
+                "seed of it is in the ledger (the stages table above counts them).")
+    out = []
+    for b in done:
+        r = _frontier_reading(f, b)
+        c = r["checks"]
+        out += [f"### From the {b} branch point", "",
+                f"![{b}: held-out pass@1 against generated samples, a dot per seed; the best N per budget]"
+                f"(../../{FIG}/frontier_{b}.png)", "",
+                "The protocol as run (per arm, over its seeds: optimizer updates at the end of the run, generated "
+                "samples per update pooled, the share of steps on which the refill cap bound and on which the KL to "
+                "the reference stayed within the collapse rule's bound):", "",
+                "| arm | seeds | updates at the budget (min-max) | generated samples per update | cap bound on | KL "
+                "within bound on |", "|---|---:|---:|---:|---:|---:|"]
+        out += [f"| {a.arm} | {a.seeds} | {a.updates_min}-{a.updates_max} | {count(a.samples_per_update)} | "
+                f"{100 * a.cap_hit_share:.1f}% of {a.steps} steps | {100 * a.kl_within_share:.0f}% |"
+                for a in c.itertuples()]
+        for axis in FR.AXES:
+            ax = r["axes"][axis]
+            if not len(ax["table"]):
+                continue
+            out += ["", f"At equal {AXIS_NAMES[axis]}:", ""] + _best_n_rows(ax["points"], ax["table"], axis)
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
+def frontier_png(f: Files, branch: str) -> bytes:
+    """Left: held-out pass@1 against generated samples, per arm the mean over seeds and a dot per seed at each
+    mark. Right: the leading N at each mark, filled where the reading resolved it (every paired interval above 0)."""
+    from brorl_lab.study import frontier as FR
+
+    r = _frontier_reading(f, branch)
+    pts_, table = r["axes"]["cum_samples"]["points"], r["axes"]["cum_samples"]["table"]
+    arms = sorted(pts_["arm"].unique(), key=FR.arm_n)
+
+    def draw(fig):
+        ax = fig.add_subplot(1, 2, 1)
+        for k, a in enumerate(arms):
+            g = pts_[(pts_["arm"] == a) & pts_["value"].notna()]
+            shift = 1 + 0.06 * (k - (len(arms) - 1) / 2)
+            ax.scatter(g["mark"] * shift, 100 * g["value"], s=7, alpha=0.45, color=f"C{k}")
+            m = g.groupby("mark")["value"].mean()
+            ax.plot(m.index * shift, 100 * m.values, "-o", ms=3, color=f"C{k}", label=f"N={FR.arm_n(a)}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("generated samples (mark)")
+        ax.set_ylabel("held-out pass@1 (%)")
+        ax.legend(frameon=False, fontsize=8)
+        bx = fig.add_subplot(1, 2, 2)
+        for resolved, face in ((True, "black"), (False, "none")):
+            t = table[table["resolved"] == resolved]
+            bx.scatter(t["mark"], t["leader_n"], s=30, facecolors=face, edgecolors="black",
+                       label="resolved" if resolved else "leader, not resolved")
+        bx.set_xscale("log", base=2)
+        bx.set_yscale("log", base=2)
+        ns = [FR.arm_n(a) for a in arms]
+        bx.set_yticks(ns, [str(n) for n in ns])
+        bx.set_ylim(min(ns) / 1.6, max(ns) * 1.6)
+        bx.set_xlabel("generated samples (mark)")
+        bx.set_ylabel("best N")
+        bx.legend(frameon=False, fontsize=8)
+        fig.suptitle(f"The rollout frontier from the {branch} branch point ({int(pts_['seed'].nunique())} seeds)")
+        fig.tight_layout()
+
+    return _png(draw, (9.0, 3.6))
+
+
 def frontier_fields(f: Files) -> dict:
     """Per stage: finished of planned arm x seed runs; the lr pilot per branch point, arm and lr at its pilot budget
     (each seed's held-out pass@1, the mean, the share of steps within the KL bound); the picks once made."""
@@ -869,6 +986,7 @@ def frontier_fields(f: Files) -> dict:
         picks = ("Not made yet: `pick_lr` reads the pilot once every run of it has finished (the later stages refuse "
                  "to start before).")
     return {"frontier_stages": "\n".join(stages), "frontier_lr_pilot": pilot, "frontier_picks": picks,
+            "frontier_ratio": frontier_ratio_text(f),
             "frontier_eval": f"{decl['evaluation']['prompts_per_family']} prompts x "
                              f"{decl['evaluation']['samples_per_prompt']} samples per family",
             "frontier_kl_share": f"{100 * decl['lr']['kl_share']:.0f}%"}
@@ -921,7 +1039,8 @@ PAGES: tuple[Page, ...] = (
     Page("docs/results/plateau.md", "plateau.md.tmpl", ("data/plateau_model/plateau.json",), plateau_fields),
     Page("docs/results/floor.md", "floor.md.tmpl", (f"{FIG}/flagship_verdict.json",), floor_fields,
          {f"{FIG}/flagship_grid_gaps.png": floor_grid_png}, tuple(FROZEN_FIGURES)),
-    Page("docs/results/frontier.md", "frontier.md.tmpl", frontier_files(), frontier_fields),
+    Page("docs/results/frontier.md", "frontier.md.tmpl", frontier_files(), frontier_fields,
+         {f"{FIG}/frontier_{b}.png": (lambda f, b=b: frontier_png(f, b)) for b in frontier_complete()}),
 )
 README_FILES = FLAGSHIP_FILES + REGIME_FILES + THEOREM_FILES
 
