@@ -843,21 +843,22 @@ def _frontier_reading(f: Files, branch: str) -> dict:
 
 
 def _best_n_rows(points: pd.DataFrame, table: pd.DataFrame, axis: str) -> list[str]:
-    """One markdown row per mark: each arm's mean held-out pass@1 (%), the best N's reading, and the leader minus
-    each other arm in points with its paired 95% t interval."""
+    """One markdown row per mark: where the runs' evaluations that read it lay (the first at or past the mark), each
+    arm's mean held-out pass@1 (%), the best N's reading, and the leader minus each other arm in points with its
+    paired 95% t interval."""
     from brorl_lab.study import frontier as FR
 
     arms = sorted(points["arm"].unique(), key=FR.arm_n)
-    head = (f"| {AXIS_NAMES[axis]} (mark) | " + " | ".join(f"N={FR.arm_n(a)} (%)" for a in arms)
-            + " | best N | leader - other, points [95% t] |")
-    rows = [head, "|---:|" + "---:|" * len(arms) + "---|---|"]
+    head = (f"| {AXIS_NAMES[axis]} (mark) | measured at (runs' range) | "
+            + " | ".join(f"N={FR.arm_n(a)} (%)" for a in arms) + " | best N | leader - other, points [95% t] |")
+    rows = [head, "|---:|---:|" + "---:|" * len(arms) + "---|---|"]
+    num = lambda v: count(v) if v >= 100 else f"{v:.3g}"  # noqa: E731 - one format for this table
     for r in table.itertuples():
         g = points[(points["mark"] == r.mark) & points["value"].notna()]
         means = g.groupby("arm")["value"].mean()
         gaps = "; ".join(f"- N={FR.arm_n(o)}: {pts(getattr(r, f'gap_{o}'))} [{pts(getattr(r, f'lo_{o}'))}, "
                          f"{pts(getattr(r, f'hi_{o}'))}]" for o in arms if o != r.leader and hasattr(r, f"gap_{o}"))
-        mark = count(r.mark) if r.mark >= 100 else f"{r.mark:g}"
-        rows.append(f"| {mark} | " + " | ".join(f"{100 * means[a]:.1f}" if a in means else "-" for a in arms)
+        rows.append(f"| {num(r.mark)} | {num(g['x'].min())}-{num(g['x'].max())} | " + " | ".join(f"{100 * means[a]:.1f}" if a in means else "-" for a in arms)
                     + f" | {r.reading} | {gaps} |")
     return rows
 
