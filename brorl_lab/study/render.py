@@ -858,7 +858,8 @@ def _best_n_rows(points: pd.DataFrame, table: pd.DataFrame, axis: str) -> list[s
         means = g.groupby("arm")["value"].mean()
         gaps = "; ".join(f"- N={FR.arm_n(o)}: {pts(getattr(r, f'gap_{o}'))} [{pts(getattr(r, f'lo_{o}'))}, "
                          f"{pts(getattr(r, f'hi_{o}'))}]" for o in arms if o != r.leader and hasattr(r, f"gap_{o}"))
-        rows.append(f"| {num(r.mark)} | {num(g['x'].min())}-{num(g['x'].max())} | " + " | ".join(f"{100 * means[a]:.1f}" if a in means else "-" for a in arms)
+        cells = " | ".join(f"{100 * means[a]:.1f}" if a in means else "-" for a in arms)
+        rows.append(f"| {num(r.mark)} | {num(g['x'].min())}-{num(g['x'].max())} | {cells}"
                     + f" | {r.reading} | {gaps} |")
     return rows
 
