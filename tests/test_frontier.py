@@ -214,6 +214,8 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     assert "### From the learned branch point" in text and "| n8x2 | 1 |" in text
     assert "At equal generated samples:" in text and "| best N |" in text
     assert R.frontier_png(files, "learned")[:8] == b"\x89PNG\r\n\x1a\n"
+    row = R.frontier_headline(files)  # the README's row for a complete branch point, with the reading at the budget
+    assert row.startswith("| which N wins") and "from the learned branch point: N in 2, 8" in row and row.endswith("|\n")
     (tmp_path / R.FRONTIER_LEDGER).rename(tmp_path / "ledger")
     again = F.run_stage("lr_pilot", out=tmp_path / "runs2", ledger=tmp_path / "ledger", ship=False, frontier=fr,
                         jobs=1, progress=False)

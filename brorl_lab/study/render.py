@@ -512,6 +512,7 @@ def readme_fields(f: Files) -> dict:
     out.update({k: rg[k] for k in ("regime_above", "regime_above_built", "regime_above_chosen",
                                    "regime_verdict", "regime_ahead", "regime_behind", "regime_settings", "hours")})
     out["regime_runs"] = 2 * len(f(f"{FIG}/regime_seeds.csv"))
+    out["frontier_rows"] = frontier_headline(f)
     from brorl_lab.study.regime import RHO_RULE
 
     t = f(f"{FIG}/regime_map.csv")
@@ -897,6 +898,33 @@ def frontier_ratio_text(f: Files) -> str:
     return "\n".join(out).rstrip("\n")
 
 
+def frontier_headline(f: Files) -> str:
+    """The README's frontier rows, one per branch point whose ratio runs are complete ("" while none is): where the
+    best N was resolved along the declared budget marks of generated samples, and the reading at the budget."""
+    from brorl_lab.study import frontier as FR
+
+    rows = []
+    for b in frontier_complete(f.root):
+        r = _frontier_reading(f, b)
+        t, pts_ = r["axes"]["cum_samples"]["table"], r["axes"]["cum_samples"]["points"]
+        won = {}
+        for x in t[t["resolved"]].itertuples():
+            won.setdefault(x.leader_n, []).append(count(x.mark))
+        where = "; ".join(f"N={n} best at {len(m)} of {len(t)} marks ({', '.join(m)})" for n, m in sorted(won.items()))
+        last = t.iloc[-1]
+        gaps = "; ".join(f"N={last['leader_n']} - N={FR.arm_n(o)}: {pts(last[f'gap_{o}'])} [{pts(last[f'lo_{o}'])}, "
+                         f"{pts(last[f'hi_{o}'])}]" for o in sorted(pts_["arm"].unique(), key=FR.arm_n)
+                         if o != last["leader"])
+        rows.append(f"| which N wins as the budget grows (IsoCompute's question, the papers' N and 4:1 shapes) | "
+                    f"the rollout frontier from the {b} branch point: N in "
+                    f"{', '.join(str(n) for n in sorted(FR.arm_n(a) for a in pts_['arm'].unique()))}, fill-to-full "
+                    f"refills, each arm at its piloted lr, {int(pts_['seed'].nunique())} paired seeds, "
+                    f"{len(t)} budget marks of generated samples; the declared reading: "
+                    f"{where or 'no mark resolved'}; at the budget ({count(last['mark'])}): **{last['reading']}** | "
+                    f"{gaps} points | [frontier](docs/results/frontier.md) |\n")
+    return "".join(rows)
+
+
 def frontier_png(f: Files, branch: str) -> bytes:
     """Left: held-out pass@1 against generated samples, per arm the mean over seeds and a dot per seed at each
     mark. Right: the leading N at each mark, filled where the reading resolved it (every paired interval above 0)."""
@@ -1044,7 +1072,7 @@ PAGES: tuple[Page, ...] = (
     Page("docs/results/frontier.md", "frontier.md.tmpl", frontier_files(), frontier_fields,
          {f"{FIG}/frontier_{b}.png": (lambda f, b=b: frontier_png(f, b)) for b in frontier_complete()}),
 )
-README_FILES = FLAGSHIP_FILES + REGIME_FILES + THEOREM_FILES
+README_FILES = FLAGSHIP_FILES + REGIME_FILES + THEOREM_FILES + frontier_files()
 
 
 # ---- provenance ---------------------------------------------------------------------------------------------------------------
