@@ -979,11 +979,14 @@ def frontier_fields(f: Files) -> dict:
     arms_per_design = {"lr_pilot": pilot_arms, "lr_pilot_long": pilot_arms,
                        "ratio": len(decl["designs"]["ratio"]), "capped": len(decl["designs"]["ratio"]),
                        "fixed": len(decl["designs"]["fixed_batch"])}
-    stages = ["| stage | what | arm x seed runs finished | seeds |", "|---|---|---:|---|"]
+    stages = ["| stage | what | arm x seed runs finished | seeds | their wall time, summed over runs (h) |",
+              "|---|---|---:|---|---:|"]
     for st in [st for st in FR.STAGES if st in decl["stages"]]:
         d = decl["stages"][st]
         planned = arms_per_design[st] * len(pilot_budgets.get(st, decl["branch_points"])) * len(d["seeds"])
-        stages.append(f"| `{st}` | {d['what']} | {len(by_stage[st])} of {planned} | {d['seeds'][0]}-{d['seeds'][-1]} |")
+        hours = sum(float(f.provenance(n).get("wall_s", 0.0)) for n in by_stage[st]) / 3600
+        stages.append(f"| `{st}` | {d['what']} | {len(by_stage[st])} of {planned} | {d['seeds'][0]}-{d['seeds'][-1]} "
+                      f"| {hours:.2f} |")
     pilots = [st for st in FR.PILOT_STAGES if by_stage.get(st)]
     pilot = "No lr pilot run has finished yet." if not pilots else ""
     if pilots:
