@@ -135,6 +135,17 @@ def test_a_tiny_study_reads_the_uniform_arms_from_the_frontier_ledger_and_runs_o
     assert (got.table["reading"] == "two_stage not resolved against n2x4, n8x2").all()  # one seed: no interval
     assert set(got.summary["arm"]) == {"n2x4", "n8x2", "two_stage"}
     assert got.summary.set_index("arm").loc["n8x2", "n_max"] == 8
+    # the results page reads the same two ledgers once the branch point is complete
+    from brorl_lab.study import render as R
+
+    (tmp_path / R.FIG).mkdir(parents=True)
+    fl.rename(tmp_path / R.FRONTIER_LEDGER)
+    (tmp_path / "alloc").rename(tmp_path / R.ALLOCATION_LEDGER)
+    page = R.allocation_fields(R.Files(tmp_path), study=study)
+    assert "| `two_stage` |" in page["allocation_stages"] and "| 1 of 1 | learned n2x4: 1 of 1" in page["allocation_stages"]
+    text = page["allocation_readings"]
+    assert "### `two_stage` from the learned branch point" in text and "two_stage not resolved against n2x4, n8x2" in text
+    assert "| two_stage | 1 |" in text  # the summary: informative groups per generated sample, N per prompt
     capsys.readouterr()
     assert A.main(["run", "two_stage", "--out", str(tmp_path / "cli"), "--exploratory", "--jobs", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -24,10 +24,11 @@ legacy file carries a rendered banner saying so and naming the records whose com
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -1025,6 +1026,78 @@ def frontier_fields(f: Files) -> dict:
             "frontier_kl_share": f"{100 * decl['lr']['kl_share']:.0f}%"}
 
 
+# ---- the allocation study (docs/results/allocation.md): its ledger beside the frontier's uniform arms ------------------
+ALLOCATION_LEDGER = f"{FIG}/allocation"
+
+
+def allocation_files(root: Path = ROOT) -> tuple[str, ...]:
+    """The allocation study's declaration and every ledger file committed so far (one per finished arm x seed)."""
+    ledger = Path(root) / ALLOCATION_LEDGER
+    return (f"{ALLOCATION_LEDGER}/declaration.json",
+            *sorted(str(q.relative_to(root)) for q in ledger.glob("*/*_s*.parquet")))
+
+
+def allocation_fields(f: Files, study=None) -> dict:
+    """Per stage: the allocation arm's finished runs and the shared uniform arms' (from the frontier's ratio ledger);
+    per stage and branch point whose runs are all there, THE reading (:func:`brorl_lab.study.allocation.
+    allocation_table`: allocation - each uniform arm per mark, paired 95% t) and the allocation summary. ``study``:
+    the :class:`~brorl_lab.study.allocation.AllocationStudy` (default the declared one), its frontier ledger under
+    ``f.root``."""
+    from brorl_lab.study import allocation as AL
+
+    decl = f(f"{ALLOCATION_LEDGER}/declaration.json")
+    st = dataclasses.replace(study or AL.ALLOCATION, frontier_ledger=str(f.root / FRONTIER_LEDGER))
+    seeds = decl["seeds"] if "seeds" in decl else list(st.frontier.seeds)
+    names = [n for n in allocation_files(f.root) if n.endswith(".parquet")]
+    ratio = {Path(n).name for n in frontier_files(f.root) if n.split("/")[-2] == AL.FRONTIER_STAGE}
+    table = ["| stage | what | allocation runs finished | uniform runs in the frontier's ledger |", "|---|---|---:|---|"]
+    uniform = ", ".join(f"{b} {a}: {sum(f'{b}-{a}_s{s}.parquet' in ratio for s in seeds)} of {len(seeds)}"
+                        for b in st.frontier.branches for a in st.uniform_arms)
+    readings = []
+    for stage in AL.STAGES:
+        mine = [n for n in names if n.split("/")[-2] == stage]
+        planned = len(st.frontier.branches) * len(seeds)
+        table.append(f"| `{stage}` | {AL.STAGES[stage]} | {len(mine)} of {planned} | {uniform} |")
+        done = [b for b in st.frontier.branches
+                if all(f"{b}-{st.base_arm}-{stage}_s{s}.parquet" in {Path(n).name for n in mine} for s in seeds)
+                and all(f"{b}-{a}_s{s}.parquet" in ratio for a in st.uniform_arms for s in seeds)]
+        if not done:
+            continue
+        for n in mine:
+            f(n)  # read through Files: its provenance is checked with the page's
+        r = AL.read_stage(stage, ledger=f.root / ALLOCATION_LEDGER, study=st)
+        for b in done:
+            readings += _allocation_branch(r, stage, b, st.uniform_arms)
+    if not readings:
+        readings = ["No stage has all its runs at any branch point yet: a stage is read per branch point once its "
+                    "allocation arm and both uniform arms have every seed."]
+    return {"allocation_stages": "\n".join(table), "allocation_readings": "\n".join(readings).rstrip("\n")}
+
+
+def _allocation_branch(r, stage: str, branch: str, uniform: Sequence[str]) -> list[str]:
+    from brorl_lab.study import frontier as FR
+
+    t = r.table[r.table["branch"] == branch]
+    p = r.points[r.points["branch"] == branch]
+    means = p.groupby(["mark", "arm"])["value"].mean()
+    head = ("| generated samples (mark) | " + f"`{stage}` (%) | "
+            + " | ".join(f"N={FR.arm_n(u)} (%)" for u in uniform) + " | "
+            + " | ".join(f"{stage} - N={FR.arm_n(u)}, points [95% t] (pairs)" for u in uniform) + " | reading |")
+    out = [f"### `{stage}` from the {branch} branch point", "", head, "|---:|" + "---:|" * (1 + 2 * len(uniform)) + "---|"]
+    for x in t.itertuples():
+        cells = [f"{100 * means.get((x.mark, a), float('nan')):.1f}" for a in (stage, *uniform)]
+        gaps = [f"{pts(getattr(x, f'gap_{u}'))} [{pts(getattr(x, f'lo_{u}'))}, {pts(getattr(x, f'hi_{u}'))}] "
+                f"({getattr(x, f'n_{u}')})" for u in uniform]
+        out.append(f"| {count(x.mark)} | " + " | ".join(cells + gaps) + f" | {x.reading} |")
+    sm = r.summary[(r.summary["branch"] == branch)] if "branch" in r.summary.columns else r.summary
+    out += ["", "What each arm spent its samples on (training steps; every generated group counts, refills included):",
+            "", "| arm | seeds | informative groups per 1,000 generated samples [95% t] | N per prompt: mean, max |",
+            "|---|---:|---:|---:|"]
+    out += [f"| {a.arm} | {a.seeds} | {1000 * a.informative_per_sample:.2f} [{1000 * a.informative_per_sample_lo:.2f}, "
+            f"{1000 * a.informative_per_sample_hi:.2f}] | {a.n_mean:.1f}, {a.n_max} |" for a in sm.itertuples()]
+    return out + [""]
+
+
 def no_fields(f: Files) -> dict:
     return {}
 
@@ -1072,6 +1145,7 @@ PAGES: tuple[Page, ...] = (
     Page("docs/results/plateau.md", "plateau.md.tmpl", ("data/plateau_model/plateau.json",), plateau_fields),
     Page("docs/results/floor.md", "floor.md.tmpl", (f"{FIG}/flagship_verdict.json",), floor_fields,
          {f"{FIG}/flagship_grid_gaps.png": floor_grid_png}, tuple(FROZEN_FIGURES)),
+    Page("docs/results/allocation.md", "allocation.md.tmpl", allocation_files(), allocation_fields),
     Page("docs/results/frontier.md", "frontier.md.tmpl", frontier_files(), frontier_fields,
          {f"{FIG}/frontier_{b}.png": (lambda f, b=b: frontier_png(f, b)) for b in frontier_complete()}),
 )
