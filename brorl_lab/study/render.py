@@ -894,9 +894,29 @@ def frontier_ratio_text(f: Files) -> str:
             ax = r["axes"][axis]
             if not len(ax["table"]):
                 continue
-            out += ["", f"At equal {AXIS_NAMES[axis]}:", ""] + _best_n_rows(ax["points"], ax["table"], axis)
+            out += ["", f"At equal {AXIS_NAMES[axis]} ({frontier_summary(ax['table'], ax['points']['arm'].unique())}):",
+                    ""] + _best_n_rows(ax["points"], ax["table"], axis)
         out.append("")
     return "\n".join(out).rstrip("\n")
+
+
+def frontier_summary(table: pd.DataFrame, arms: Sequence[str]) -> str:
+    """In words, from one axis's :func:`~brorl_lab.study.frontier.frontier_table`: which N led at how many marks,
+    and per other arm at how many marks its paired interval against the leader lay wholly behind (resolved) or
+    contained 0 (not separated). Every clause is a count of intervals."""
+    from brorl_lab.study import frontier as FR
+
+    led = table["leader_n"].value_counts()
+    parts = [f"N={n} led at {k} of {len(table)} marks" for n, k in sorted(led.items(), key=lambda x: -x[1])]
+    for a in sorted(arms, key=FR.arm_n):
+        col = table.get(f"lo_{a}")
+        if col is None:
+            continue
+        behind, tied = int((col > 0).sum()), int((col <= 0).sum())
+        parts.append(f"N={FR.arm_n(a)} behind the leader (interval above 0) at {behind}, not separated at {tied}")
+        if col.notna().sum() < len(table):
+            parts[-1] += f", itself leading at {len(table) - int(col.notna().sum())}"
+    return "; ".join(parts)
 
 
 def frontier_headline(f: Files) -> str:
@@ -920,8 +940,9 @@ def frontier_headline(f: Files) -> str:
                     f"the rollout frontier from the {b} branch point: N in "
                     f"{', '.join(str(n) for n in sorted(FR.arm_n(a) for a in pts_['arm'].unique()))}, fill-to-full "
                     f"refills, each arm at its piloted lr, {int(pts_['seed'].nunique())} paired seeds, "
-                    f"{len(t)} budget marks of generated samples; the declared reading: "
-                    f"{where or 'no mark resolved'}; at the budget ({count(last['mark'])}): **{last['reading']}** | "
+                    f"{len(t)} budget marks of generated samples ({frontier_summary(t, pts_['arm'].unique())}); "
+                    f"the declared reading: {where or 'no mark resolved'}; at the budget ({count(last['mark'])}): "
+                    f"**{last['reading']}** | "
                     f"{gaps} points | [frontier](docs/results/frontier.md) |\n")
     return "".join(rows)
 
