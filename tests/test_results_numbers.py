@@ -229,8 +229,38 @@ def test_the_readme_headline_interval_is_recomputed_from_the_shipped_per_seed_fi
     r = paired_t_interval(w["brorl"].to_numpy(), w["prorl"].to_numpy())
     assert r["n"] >= 10
     quoted = f"{100 * r['mean']:+.2f} [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] points"
-    first_row = headline_rows((REPO / "README.md").read_text())[0][0]
-    assert quoted in first_row, (quoted, first_row)
+    row = next(r[0] for r in headline_rows((REPO / "README.md").read_text()) if "N=512 revives" in r[0])
+    assert quoted in row, (quoted, row)
+
+
+def test_the_readme_frontier_row_is_recomputed_from_the_ledger_files():
+    """Each README frontier row (one per branch point whose ratio runs are complete): every arm's gap to the leader
+    at the budget, recomputed here from the ledger's per-run files alone (each run's first evaluation at or past the
+    budget; a paired t interval over seeds), must be the interval the row quotes."""
+    from brorl_lab.lab.stats import paired_t_interval
+
+    decl = json.loads((REPO / "notebooks/figures/frontier/declaration.json").read_text())
+    from brorl_lab.study.render import frontier_complete
+
+    rows = [r[0] for r in headline_rows((REPO / "README.md").read_text()) if r[0].startswith("| which N wins")]
+    assert len(rows) == len(frontier_complete())
+    for row in rows:
+        branch = re.search(r"from the (\w+) branch point", row)[1]
+        budget = decl["budget"]["per_branch"][branch]
+        metric = decl["evaluation"]["metric"]
+        at = {}
+        for path in sorted((REPO / "notebooks/figures/frontier/ratio").glob(f"{branch}-*_s*.parquet")):
+            t = pd.read_parquet(path)
+            hit = t[t[metric].notna() & (t["cum_samples"] >= budget)].sort_values("step").iloc[0]
+            arm, seed = path.stem.rsplit("_s", 1)
+            at.setdefault(arm.split("-", 1)[1], {})[int(seed)] = float(hit[metric])
+        w = pd.DataFrame(at)
+        leader = w.mean().idxmax()
+        for other in (a for a in w.columns if a != leader):
+            r = paired_t_interval(w[leader].to_numpy(), w[other].to_numpy())
+            quoted = (f"N={leader[1:leader.index('x')]} - N={other[1:other.index('x')]}: {100 * r['mean']:+.2f} "
+                      f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}]")
+            assert quoted in row, (quoted, row)
 
 
 def test_every_regime_setting_interval_is_recomputed_from_the_shipped_per_seed_file():
