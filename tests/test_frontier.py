@@ -212,7 +212,7 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     files = R.Files(tmp_path)
     text = R.frontier_fields(files)["frontier_ratio"]
     assert "### From the learned branch point" in text and "| n8x2 | 1 |" in text
-    assert "At equal generated samples:" in text and "| best N |" in text
+    assert "At equal generated samples (N=" in text and "| best N |" in text
     assert R.frontier_png(files, "learned")[:8] == b"\x89PNG\r\n\x1a\n"
     row = R.frontier_headline(files)  # the README's row for a complete branch point, with the reading at the budget
     assert row.startswith("| which N wins") and "from the learned branch point: N in 2, 8" in row and row.endswith("|\n")

@@ -913,7 +913,8 @@ def frontier_summary(table: pd.DataFrame, arms: Sequence[str]) -> str:
         if col is None:
             continue
         behind, tied = int((col > 0).sum()), int((col <= 0).sum())
-        parts.append(f"N={FR.arm_n(a)} behind the leader (interval above 0) at {behind}, not separated at {tied}")
+        parts.append(f"N={FR.arm_n(a)} behind the leader at {behind} (leader - N={FR.arm_n(a)} interval above 0), "
+                     f"not separated at {tied}")
         if col.notna().sum() < len(table):
             parts[-1] += f", itself leading at {len(table) - int(col.notna().sum())}"
     return "; ".join(parts)
@@ -936,7 +937,7 @@ def frontier_headline(f: Files) -> str:
         gaps = "; ".join(f"N={last['leader_n']} - N={FR.arm_n(o)}: {pts(last[f'gap_{o}'])} [{pts(last[f'lo_{o}'])}, "
                          f"{pts(last[f'hi_{o}'])}]" for o in sorted(pts_["arm"].unique(), key=FR.arm_n)
                          if o != last["leader"])
-        rows.append(f"| which N wins as the budget grows (IsoCompute's question, the papers' N and 4:1 shapes) | "
+        rows.append(f"| which N wins as the budget grows (BroRL's N=512 over ProRL's N=16, read as IsoCompute's frontier) | "
                     f"the rollout frontier from the {b} branch point: N in "
                     f"{', '.join(str(n) for n in sorted(FR.arm_n(a) for a in pts_['arm'].unique()))}, fill-to-full "
                     f"refills, each arm at its piloted lr, {int(pts_['seed'].nunique())} paired seeds, "
