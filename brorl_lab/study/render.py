@@ -836,12 +836,20 @@ def _frontier_runs(f: Files, stage: str, branch: str) -> pd.DataFrame:
     return pd.concat([f(n) for n in names], ignore_index=True)
 
 
+_READINGS: dict[tuple[int, str], dict] = {}  # one render's frontier readings, by Files and branch point
+
+
 def _frontier_reading(f: Files, branch: str) -> dict:
+    """:func:`~brorl_lab.study.frontier.ratio_reading` of one complete branch point, computed once a render (the
+    page's tables, its figure and the README's row all read it)."""
     from brorl_lab.study import frontier as FR
 
-    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
-    return FR.ratio_reading(_frontier_runs(f, "ratio", branch), decl["budget"]["marks"][branch],
-                            metric=decl["evaluation"]["metric"])
+    key = (id(f), branch)
+    if key not in _READINGS:
+        decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+        _READINGS[key] = FR.ratio_reading(_frontier_runs(f, "ratio", branch), decl["budget"]["marks"][branch],
+                                          metric=decl["evaluation"]["metric"])
+    return _READINGS[key]
 
 
 def _best_n_rows(points: pd.DataFrame, table: pd.DataFrame, axis: str) -> list[str]:
@@ -1069,7 +1077,7 @@ def allocation_fields(f: Files, study=None) -> dict:
 
     decl = f(f"{ALLOCATION_LEDGER}/declaration.json")
     st = dataclasses.replace(study or AL.ALLOCATION, frontier_ledger=str(f.root / FRONTIER_LEDGER))
-    seeds = decl["seeds"] if "seeds" in decl else list(st.frontier.seeds)
+    seeds = decl["seeds"]
     names = [n for n in allocation_files(f.root) if n.endswith(".parquet")]
     ratio = {Path(n).name for n in frontier_files(f.root) if n.split("/")[-2] == AL.FRONTIER_STAGE}
     table = ["| stage | what | allocation runs finished | uniform runs in the frontier's ledger |", "|---|---|---:|---|"]
@@ -1080,8 +1088,9 @@ def allocation_fields(f: Files, study=None) -> dict:
         mine = [n for n in names if n.split("/")[-2] == stage]
         planned = len(st.frontier.branches) * len(seeds)
         table.append(f"| `{stage}` | {AL.STAGES[stage]} | {len(mine)} of {planned} | {uniform} |")
+        finished = {Path(n).name for n in mine}
         done = [b for b in st.frontier.branches
-                if all(f"{b}-{st.base_arm}-{stage}_s{s}.parquet" in {Path(n).name for n in mine} for s in seeds)
+                if all(f"{b}-{st.base_arm}-{stage}_s{s}.parquet" in finished for s in seeds)
                 and all(f"{b}-{a}_s{s}.parquet" in ratio for a in st.uniform_arms for s in seeds)]
         if not done:
             continue
@@ -1243,6 +1252,7 @@ def render(root: Optional[Path] = None, only: Optional[set[str]] = None) -> dict
     Reads files only; writes nothing."""
     f = Files(Path(root) if root is not None else ROOT)
     _PAIRED.clear()
+    _READINGS.clear()
     out: dict[str, bytes] = {}
     for page in PAGES:
         if only is None or page.path in only:
