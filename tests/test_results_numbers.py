@@ -263,6 +263,41 @@ def test_the_readme_frontier_row_is_recomputed_from_the_ledger_files():
             assert quoted in row, (quoted, row)
 
 
+
+def test_the_readme_allocation_row_is_recomputed_from_both_ledgers():
+    """Each README allocation row (one per branch point where the headline stage has all its runs): the allocation
+    arm minus each uniform arm at the budget, recomputed here from the per-run files alone (the allocation ledger and
+    the frontier's ratio ledger; each run's first evaluation at or past the budget; a paired t interval over seeds),
+    must be the interval the row quotes."""
+    from brorl_lab.lab.stats import paired_t_interval
+    from brorl_lab.study.allocation import HEADLINE_STAGE
+
+    decl = json.loads((REPO / "notebooks/figures/allocation/declaration.json").read_text())
+    metric = decl["evaluation"]["metric"]
+    rows = [r[0] for r in headline_rows((REPO / "README.md").read_text()) if "rollouts per prompt beats uniform" in r[0]]
+    complete = [b for b in decl["branch_points"] if len(list((REPO / "notebooks/figures/allocation" / HEADLINE_STAGE)
+                                                              .glob(f"{b}-*_s*.parquet"))) == len(decl["seeds"])]
+    assert len(rows) == len(complete)
+
+    def at_budget(path, budget):
+        t = pd.read_parquet(path)
+        return float(t[t[metric].notna() & (t["cum_samples"] >= budget)].sort_values("step").iloc[0][metric])
+
+    for row in rows:
+        branch = re.search(r"from the (\w+) branch point", row)[1]
+        budget = decl["budget"]["per_branch"][branch]
+        mine = {int(p.stem.rsplit("_s", 1)[1]): at_budget(p, budget)
+                for p in (REPO / "notebooks/figures/allocation" / HEADLINE_STAGE).glob(f"{branch}-*_s*.parquet")}
+        for arm in decl["shared_uniform_arms"]["arms"]:  # e.g. "n16x64": N = 16 rollouts x 64 prompts
+            n = arm[1:arm.index("x")]
+            other = {int(p.stem.rsplit("_s", 1)[1]): at_budget(p, budget) for p in
+                     (REPO / "notebooks/figures/frontier/ratio").glob(f"{branch}-{arm}_s*.parquet")}
+            seeds = sorted(set(mine) & set(other))
+            r = paired_t_interval(np.array([mine[s] for s in seeds]), np.array([other[s] for s in seeds]))
+            quoted = (f"{HEADLINE_STAGE} - N={n}: {100 * r['mean']:+.2f} [{100 * r['lo']:+.2f}, "
+                      f"{100 * r['hi']:+.2f}]")
+            assert quoted in row, (quoted, row)
+
 def test_every_regime_setting_interval_is_recomputed_from_the_shipped_per_seed_file():
     """The powered regime map: each setting's gap interval in the shipped table is the t interval over its paired
     seeds in the shipped per-seed file (gap = BroRL - ProRL per seed), every setting has at least 8 of them, and at

@@ -63,6 +63,7 @@ from brorl_lab.study.paid import METRIC
 #: The stages, in the order they run: each one allocator's arm from every branch point.
 STAGES = {"two_stage": "the primary arm: Theorem 1's allocator (probe, Beta posterior, knapsack on informative groups)",
           "until_signal": "the secondary arm: Reinforce-Ada's sample-until-signal, rounds until both outcomes"}
+HEADLINE_STAGE = "two_stage"  # the declared headline: this stage at each branch point's budget
 LEDGER = F.LEDGER.parent / "allocation"  # notebooks/figures/allocation: the declaration, one ledger per stage
 FRONTIER_STAGE = "ratio"  # the frontier stage whose uniform arms this study shares
 LEVEL = 0.95  # the reading's paired t interval
@@ -206,7 +207,7 @@ class AllocationStudy:
                                        "not_resolved": "the interval contains 0, or fewer than 2 paired seeds",
                                        "beats_both": "both intervals (against every shared uniform arm) above 0"},
                         "at": "every budget mark of each branch point, each branch point on its own",
-                        "headline": ("each branch point's budget (its last mark), stage two_stage; the earlier marks "
+                        "headline": (f"each branch point's budget (its last mark), stage {HEADLINE_STAGE}; the earlier marks "
                                      "are read the same way and reported as the curve, and until_signal as the "
                                      "secondary arm, neither as further claims (no multiplicity correction)"),
                         "words": f"{here}.allocation_reading"},

@@ -514,6 +514,7 @@ def readme_fields(f: Files) -> dict:
                                    "regime_verdict", "regime_ahead", "regime_behind", "regime_settings", "hours")})
     out["regime_runs"] = 2 * len(f(f"{FIG}/regime_seeds.csv"))
     out["frontier_rows"] = frontier_headline(f)
+    out["allocation_rows"] = allocation_headline(f)
     from brorl_lab.study.regime import RHO_RULE
 
     t = f(f"{FIG}/regime_map.csv")
@@ -1067,27 +1068,23 @@ def allocation_files(root: Path = ROOT) -> tuple[str, ...]:
             *sorted(str(q.relative_to(root)) for q in ledger.glob("*/*_s*.parquet")))
 
 
-def allocation_fields(f: Files, study=None) -> dict:
-    """Per stage: the allocation arm's finished runs and the shared uniform arms' (from the frontier's ratio ledger);
-    per stage and branch point whose runs are all there, THE reading (:func:`brorl_lab.study.allocation.
-    allocation_table`: allocation - each uniform arm per mark, paired 95% t) and the allocation summary. ``study``:
-    the :class:`~brorl_lab.study.allocation.AllocationStudy` (default the declared one), its frontier ledger under
-    ``f.root``."""
+def _allocation_complete(f: Files, study=None) -> list[tuple[str, str, object]]:
+    """(stage, branch point, its :class:`~brorl_lab.study.allocation.StageReading`) for every stage and branch point
+    whose allocation runs and shared uniform runs are all in the ledgers, each stage read once a render (the page's
+    tables and the README's row read it)."""
     from brorl_lab.study import allocation as AL
 
+    key = (id(f), "allocation", id(study))
+    if key in _READINGS:
+        return _READINGS[key]
     decl = f(f"{ALLOCATION_LEDGER}/declaration.json")
     st = dataclasses.replace(study or AL.ALLOCATION, frontier_ledger=str(f.root / FRONTIER_LEDGER))
     seeds = decl["seeds"]
     names = [n for n in allocation_files(f.root) if n.endswith(".parquet")]
     ratio = {Path(n).name for n in frontier_files(f.root) if n.split("/")[-2] == AL.FRONTIER_STAGE}
-    table = ["| stage | what | allocation runs finished | uniform runs in the frontier's ledger |", "|---|---|---:|---|"]
-    uniform = ", ".join(f"{b} {a}: {sum(f'{b}-{a}_s{s}.parquet' in ratio for s in seeds)} of {len(seeds)}"
-                        for b in st.frontier.branches for a in st.uniform_arms)
-    readings = []
+    out = []
     for stage in AL.STAGES:
         mine = [n for n in names if n.split("/")[-2] == stage]
-        planned = len(st.frontier.branches) * len(seeds)
-        table.append(f"| `{stage}` | {AL.STAGES[stage]} | {len(mine)} of {planned} | {uniform} |")
         finished = {Path(n).name for n in mine}
         done = [b for b in st.frontier.branches
                 if all(f"{b}-{st.base_arm}-{stage}_s{s}.parquet" in finished for s in seeds)
@@ -1097,12 +1094,67 @@ def allocation_fields(f: Files, study=None) -> dict:
         for n in mine:
             f(n)  # read through Files: its provenance is checked with the page's
         r = AL.read_stage(stage, ledger=f.root / ALLOCATION_LEDGER, study=st)
-        for b in done:
-            readings += _allocation_branch(r, stage, b, st.uniform_arms)
+        out += [(stage, b, r) for b in done]
+    _READINGS[key] = out
+    return out
+
+
+def allocation_fields(f: Files, study=None) -> dict:
+    """Per stage: the allocation arm's finished runs and the shared uniform arms' (from the frontier's ratio ledger);
+    per stage and branch point whose runs are all there, THE reading (:func:`brorl_lab.study.allocation.
+    allocation_table`: allocation - each uniform arm per mark, paired 95% t) and the allocation summary. ``study``:
+    the :class:`~brorl_lab.study.allocation.AllocationStudy` (default the declared one), its frontier ledger under
+    ``f.root``."""
+    from brorl_lab.study import allocation as AL
+
+    decl = f(f"{ALLOCATION_LEDGER}/declaration.json")
+    st = study or AL.ALLOCATION
+    seeds = decl["seeds"]
+    names = [n for n in allocation_files(f.root) if n.endswith(".parquet")]
+    ratio = {Path(n).name for n in frontier_files(f.root) if n.split("/")[-2] == AL.FRONTIER_STAGE}
+    table = ["| stage | what | allocation runs finished | uniform runs in the frontier's ledger |", "|---|---|---:|---|"]
+    uniform = ", ".join(f"{b} {a}: {sum(f'{b}-{a}_s{s}.parquet' in ratio for s in seeds)} of {len(seeds)}"
+                        for b in st.frontier.branches for a in st.uniform_arms)
+    for stage in AL.STAGES:
+        mine = [n for n in names if n.split("/")[-2] == stage]
+        table.append(f"| `{stage}` | {AL.STAGES[stage]} | {len(mine)} of {len(st.frontier.branches) * len(seeds)} | "
+                     f"{uniform} |")
+    readings = [line for stage, b, r in _allocation_complete(f, study)
+                for line in _allocation_branch(r, stage, b, st.uniform_arms)]
     if not readings:
         readings = ["No stage has all its runs at any branch point yet: a stage is read per branch point once its "
                     "allocation arm and both uniform arms have every seed."]
     return {"allocation_stages": "\n".join(table), "allocation_readings": "\n".join(readings).rstrip("\n")}
+
+
+def allocation_headline(f: Files) -> str:
+    """The README's allocation rows, one per branch point where the declared headline stage (``two_stage``) has all
+    its runs ("" while none has): how often it beat, lost to or was not resolved against each uniform arm over the
+    budget marks, and the declared reading at the budget."""
+    from brorl_lab.study import allocation as AL
+    from brorl_lab.study import frontier as FR
+
+    rows = []
+    for stage, b, r in _allocation_complete(f):
+        if stage != AL.HEADLINE_STAGE:
+            continue
+        t = r.table[r.table["branch"] == b]
+        seeds = int(r.points[(r.points["branch"] == b) & (r.points["arm"] == stage)]["seed"].nunique())
+        tally = "; ".join(
+            f"against N={FR.arm_n(u)}: " + ", ".join(f"{w} at {n}" for w, n in (
+                ("ahead", int((t[f"lo_{u}"] > 0).sum())), ("behind", int((t[f"hi_{u}"] < 0).sum())),
+                ("not resolved", int(((t[f"lo_{u}"] <= 0) & (t[f"hi_{u}"] >= 0)).sum()))) if n)
+            for u in AL.ALLOCATION.uniform_arms)
+        last = t.iloc[-1]
+        gaps = "; ".join(f"{stage} - N={FR.arm_n(u)}: {pts(last[f'gap_{u}'])} [{pts(last[f'lo_{u}'])}, "
+                         f"{pts(last[f'hi_{u}'])}]" for u in AL.ALLOCATION.uniform_arms)
+        rows.append(f"| (not BroRL's: the field's next step) spending the step's rollouts per prompt beats uniform N | "
+                    f"`{stage}`, Theorem 1's allocator (a probe, a Beta posterior per prompt, the rest placed where it "
+                    f"adds the most informative groups) against uniform N at equal generated samples from the {b} "
+                    f"branch point, {seeds} paired seeds, {len(t)} budget marks ({tally}); the declared reading at "
+                    f"the budget ({count(last['mark'])}): **{last['reading']}** | {gaps} points | "
+                    f"[allocation](docs/results/allocation.md) |\n")
+    return "".join(rows)
 
 
 def _allocation_branch(r, stage: str, branch: str, uniform: Sequence[str]) -> list[str]:
@@ -1180,7 +1232,7 @@ PAGES: tuple[Page, ...] = (
     Page("docs/results/frontier.md", "frontier.md.tmpl", frontier_files(), frontier_fields,
          {f"{FIG}/frontier_{b}.png": (lambda f, b=b: frontier_png(f, b)) for b in frontier_complete()}),
 )
-README_FILES = FLAGSHIP_FILES + REGIME_FILES + THEOREM_FILES + frontier_files()
+README_FILES = FLAGSHIP_FILES + REGIME_FILES + THEOREM_FILES + frontier_files() + allocation_files()
 
 
 # ---- provenance ---------------------------------------------------------------------------------------------------------------
