@@ -70,6 +70,31 @@ def test_the_summary_reads_the_informative_share_and_the_n_histogram_from_the_me
     assert (s["share_n_le_8"], s["share_n_le_64"], s["share_n_gt_1024"]) == (0.75, 0.25, 0.0)
 
 
+
+def test_the_signal_gap_pairs_each_seeds_informative_rate_and_its_histogram_renders_the_filled_bins():
+    """signal_gaps: allocation minus uniform in informative groups per generated sample, paired by seed (a per-seed
+    shift of +1/64 with a spread gives an interval above 0; the reverse below); the page's histogram cell names only
+    the bins that hold groups, each with its share."""
+    from brorl_lab.lab.stats import paired_t_interval
+    from brorl_lab.study.render import _n_histogram
+
+    rows = []
+    for seed, (mine, theirs) in enumerate([(5, 3), (4, 3), (6, 4), (5, 4)]):
+        for arm, k in (("two_stage", mine), ("n16x64", theirs)):
+            rows.append({"branch": "learned", "arm": arm, "seed": seed, "step": 1, "samples": 64,
+                         "alloc/informative_groups": k, "alloc/n_max": 16, "alloc/n_le_16": 4})
+    m = pd.DataFrame(rows)
+    g = A.signal_gaps(m, allocation="two_stage", uniform=["n16x64"]).iloc[0]
+    ref = paired_t_interval([5 / 64, 4 / 64, 6 / 64, 5 / 64], [3 / 64, 3 / 64, 4 / 64, 4 / 64])
+    assert (g["branch"], g["uniform"], g["n"]) == ("learned", "n16x64", 4)
+    assert (g["gap"], g["lo"], g["hi"]) == pytest.approx((ref["mean"], ref["lo"], ref["hi"])) and g["lo"] > 0
+    flipped = A.signal_gaps(m.assign(arm=m["arm"].map({"two_stage": "n16x64", "n16x64": "two_stage"})),
+                            allocation="two_stage", uniform=["n16x64"]).iloc[0]
+    assert flipped["hi"] < 0 and flipped["gap"] == pytest.approx(-g["gap"])
+    cell = _n_histogram({"share_n_le_2": 0.0, "share_n_le_4": 0.012, "share_n_le_8": 0.0001, "share_n_le_16": 0.768,
+                         "share_n_le_32": 0.2199, "share_n_gt_1024": 0.0, "n_mean": 16.0})
+    assert cell == "3-4: 1.2%, 5-8: < 0.1%, 9-16: 76.8%, 17-32: 22.0%"
+
 def test_the_declaration_shares_the_frontiers_uniform_arms_and_names_its_reading():
     decl = A.ALLOCATION.to_declaration()
     assert json.loads(json.dumps(decl)) == decl and decl["status"].startswith("pre-registered")

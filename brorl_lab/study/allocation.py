@@ -8,6 +8,7 @@ samples, declared here as data before any full-size run, with its one reading a 
     read_stage("two_stage")                      # both ledgers -> per-seed points, the reading, the allocation summary
     allocation_table(points, allocation=..., uniform=[...])   # THE reading: the allocation arm minus each uniform arm
     allocation_summary(metrics)                  # per arm: informative groups per generated sample, N per prompt
+    signal_gaps(metrics, ...)                    # allocation - uniform in informative groups per sample, paired
 
 The design (the lead's). The uniform arms are *shared* with the rollout frontier (:mod:`brorl_lab.study.frontier`):
 its ``ratio`` stage's ProRL-shaped arm (the smallest N of the 4:1 design, n16x64) and BroRL-shaped arm (the largest,
@@ -283,35 +284,43 @@ def allocation_table(points: pd.DataFrame, *, allocation: str, uniform: Sequence
     return out if "branch" in points.columns else out.drop(columns="branch")
 
 
-def allocation_summary(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Per branch point (when given) and arm, over the training steps of the long metrics table (arm, seed, step,
-    samples and the trainer's ``alloc/*`` columns): the informative groups per generated sample (mean over seeds
-    with its t interval), the share of generated samples that sat in an informative group, N per prompt (mean over
-    every generated group, max) and the histogram as shares of groups per bin (``share_n_le_<edge>``,
-    ``share_n_gt_<edge>``). Every generated group of a step counts, refill rounds included."""
-    from brorl_lab.lab.stats import t_interval
-
+def allocation_per_seed(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per branch point (when given), arm and seed, over the training steps of the long metrics table (arm, seed,
+    step, samples and the trainer's ``alloc/*`` columns): informative groups per generated sample, the share of
+    generated samples that sat in an informative group, N per prompt (mean over every generated group, max) and the
+    histogram as shares of groups per bin (``share_n_le_<edge>``, ``share_n_gt_<edge>``). Every generated group of a
+    step counts, refill rounds included."""
     need = {"arm", "seed", "step", "samples", f"{ALLOC_PREFIX}informative_groups", f"{ALLOC_PREFIX}n_max"}
     if not isinstance(metrics, pd.DataFrame) or not need <= set(metrics.columns):
         raise ValueError(f"metrics: allowed: a long metrics table with columns {sorted(need)}")
     bins = [c for c in metrics.columns if c.startswith(f"{ALLOC_PREFIX}n_le_") or c.startswith(f"{ALLOC_PREFIX}n_gt_")]
     df = metrics[metrics["step"] > 0]
-    keys = ["branch", "arm"] if "branch" in df.columns else ["arm"]
+    keys = ["branch", "arm", "seed"] if "branch" in df.columns else ["arm", "seed"]
     rows = []
-    for key, g in df.groupby(keys, sort=False):
-        per_seed = []
-        for _, s in g.groupby("seed"):
-            samples = float(s["samples"].sum())
-            groups = float(s[bins].sum().sum())
-            share = s[f"{ALLOC_PREFIX}informative_sample_share"] if f"{ALLOC_PREFIX}informative_sample_share" in s \
-                else pd.Series(np.nan, index=s.index)
-            per_seed.append({"informative_per_sample": float(s[f"{ALLOC_PREFIX}informative_groups"].sum()) / samples,
-                             "informative_sample_share": float((share * s["samples"]).sum()) / samples,
-                             "n_mean": samples / groups if groups else np.nan,
-                             "n_max": int(s[f"{ALLOC_PREFIX}n_max"].max()),
-                             **{f"share_{c.removeprefix(ALLOC_PREFIX)}": float(s[c].sum()) / groups if groups
-                                else np.nan for c in bins}})
-        t = pd.DataFrame(per_seed)
+    for key, s in df.groupby(keys, sort=False):
+        samples = float(s["samples"].sum())
+        groups = float(s[bins].sum().sum())
+        share = s[f"{ALLOC_PREFIX}informative_sample_share"] if f"{ALLOC_PREFIX}informative_sample_share" in s \
+            else pd.Series(np.nan, index=s.index)
+        rows.append({**dict(zip(keys, key)),
+                     "informative_per_sample": float(s[f"{ALLOC_PREFIX}informative_groups"].sum()) / samples,
+                     "informative_sample_share": float((share * s["samples"]).sum()) / samples,
+                     "n_mean": samples / groups if groups else np.nan, "n_max": int(s[f"{ALLOC_PREFIX}n_max"].max()),
+                     **{f"share_{c.removeprefix(ALLOC_PREFIX)}": float(s[c].sum()) / groups if groups else np.nan
+                        for c in bins}})
+    return pd.DataFrame(rows)
+
+
+def allocation_summary(metrics: pd.DataFrame) -> pd.DataFrame:
+    """:func:`allocation_per_seed` over seeds, per branch point (when given) and arm: informative groups per
+    generated sample (mean over seeds with its t interval), the informative sample share and N per prompt (means;
+    the max of the maxima) and the histogram's shares (means)."""
+    from brorl_lab.lab.stats import t_interval
+
+    per_seed = allocation_per_seed(metrics)
+    keys = ["branch", "arm"] if "branch" in per_seed.columns else ["arm"]
+    rows = []
+    for key, t in per_seed.groupby(keys, sort=False):
         r = t_interval(t["informative_per_sample"].to_numpy())
         key = key if isinstance(key, tuple) else (key,)
         rows.append({**dict(zip(keys, key)), "seeds": len(t), "informative_per_sample": r["mean"],
@@ -319,6 +328,29 @@ def allocation_summary(metrics: pd.DataFrame) -> pd.DataFrame:
                      "informative_sample_share": float(t["informative_sample_share"].mean()),
                      "n_mean": float(t["n_mean"].mean()), "n_max": int(t["n_max"].max()),
                      **{c: float(t[c].mean()) for c in t.columns if c.startswith("share_")}})
+    return pd.DataFrame(rows)
+
+
+def signal_gaps(metrics: pd.DataFrame, *, allocation: str, uniform: Sequence[str], level: float = LEVEL
+                ) -> pd.DataFrame:
+    """The mechanism the allocator is built for, read on its own runs: per branch point (when given) and uniform arm,
+    the allocation arm's informative groups per generated sample minus the uniform arm's on their paired seeds, with
+    a ``level`` paired t interval (columns gap, lo, hi, n). An allocator that spends the same samples on more mixed
+    groups shows gap > 0 here whatever held-out pass@1 does."""
+    from brorl_lab.lab.stats import paired_t_interval
+
+    per_seed = allocation_per_seed(metrics)
+    groups = per_seed.groupby("branch", sort=False) if "branch" in per_seed.columns else [(None, per_seed)]
+    rows = []
+    for branch, g in groups:
+        w = g.pivot(index="seed", columns="arm", values="informative_per_sample")
+        for u in uniform:
+            if allocation not in w or u not in w:
+                continue
+            pair = w[[allocation, u]].dropna()
+            r = paired_t_interval(pair[allocation].to_numpy(), pair[u].to_numpy(), level=level)
+            rows.append({**({"branch": branch} if branch is not None else {}), "uniform": u, "gap": r["mean"],
+                         "lo": r["lo"], "hi": r["hi"], "n": len(pair)})
     return pd.DataFrame(rows)
 
 

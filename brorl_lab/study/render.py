@@ -1174,11 +1174,39 @@ def _allocation_branch(r, stage: str, branch: str, uniform: Sequence[str]) -> li
         out.append(f"| {count(x.mark)} | " + " | ".join(cells + gaps) + f" | {x.reading} |")
     sm = r.summary[(r.summary["branch"] == branch)] if "branch" in r.summary.columns else r.summary
     out += ["", "What each arm spent its samples on (training steps; every generated group counts, refills included):",
-            "", "| arm | seeds | informative groups per 1,000 generated samples [95% t] | N per prompt: mean, max |",
-            "|---|---:|---:|---:|"]
+            "", "| arm | seeds | informative groups per 1,000 generated samples [95% t] | N per prompt: mean, max | "
+            "groups by the N they were drawn at |", "|---|---:|---:|---:|---|"]
     out += [f"| {a.arm} | {a.seeds} | {1000 * a.informative_per_sample:.2f} [{1000 * a.informative_per_sample_lo:.2f}, "
-            f"{1000 * a.informative_per_sample_hi:.2f}] | {a.n_mean:.1f}, {a.n_max} |" for a in sm.itertuples()]
+            f"{1000 * a.informative_per_sample_hi:.2f}] | {a.n_mean:.1f}, {a.n_max} | {_n_histogram(a._asdict())} |"
+            for a in sm.itertuples(index=False)]
+    from brorl_lab.study.allocation import signal_gaps
+
+    gaps = signal_gaps(r.metrics[r.metrics["branch"] == branch], allocation=stage, uniform=uniform)
+    out += ["", "The mechanism the allocator is built for, on the same runs (added after the runs, not in the "
+            "declaration): its informative groups per 1,000 generated samples minus each uniform arm's, paired over "
+            "seeds, 95% t: " + "; ".join(
+                f"{stage} - N={FR.arm_n(g.uniform)}: {1000 * g.gap:+.2f} [{1000 * g.lo:+.2f}, {1000 * g.hi:+.2f}] "
+                f"({g.n} pairs: {'more than' if g.lo > 0 else 'fewer than' if g.hi < 0 else 'not resolved against'} "
+                f"N={FR.arm_n(g.uniform)}'s)" for g in gaps.itertuples()) + "."]
     return out + [""]
+
+
+def _n_histogram(row: Mapping) -> str:
+    """The non-empty bins of an arm's N-per-prompt histogram (:func:`brorl_lab.study.allocation.allocation_summary`'s
+    ``share_n_le_<edge>`` / ``share_n_gt_<edge>``, shares of groups) as "<= 4: 1.2%, 9-16: 77.0%, ..."."""
+    edges, cells, lo = [], [], 1
+    for key in row:
+        if key.startswith("share_n_le_"):
+            edges.append((key, int(key.removeprefix("share_n_le_"))))
+    for key, edge in sorted(edges, key=lambda e: e[1]):
+        share = row[key]
+        if share and share > 0:
+            pct = f"{100 * share:.1f}%" if share >= 0.0005 else "< 0.1%"
+            cells.append(f"{'<= ' + str(edge) if lo == 1 else f'{lo}-{edge}'}: {pct}")
+        lo = edge + 1
+    tail = [k for k in row if k.startswith("share_n_gt_") and row[k] and row[k] > 0]
+    cells += [f"> {k.removeprefix('share_n_gt_')}: {100 * row[k]:.1f}%" for k in tail]
+    return ", ".join(cells)
 
 
 def no_fields(f: Files) -> dict:
