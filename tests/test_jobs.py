@@ -85,15 +85,17 @@ from pathlib import Path
 from test_jobs import _train_jobs
 from brorl_lab.lab.jobs import NOT_RUN, run_jobs
 
-res = run_jobs(_train_jobs(Path({root!r}), pause_s=0.5), workers=2, threads=1, progress=False,
+res = run_jobs(_train_jobs(Path({root!r}), pause_s={pause_s!r}), workers=2, threads=1, progress=False,
                stop_if=lambda r: not r[1])
 print(json.dumps({{"stopped": res.stopped,
                    "finished": [None if r is NOT_RUN else bool(r[1]) for r in res]}}))
 """
 
 
-def _study(root: Path) -> subprocess.Popen:
-    script = STUDY_SCRIPT.format(paths=[str(REPO), str(REPO / "tests")], root=str(root))
+def _study(root: Path, pause_s: float) -> subprocess.Popen:
+    """The study of STUDY_SCRIPT in a process of its own, each step paced by ``pause_s`` (a pause changes no number:
+    it lets a signal sent at step 2 land mid-run however fast the machine; a resume needs none)."""
+    script = STUDY_SCRIPT.format(paths=[str(REPO), str(REPO / "tests")], root=str(root), pause_s=pause_s)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=str(root.parent))
@@ -112,7 +114,7 @@ def test_ctrl_c_stops_every_job_at_a_checkpoint_and_the_study_resumes(tmp_path):
     worker: both running Trainers checkpoint and return unfinished, the third job never starts. Run again: the
     partial runs resume from their checkpoints and every run ends bit-equal to an uninterrupted one."""
     root = tmp_path / "study"
-    proc = _study(root)
+    proc = _study(root, pause_s=0.5)
     deadline = time.monotonic() + 300
     while not all(_step(root / n) >= 2 for n in ("a", "b")):
         assert proc.poll() is None, proc.communicate()
@@ -129,7 +131,7 @@ def test_ctrl_c_stops_every_job_at_a_checkpoint_and_the_study_resumes(tmp_path):
         assert 2 <= _step(root / n) < 12
     assert not (root / "c").exists()
 
-    again = _study(root)
+    again = _study(root, pause_s=0.0)
     out, err = again.communicate(timeout=400)
     assert again.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == {"stopped": None, "finished": [True, True, True]}
