@@ -233,3 +233,28 @@ def test_the_stages_run_through_the_study_runner_into_a_ledger_and_the_pilot_pic
     long_picks = pd.read_csv(tmp_path / "ledger" / "lr_pilot_long" / "lr_picks.csv")
     assert F.stage_picks(tmp_path / "ledger", amended) == F.picks_of(long_picks)
     assert F.stage_picks(tmp_path / "ledger", fr) == F.picks_of(picks)
+
+
+def test_the_per_update_reading_pairs_the_largest_n_with_the_smallest_at_each_mark_and_sizes_the_seeds():
+    """per_update_reading: at each updates mark the largest-N arm minus the smallest on paired seeds (a middle arm is
+    ignored), a mark with fewer than 2 pairs left out, and seeds_for_gap of the per-seed gaps at the last mark."""
+    from brorl_lab.lab.stats import paired_t_interval
+
+    rows = []
+    gaps = {2: [-0.010, -0.012, -0.008], 4: [-0.020, -0.015, -0.025]}
+    for mark, g in gaps.items():
+        for seed, d in enumerate(g):
+            rows += [{"arm": "n16x64", "seed": seed, "mark": mark, "value": 0.5},
+                     {"arm": "n64x32", "seed": seed, "mark": mark, "value": 0.9},
+                     {"arm": "n512x16", "seed": seed, "mark": mark, "value": 0.5 + d}]
+    rows += [{"arm": "n16x64", "seed": 0, "mark": 8, "value": 0.5}, {"arm": "n512x16", "seed": 0, "mark": 8, "value": 0.4}]
+    t, sized = F.per_update_reading(pd.DataFrame(rows), level=0.95, effect=0.005)
+    assert t["mark"].tolist() == [2.0, 4.0] and t["n"].tolist() == [3, 3]  # mark 8: one pair, not read
+    for r in t.itertuples():
+        ref = paired_t_interval([0.5 + d for d in gaps[int(r.mark)]], [0.5] * 3)
+        assert (r.gap, r.lo, r.hi) == pytest.approx((ref["mean"], ref["lo"], ref["hi"]))
+    ref = F.seeds_for_gap(gaps[4], 0.005)
+    assert sized["seeds"] == ref["seeds"] >= 2 and sized["sd"] == pytest.approx(ref["sd"]) and sized["from_seeds"] == 3
+    with pytest.raises(ValueError, match="allowed: points holding n512x16 and n4x128"):
+        F.per_update_reading(pd.DataFrame(rows), small="n4x128")
+

@@ -218,6 +218,33 @@ def seeds_for_gap(per_seed_gaps: Sequence[float], effect: float = GAP_EFFECT) ->
     return {"sd": r["sd"], "from_seeds": r["n"], "effect": effect, "seeds": seeds_for_power(r["sd"], effect)}
 
 
+def per_update_reading(points: pd.DataFrame, *, large: Optional[str] = None, small: Optional[str] = None,
+                       level: float = 0.95, effect: float = GAP_EFFECT) -> tuple[pd.DataFrame, dict]:
+    """Issue 43's item 5, Theorem 1's per-update claim carried to many steps: at each optimizer-updates mark of
+    ``points`` (the ``cum_updates`` axis of :func:`ratio_reading`: arm, seed, mark, value), the large-N arm minus the
+    small-N arm (default the largest N minus the smallest: BroRL's shape minus ProRL's) on their paired seeds with a
+    ``level`` t interval (columns
+    mark, gap, lo, hi, n), and :func:`seeds_for_gap` of the per-seed gaps at the last mark (the seeds a gap of
+    ``effect`` needs at 80% power, from this spread)."""
+    from brorl_lab.lab.stats import paired_t_interval
+
+    arms = sorted(points["arm"].unique(), key=arm_n)
+    large, small = large or (arms[-1] if arms else None), small or (arms[0] if arms else None)
+    w = points.pivot_table(index=["mark", "seed"], columns="arm", values="value")
+    if not {large, small} <= set(w.columns):
+        raise ValueError(f"points: arms {sorted(w.columns)}; allowed: points holding {large} and {small}")
+    rows, last = [], None
+    for mark, g in w.groupby(level="mark"):
+        pair = g[[large, small]].dropna()
+        if len(pair) < 2:
+            continue
+        r = paired_t_interval(pair[large].to_numpy(), pair[small].to_numpy(), level=level)
+        rows.append({"mark": float(mark), "gap": r["mean"], "lo": r["lo"], "hi": r["hi"], "n": len(pair)})
+        last = (pair[large] - pair[small]).to_numpy()
+    sized = seeds_for_gap(last, effect) if last is not None else {}
+    return pd.DataFrame(rows, columns=["mark", "gap", "lo", "hi", "n"]), sized
+
+
 # ---- the lr procedure (pilot grid and the rule fixed before it) ----------------------------------------------------
 LR_GRID = (1e-4, 2e-4, 4e-4, 8e-4)
 LR_PILOT_SEEDS = (0, 1, 2)

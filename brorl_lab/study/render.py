@@ -997,6 +997,36 @@ def frontier_png(f: Files, branch: str) -> bytes:
     return _png(draw, (9.0, 3.6))
 
 
+def frontier_per_update_text(f: Files) -> str:
+    """The per-update question per complete branch point (:func:`brorl_lab.study.frontier.per_update_reading` on the
+    reading's optimizer-updates axis): BroRL's shape minus ProRL's at each updates mark, and the seeds its spread
+    needs for the declared gap at 80% power."""
+    from brorl_lab.study import frontier as FR
+
+    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+    gap = decl["readings"]["per_update_gap"]
+    out = []
+    for b in frontier_complete(f.root):
+        pts_ = _frontier_reading(f, b)["axes"]["cum_updates"]["points"]
+        large, small = (max(pts_["arm"].unique(), key=FR.arm_n), min(pts_["arm"].unique(), key=FR.arm_n))
+        t, sized = FR.per_update_reading(pts_, large=large, small=small, level=gap["level"], effect=gap["effect"])
+        word = lambda r: "ahead" if r.lo > 0 else "behind" if r.hi < 0 else "not resolved"  # noqa: E731
+        if t.empty:
+            out += [f"### From the {b} branch point", "", "Fewer than 2 paired seeds at every updates mark: not read.",
+                    ""]
+            continue
+        out += [f"### From the {b} branch point", "",
+                f"| optimizer updates (mark) | N={FR.arm_n(large)} - N={FR.arm_n(small)}, points [95% t] | pairs | "
+                f"N={FR.arm_n(large)} per update |", "|---:|---:|---:|---|"]
+        out += [f"| {count(r.mark)} | {pts(r.gap)} [{pts(r.lo)}, {pts(r.hi)}] | {r.n} | {word(r)} |"
+                for r in t.itertuples()]
+        out += ["", f"The per-seed gaps at the last mark ({count(t['mark'].iloc[-1])} updates) have an sd of "
+                    f"{100 * sized['sd']:.2f} points over {sized['from_seeds']} seeds: a gap of "
+                    f"{100 * gap['effect']:.1f} points at {100 * gap['power']:.0f}% power needs {sized['seeds']} seeds "
+                    f"(`{gap['seeds_rule'].rsplit('.', 1)[-1]}`).", ""]
+    return "\n".join(out).rstrip("\n") or "No branch point has all its `ratio` runs yet."
+
+
 def frontier_fields(f: Files) -> dict:
     """Per stage: finished of planned arm x seed runs; the lr pilot per branch point, arm and lr at its pilot budget
     (each seed's held-out pass@1, the mean, the share of steps within the KL bound); the picks once made."""
@@ -1051,7 +1081,7 @@ def frontier_fields(f: Files) -> dict:
         picks = ("Not made yet: `pick_lr` reads the pilot once every run of it has finished (the later stages refuse "
                  "to start before).")
     return {"frontier_stages": "\n".join(stages), "frontier_lr_pilot": pilot, "frontier_picks": picks,
-            "frontier_ratio": frontier_ratio_text(f),
+            "frontier_ratio": frontier_ratio_text(f), "frontier_per_update": frontier_per_update_text(f),
             "frontier_eval": f"{decl['evaluation']['prompts_per_family']} prompts x "
                              f"{decl['evaluation']['samples_per_prompt']} samples per family",
             "frontier_kl_share": f"{100 * decl['lr']['kl_share']:.0f}%"}
