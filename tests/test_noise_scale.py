@@ -78,3 +78,40 @@ def test_measure_noise_scale_runs_on_the_tiny_model():
     assert (df["kept_groups"] >= 2).all() and (df["generated_groups"] >= df["kept_groups"]).all()
     assert all(torch.equal(a, p) for a, p in zip(before, policy.parameters()))  # measuring moves no weight
     assert all(p.grad is None for p in policy.parameters())
+
+
+def test_the_noise_stage_writes_one_file_per_point_resumes_and_reads_its_summary(tmp_path, monkeypatch):
+    """study.frontier.run_noise_stage at a tiny size (the shipped default model as the branch point, 2 repeats of
+    B 1 vs 2 groups, N 4 and 8): one per-repeat file per point with its provenance, an arm's final policy found
+    under --runs measured as a point of its own, a second call measures nothing, and noise_summary reads the files."""
+    from brorl_lab.study import frontier as F
+    from brorl_lab.study.results import read_provenance
+
+    monkeypatch.setitem(F.BRANCH_POINTS, "learned", ("default", ["gcd"], 1e-3))
+    monkeypatch.setattr(F, "NOISE_DESIGN", dict(b_small=1, b_big=2, repeats=2, prompts={4: 4, 8: 2}))
+    import shutil
+
+    import pandas as pd
+
+    from brorl_lab.core.paths import DEFAULT_MODEL_DIR
+
+    runs = tmp_path / "runs"
+    arm = next(iter(F.FRONTIER.arms("ratio")))  # its policy stands in for a finished ratio run's final one
+    shutil.copytree(DEFAULT_MODEL_DIR, runs / "ratio" / "arms" / f"learned-{arm}_s0" / "policy")
+    points = F.noise_points(runs, branches=["learned"])
+    assert [p[0] for p in points] == ["learned", "learned", f"learned-{arm}_s0"]
+    with pytest.raises(ValueError, match="branches: got \\['nowhere'\\]; allowed: one or more of"):
+        F.noise_points(runs, branches=["nowhere"])
+    monkeypatch.setattr(F, "noise_points", lambda runs, branches=None: [p[:3] + (4, 4) if p[0] != "learned" else p
+                                                                        for p in points])
+    files = F.run_noise_stage(runs=runs, ledger=tmp_path / "ledger", ship=False, progress=False)
+    assert sorted(f.name for f in files) == sorted(["learned-n4.csv", "learned-n8.csv", f"learned-{arm}_s0-n4.csv"])
+    for f in files:
+        rec = read_provenance(f)
+        assert rec["status"] == "exploratory" and rec["wall_s"] > 0 and rec["commit"]
+    stamp = {f: f.stat().st_mtime_ns for f in files}
+    assert F.run_noise_stage(runs=runs, ledger=tmp_path / "ledger", ship=False, progress=False) == files
+    assert {f: f.stat().st_mtime_ns for f in files} == stamp  # resumed: nothing measured again
+    summary = F.noise_summary(pd.concat([pd.read_csv(f) for f in files], ignore_index=True), draws=50)
+    assert set(summary["where"]) == {"learned", f"learned-{arm}_s0"} and summary["repeats"].eq(2).all()
+    assert (summary["q"].between(0, 1)).all() and {"b_simple", "lo", "hi", "b_generated"} <= set(summary.columns)

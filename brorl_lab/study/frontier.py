@@ -493,6 +493,15 @@ class Frontier:
                                             "seeds_rule": f"{here}.seeds_for_gap", "effect": self.gap_effect,
                                             "power": 0.8, "level": 0.95},
                          "noise_scale": f"{here}.noise_table"},
+            "noise_scale": {
+                "declared": NOISE_DECLARED, "estimator": "rl.noise_scale (McCandlish et al. 2018, B_simple, two batch "
+                "sizes in informative groups)", "b_small": NOISE_DESIGN["b_small"], "b_big": NOISE_DESIGN["b_big"],
+                "repeats": NOISE_DESIGN["repeats"], "seed": 0, "interval": "95% percentile bootstrap over repeats",
+                "at": ["each branch point at N of the 4:1 ProRL and BroRL arms, each at its arm's prompts per step",
+                       "each 4:1 arm's final policy of the ratio stage (seed 0) at its own N and prompts: along each "
+                       "arm"],
+                "ledger": "notebooks/figures/frontier/noise/<where>-n<N>.csv (per repeat; the summary is computed "
+                          "from these)", "reading": f"{here}.noise_summary"},
         }
 
 
@@ -639,6 +648,7 @@ def noise_markdown(noise: pd.DataFrame) -> str:
 #: The noise-scale measurement's design: two batch sizes in informative groups, repeats per (branch, N), and the
 #: prompts drawn per collection round at each N (the 4:1 arms' own).
 NOISE_DESIGN = dict(b_small=1, b_big=16, repeats=8, prompts=dict([PRORL_SHAPE, BRORL_SHAPE]))
+NOISE_DECLARED = "2026-12-07"  # the pre-registered noise stage (declaration's noise_scale), before its first run
 
 
 def noise_table(branches: Sequence[str], ns: Sequence[int], *, b_small: int = NOISE_DESIGN["b_small"],
@@ -670,6 +680,96 @@ def noise_table(branches: Sequence[str], ns: Sequence[int], *, b_small: int = NO
                 "b_simple", "lo", "hi", "g2", "g2_lo", "g2_hi", "trace", "trace_lo", "trace_hi", "nonpositive_g2",
                 "repeats", "b_small", "b_big", "method")}, **noise_scale_units(r, n, q)})
     return pd.concat(reps, ignore_index=True), pd.DataFrame(summary)
+
+
+def noise_points(runs: Optional[str | Path] = None, *, branches: Optional[Sequence[str]] = None
+                 ) -> list[tuple[str, str, str | Path, int, int]]:
+    """Where the pre-registered noise stage measures (the declaration's ``noise_scale.at``): (where, branch point,
+    model, N, prompts per step) for each branch point at the ProRL and BroRL arms' N, then, for each 4:1 arm whose
+    ratio run of seed 0 left its final policy under ``runs`` (``<runs>/ratio/arms/<branch>-<arm>_s0/policy``, what
+    ``run ratio`` writes), that policy at the arm's own N and prompts. A missing policy is left out (its point is
+    measured once the run is there)."""
+    chosen = list(branches or BRANCH_POINTS)
+    unknown = [b for b in chosen if b not in BRANCH_POINTS]
+    if unknown:
+        raise ValueError(f"branches: got {unknown}; allowed: one or more of {', '.join(BRANCH_POINTS)}")
+    out = [(b, b, BRANCH_POINTS[b][0], n, NOISE_DESIGN["prompts"][n]) for b in chosen for n in NOISE_DESIGN["prompts"]]
+    if runs is not None:
+        for b in chosen:
+            for arm, (n, p) in FRONTIER.arms("ratio").items():
+                policy = Path(runs) / "ratio" / "arms" / f"{b}-{arm}_s0" / "policy"
+                if policy.is_dir():
+                    out.append((f"{b}-{arm}_s0", b, policy, n, p))
+    return out
+
+
+def measure_noise_point(where: str, branch: str, model: str | Path, n: int, prompts: int, *, seed: int = 0
+                        ) -> pd.DataFrame:
+    """One point of the noise stage: :func:`brorl_lab.rl.noise_scale.measure_noise_scale` at ``model`` (the branch
+    point's families and lr, the flagship recipe's loss) with N = ``n`` and ``prompts`` per collection round, the
+    declared two batch sizes and repeats. One row per repeat, with ``where`` and ``branch``."""
+    from brorl_lab.core.models import load_policy
+    from brorl_lab.rl.noise_scale import measure_noise_scale
+    from brorl_lab.study.recipe import recipe_config
+
+    _, families, lr = BRANCH_POINTS[branch]
+    cfg = recipe_config(model=str(model), tasks=families, lr=lr, rollouts_per_prompt=n, prompts_per_step=prompts)
+    policy, tok = load_policy(cfg.model, device=cfg.device)
+    df = measure_noise_scale(cfg, b_small=NOISE_DESIGN["b_small"], b_big=NOISE_DESIGN["b_big"],
+                             repeats=NOISE_DESIGN["repeats"], seed=seed, policy=policy, tokenizer=tok)
+    return df.assign(where=where, branch=branch)
+
+
+def noise_summary(repeats: pd.DataFrame, *, draws: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The declared reading of the noise stage: per (where, N) of the per-repeat rows, B_simple with its bootstrap
+    interval in groups (:func:`brorl_lab.rl.noise_scale.noise_scale_interval`), |G|^2 and tr(Sigma) with theirs, q
+    (kept over generated groups, every collection round) and B in rollouts (x N) and generated samples (x N / q)."""
+    from brorl_lab.rl.noise_scale import noise_scale_interval, noise_scale_units
+
+    rows = []
+    for (where, n), g in repeats.groupby(["where", "N"], sort=False):
+        b_small, b_big = int(g["b_small"].iloc[0]), int(g["b_big"].iloc[0])
+        r = noise_scale_interval(g["sq_small"], g["sq_big"], b_small, b_big, draws=draws, seed=seed)
+        q = float(g["kept_groups"].sum() / g["generated_groups"].sum())
+        rows.append({"where": where, "branch": g["branch"].iloc[0], "N": int(n), "q": q, **{k: r[k] for k in (
+            "b_simple", "lo", "hi", "g2", "g2_lo", "g2_hi", "trace", "trace_lo", "trace_hi", "nonpositive_g2",
+            "repeats", "b_small", "b_big", "method")}, **noise_scale_units(r, int(n), q)})
+    return pd.DataFrame(rows)
+
+
+def run_noise_stage(*, runs: str | Path = "runs/frontier", ledger: Optional[str | Path] = None, ship: bool = True,
+                    branches: Optional[Sequence[str]] = None, command: Optional[str] = None, threads: int = 1,
+                    progress: bool = True) -> list[Path]:
+    """The pre-registered noise stage: each of :func:`noise_points` not yet in the ledger is measured and written
+    as its own file (``<where>-n<N>.csv``, one row per repeat, with its provenance: the run's clean commit, its
+    start and the committed declaration when ``ship``), so the stage resumes point by point. Returns the ledger's
+    files of these points."""
+    import time
+
+    import torch
+    from tqdm.auto import tqdm
+
+    from brorl_lab.study.results import provenance, read_provenance, require_preregistered, start_of_run, write_provenance
+
+    root = Path(ledger) if ledger else LEDGER / "noise"
+    declared = require_preregistered(LEDGER / "declaration.json") if ship else None
+    torch.set_num_threads(threads)
+    points = noise_points(runs, branches=branches)
+    files = [root / f"{where}-n{n}.csv" for where, _, _, n, _ in points]
+    todo = [(pt, f) for pt, f in zip(points, files) if not (f.is_file() and read_provenance(f))]
+    root.mkdir(parents=True, exist_ok=True)
+    for (where, branch, model, n, prompts), f in tqdm(todo, desc="noise points", disable=not progress):
+        start, t0 = start_of_run(), time.perf_counter()
+        df = measure_noise_point(where, branch, model, n, prompts)
+        df.to_csv(f, index=False)
+        extra = dict(started_at=start["started_at"], declaration=declared, reading=f"{__name__}.noise_summary") \
+            if ship else dict(status="exploratory", note="not pre-registered (--exploratory)")
+        from brorl_lab.study.recipe import resolve_experiment_model
+
+        write_provenance(f, provenance(command or f"{__name__}.run_noise_stage()",
+                                       {where: resolve_experiment_model(str(model))},
+                                       time.perf_counter() - t0, commit=start["commit"], **extra))
+    return [f for f in files if f.is_file()]
 
 
 # ---- a plateau where the compared recipe really stalls? (issue 43, item 7) -----------------------------------------
@@ -856,7 +956,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scale (:func:`noise_table`, both branch points, N = 16 and 512) -> ``noise_scale_repeats.csv`` and
     ``noise_scale.csv``.
 
-    Each table goes to ``--out`` and, with ``--figures``, there too, each with its provenance record."""
+    Each table goes to ``--out`` and, with ``--figures``, there too, each with its provenance record.
+
+    Pre-registered (the committed declaration's ``noise_scale``; a clean tree): ``python -m brorl_lab.study.frontier
+    noise-stage [--runs runs/frontier]`` (:func:`run_noise_stage`): the noise scale at each branch point and at each
+    4:1 arm's final policy of the ratio stage (seed 0), one ledger file per point under
+    ``notebooks/figures/frontier/noise/``, resumable point by point; and ``... run <stage>`` (:func:`run_stage`)."""
     import argparse
     import shlex
     import sys
@@ -889,6 +994,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         x.add_argument("--branches", nargs="+", default=list(BRANCH_POINTS))
     for x in (p, q, c):
         x.add_argument("--figures", default=None, help="also write the tables here with provenance")
+    ns = sub.add_parser("noise-stage", help="the pre-registered noise scale: branch points and each arm's end")
+    ns.add_argument("--runs", default="runs/frontier", help="where `run ratio` left the arms' final policies")
+    ns.add_argument("--branches", nargs="+", default=None, help="only these branch points (default: all)")
+    ns.add_argument("--exploratory", action="store_true",
+                    help="no pre-registration: the files go under --runs/noise_ledger, records say so")
     r = sub.add_parser("run", help="one stage of the pre-registered frontier, through the study runner")
     r.add_argument("stage", choices=list(STAGES), help="; ".join(f"{k}: {v}" for k, v in STAGES.items()))
     r.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2: one per core)")
@@ -898,27 +1008,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--exploratory", action="store_true",
                    help="no pre-registration: the ledger goes under --out, records say so")
     args = ap.parse_args(argv)
-    if args.cmd == "run":
-        import shlex
-        import sys
-
-        from brorl_lab.core.validation import UserError
-
-        command = "python -m brorl_lab.study.frontier " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-        try:
-            grid = run_stage(args.stage, out=args.out,
-                             ledger=Path(args.out) / "ledger" if args.exploratory else None,
-                             ship=not args.exploratory, jobs=args.jobs, threads=args.threads, command=command,
-                             branches=args.branches)
-        except (UserError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"{args.stage}: {'finished' if grid.finished else 'stopped: run the same command again to resume'}; "
-              f"{grid.metrics['run'].nunique() if len(grid.metrics) else 0} arm x seed runs in {grid.ledger}")
-        if args.stage in PILOT_STAGES and (grid.ledger / "lr_picks.csv").is_file() and grid.finished:
-            print(pd.read_csv(grid.ledger / "lr_picks.csv")[["branch", "arm", "lr", "value", "sqrt_rule_lr"]]
-                  .to_string(index=False))
-        return 0 if grid.finished else 130
+    command = "python -m brorl_lab.study.frontier " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    if args.cmd in ("noise-stage", "run"):
+        return (_cmd_noise_stage if args.cmd == "noise-stage" else _cmd_run)(args, command)
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -949,6 +1041,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             write_provenance(d / name, provenance(command, cks, wall, commit=commit, status="exploratory", note=note))
     print(list(written.values())[-1].to_string(index=False))
     return 0
+
+
+def _cmd_noise_stage(args, command: str) -> int:
+    """``noise-stage``: :func:`run_noise_stage`, then the summary of the points measured so far."""
+    import sys
+
+    from brorl_lab.core.validation import UserError
+
+    try:
+        files = run_noise_stage(runs=args.runs, ship=not args.exploratory, branches=args.branches, command=command,
+                                ledger=Path(args.runs) / "noise_ledger" if args.exploratory else None)
+    except (UserError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(noise_summary(pd.concat([pd.read_csv(f) for f in files], ignore_index=True))
+          [["where", "N", "q", "b_simple", "lo", "hi"]].to_string(index=False))
+    return 0
+
+
+def _cmd_run(args, command: str) -> int:
+    """``run <stage>``: :func:`run_stage` through the study runner; exit 130 when stopped before the end."""
+    import sys
+
+    from brorl_lab.core.validation import UserError
+
+    try:
+        grid = run_stage(args.stage, out=args.out, ledger=Path(args.out) / "ledger" if args.exploratory else None,
+                         ship=not args.exploratory, jobs=args.jobs, threads=args.threads, command=command,
+                         branches=args.branches)
+    except (UserError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.stage}: {'finished' if grid.finished else 'stopped: run the same command again to resume'}; "
+          f"{grid.metrics['run'].nunique() if len(grid.metrics) else 0} arm x seed runs in {grid.ledger}")
+    if args.stage in PILOT_STAGES and (grid.ledger / "lr_picks.csv").is_file() and grid.finished:
+        print(pd.read_csv(grid.ledger / "lr_picks.csv")[["branch", "arm", "lr", "value", "sqrt_rule_lr"]]
+              .to_string(index=False))
+    return 0 if grid.finished else 130
 
 
 if __name__ == "__main__":  # run as the package's module, so every dotted name it records is brorl_lab.study.frontier
