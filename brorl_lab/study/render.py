@@ -818,7 +818,8 @@ def frontier_files(root: Path = ROOT) -> tuple[str, ...]:
     ledger = Path(root) / FRONTIER_LEDGER
     runs = sorted(str(q.relative_to(root)) for q in ledger.glob("*/*_s*.parquet"))
     picks = [str(q.relative_to(root)) for q in sorted(ledger.glob("*/lr_picks.csv"))]
-    return (f"{FRONTIER_LEDGER}/declaration.json", *runs, *picks)
+    noise = sorted(str(q.relative_to(root)) for q in (ledger / "noise").glob("*-n*.csv"))
+    return (f"{FRONTIER_LEDGER}/declaration.json", *runs, *picks, *noise)
 
 
 def frontier_complete(root: Path = ROOT, stage: str = "ratio") -> list[str]:
@@ -1027,6 +1028,44 @@ def frontier_per_update_text(f: Files) -> str:
     return "\n".join(out).rstrip("\n") or "No branch point has all its `ratio` runs yet."
 
 
+def _groups_per_update(f: Files, branch: str) -> dict[str, float]:
+    """{arm: informative groups in one optimizer update} of a complete ratio branch point, pooled over its runs
+    (samples trained on per update over N)."""
+    from brorl_lab.study import frontier as FR
+
+    t = FR.split_arm(_frontier_runs(f, "ratio", branch))
+    ends = t.groupby(["arm", "seed"])[["cum_trained_samples", "cum_updates"]].max().groupby("arm").sum()
+    return {a: float(r.cum_trained_samples / r.cum_updates / FR.arm_n(a)) for a, r in ends.iterrows()}
+
+
+def frontier_noise_text(f: Files) -> str:
+    """The pre-registered noise stage (:func:`brorl_lab.study.frontier.noise_summary` of its ledger files): B_simple
+    per point with its interval, and beside it the groups one optimizer update of the matching arm holds (the arm
+    itself, or at a branch point the 4:1 arm of that N, once that branch point's ratio runs are complete)."""
+    from brorl_lab.study import frontier as FR
+
+    names = [n for n in frontier_files(f.root) if n.split("/")[-2] == "noise"]
+    if not names:
+        return "No point of the noise stage has been measured yet."
+    summary = FR.noise_summary(pd.concat([f(n) for n in names], ignore_index=True))
+    complete = set(frontier_complete(f.root))
+    per_update = {b: _groups_per_update(f, b) for b in complete}
+    rows = ["| where | N | q (kept groups) | B_simple, groups [95%] | in rollouts (x N) | in generated samples (x N / q) "
+            "| groups in one update of that arm | the update against B_simple |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in summary.itertuples():
+        arm = r.where.split("-", 1)[1].rsplit("_s", 1)[0] if "-" in r.where else \
+            next((a for a in FR.FRONTIER.arms("ratio") if FR.arm_n(a) == r.N), None)
+        held = per_update.get(r.branch, {}).get(arm)
+        side = "-" if held is None else "below its interval" if held < r.lo else "above its interval" \
+            if held > r.hi else "inside its interval"
+        cells = " | ".join(f"{getattr(r, f'b_{u}'):,.0f} [{getattr(r, f'b_{u}_lo'):,.0f}, {getattr(r, f'b_{u}_hi'):,.0f}]"
+                           for u in ("groups", "rollouts", "generated"))
+        rows.append(f"| {r.where} | {r.N} | {r.q:.3f} | {cells} | {'-' if held is None else f'{held:.0f}'} | {side} |")
+    missing = len(FR.noise_points(None)) - len(summary[~summary["where"].str.contains("-")])
+    note = "" if missing <= 0 else f"\n\n{missing} branch-point point(s) of the stage not measured yet."
+    return "\n".join(rows) + note
+
+
 def frontier_fields(f: Files) -> dict:
     """Per stage: finished of planned arm x seed runs; the lr pilot per branch point, arm and lr at its pilot budget
     (each seed's held-out pass@1, the mean, the share of steps within the KL bound); the picks once made."""
@@ -1082,6 +1121,7 @@ def frontier_fields(f: Files) -> dict:
                  "to start before).")
     return {"frontier_stages": "\n".join(stages), "frontier_lr_pilot": pilot, "frontier_picks": picks,
             "frontier_ratio": frontier_ratio_text(f), "frontier_per_update": frontier_per_update_text(f),
+            "frontier_noise": frontier_noise_text(f),
             "frontier_eval": f"{decl['evaluation']['prompts_per_family']} prompts x "
                              f"{decl['evaluation']['samples_per_prompt']} samples per family",
             "frontier_kl_share": f"{100 * decl['lr']['kl_share']:.0f}%"}
