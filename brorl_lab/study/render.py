@@ -953,7 +953,7 @@ def frontier_headline(f: Files) -> str:
                     f"refills, each arm at its piloted lr, {int(pts_['seed'].nunique())} paired seeds, "
                     f"{len(t)} budget marks of generated samples ({frontier_summary(t, pts_['arm'].unique())}); "
                     f"the declared reading: {where or 'no mark resolved'}; at the budget ({count(last['mark'])}): "
-                    f"**{last['reading']}** | "
+                    f"**{last['reading']}**{'; ' + noise_verdict(f, b) if noise_verdict(f, b) else ''} | "
                     f"{gaps} points | [frontier](docs/results/frontier.md) |\n")
     return "".join(rows)
 
@@ -1038,32 +1038,71 @@ def _groups_per_update(f: Files, branch: str) -> dict[str, float]:
     return {a: float(r.cum_trained_samples / r.cum_updates / FR.arm_n(a)) for a, r in ends.iterrows()}
 
 
-def frontier_noise_text(f: Files) -> str:
-    """The pre-registered noise stage (:func:`brorl_lab.study.frontier.noise_summary` of its ledger files): B_simple
-    per point with its interval, and beside it the groups one optimizer update of the matching arm holds (the arm
-    itself, or at a branch point the 4:1 arm of that N, once that branch point's ratio runs are complete)."""
+def _noise_points(f: Files) -> pd.DataFrame:
+    """:func:`brorl_lab.study.frontier.noise_summary` of the noise ledger's files, with per point ``arm`` (the arm
+    measured, or at a branch point the 4:1 arm of that N), ``held`` (the informative groups one update of that arm
+    holds, once its branch point's ratio runs are complete, else NaN) and ``side`` (the update below, inside or
+    above B_simple's interval, or "-"). Empty without files."""
     from brorl_lab.study import frontier as FR
 
     names = [n for n in frontier_files(f.root) if n.split("/")[-2] == "noise"]
     if not names:
-        return "No point of the noise stage has been measured yet."
+        return pd.DataFrame()
     summary = FR.noise_summary(pd.concat([f(n) for n in names], ignore_index=True))
-    complete = set(frontier_complete(f.root))
-    per_update = {b: _groups_per_update(f, b) for b in complete}
-    rows = ["| where | N | q (kept groups) | B_simple, groups [95%] | in rollouts (x N) | in generated samples (x N / q) "
-            "| groups in one update of that arm | the update against B_simple |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    per_update = {b: _groups_per_update(f, b) for b in frontier_complete(f.root)}
+    arms, held, side = [], [], []
     for r in summary.itertuples():
         arm = r.where.split("-", 1)[1].rsplit("_s", 1)[0] if "-" in r.where else \
             next((a for a in FR.FRONTIER.arms("ratio") if FR.arm_n(a) == r.N), None)
-        held = per_update.get(r.branch, {}).get(arm)
-        side = "-" if held is None else "below its interval" if held < r.lo else "above its interval" \
-            if held > r.hi else "inside its interval"
+        h = per_update.get(r.branch, {}).get(arm, np.nan)
+        arms.append(arm)
+        held.append(h)
+        side.append("-" if np.isnan(h) else "below its interval" if h < r.lo else "above its interval" if h > r.hi
+                    else "inside its interval")
+    return summary.assign(arm=arms, held=held, side=side)
+
+
+def frontier_noise_text(f: Files) -> str:
+    """The pre-registered noise stage (:func:`_noise_points`): B_simple per point with its interval, and beside it
+    the groups one optimizer update of the matching arm holds and where that lies against the interval."""
+    from brorl_lab.study import frontier as FR
+
+    summary = _noise_points(f)
+    if summary.empty:
+        return "No point of the noise stage has been measured yet."
+    rows = ["| where | N | q (kept groups) | B_simple, groups [95%] | in rollouts (x N) | in generated samples (x N / q) "
+            "| groups in one update of that arm | the update against B_simple |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in summary.itertuples():
         cells = " | ".join(f"{getattr(r, f'b_{u}'):,.0f} [{getattr(r, f'b_{u}_lo'):,.0f}, {getattr(r, f'b_{u}_hi'):,.0f}]"
                            for u in ("groups", "rollouts", "generated"))
-        rows.append(f"| {r.where} | {r.N} | {r.q:.3f} | {cells} | {'-' if held is None else f'{held:.0f}'} | {side} |")
+        rows.append(f"| {r.where} | {r.N} | {r.q:.3f} | {cells} | {'-' if np.isnan(r.held) else f'{r.held:.0f}'} | "
+                    f"{r.side} |")
     missing = len(FR.noise_points(None)) - len(summary[~summary["where"].str.contains("-")])
     note = "" if missing <= 0 else f"\n\n{missing} branch-point point(s) of the stage not measured yet."
-    return "\n".join(rows) + note
+    verdicts = [v for b in frontier_complete(f.root) if (v := noise_verdict(f, b))]
+    return "\n".join(rows) + note + "".join(f"\n\n{v[0].upper()}{v[1:]}." for v in verdicts)
+
+
+def noise_verdict(f: Files, branch: str) -> str:
+    """One clause on a complete branch point's noise points ("" without them): how many of its points (the branch
+    point and the arms' ends) had the matching arm's update below B_simple's interval, inside it, above it."""
+    t = _noise_points(f)
+    if t.empty:
+        return ""
+    t = t[(t["branch"] == branch) & (t["side"] != "-")]
+    if t.empty:
+        return ""
+    tally = ", ".join(f"{w} at {n}" for w, n in (("below", int((t["side"] == "below its interval").sum())),
+                                                  ("inside", int((t["side"] == "inside its interval").sum())),
+                                                  ("above", int((t["side"] == "above its interval").sum()))) if n)
+    below = bool((t["side"] == "below its interval").all())
+    return (f"the noise scale from the {branch} branch point: one update of the matching arm held fewer informative "
+            f"groups than the lower end of B_simple's 95% interval at every one of its {len(t)} points (branch point "
+            f"and arms' ends)"
+            if below else f"the noise scale from the {branch} branch point, the matching arm's update against "
+            f"B_simple's interval over {len(t)} points: {tally}") + (
+        ": in McCandlish et al.'s model (applied by us) every arm trained below its critical batch, where a larger "
+        "update batch buys no gain per sample" if below else "")
 
 
 def frontier_fields(f: Files) -> dict:
