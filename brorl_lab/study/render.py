@@ -70,9 +70,6 @@ LEGACY: dict[str, str] = {
     f"{FIG}/regime_drift.csv": _PREDATES + _DIRTY,
     f"{FIG}/regime_power.csv": _PREDATES + _DIRTY,
     f"{FIG}/regime.json": _PREDATES + _DIRTY,
-    f"{FIG}/theorem_on_the_model_summary.csv": _PREDATES,
-    f"{FIG}/theorem_on_the_model_per_seed.csv": _PREDATES,
-    f"{FIG}/theorem_on_the_model_theory.csv": _PREDATES,
     # shipped beside the per-seed files, read by no page (each run's summary, and the lr ablations' step metrics)
     f"{FIG}/paid_learned_verdict.json": _PREDATES + _DIRTY,
     f"{FIG}/paid_learned_lr_sqrt8_verdict.json": _PREDATES + _DIRTY,
