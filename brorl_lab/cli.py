@@ -730,7 +730,7 @@ def cmd_paid(args) -> int:
                              takeoff_level=args.takeoff_level, takeoff_family=args.takeoff_family,
                              mechanism=args.mechanism)
     res = runner.run_study(study, Path(args.out), jobs=p["jobs"], ray=p["ray"], threads=p["torch_threads"],
-                           progress=True, ship=args.ship, command=_command_line(args))
+                           progress=True, ship=args.ship, command=_command_line(args), ledger=args.ledger)
     print(res.text, file=sys.stdout if res.finished else sys.stderr)
     if res.finished and args.figures:  # the shipped names: paid_<out's name without paid_>_<file>
         from brorl_lab.study.results import publish
@@ -1094,6 +1094,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(study.runner.PRESETS; the other design flags are ignored): pre-registration enforced")
     pa.add_argument("--ship", action="store_true", help="a run meant for shipped results: refuses to start unless "
                     "OUT/declaration.json is committed and the tree is clean (study.results.require_preregistered)")
+    pa.add_argument("--ledger", default=None, metavar="DIR", help="declare in DIR and write one small file per "
+                    "finished arm x seed there (a folder to commit, e.g. notebooks/figures/paid/<name>): --ship then "
+                    "needs DIR/declaration.json committed, not OUT's, and the run resumes from DIR on another clone")
     pa.add_argument("--figures", default=None, metavar="DIR", help="also write the run's per-seed files, metrics and "
                     "verdict.json into DIR (notebooks/figures) as paid_<OUT's name>_<file>, each with its provenance "
                     "(--out runs/paid_learned -> paid_learned_points.csv, ...)")

@@ -283,6 +283,24 @@ def test_run_study_writes_the_declaration_the_per_seed_files_and_their_provenanc
     assert again.report["headline"]["per_seed"] == res.report["headline"]["per_seed"]
 
 
+
+def test_a_study_with_a_ledger_declares_there_writes_a_file_per_run_and_resumes_from_it_alone(tmp_path):
+    """run_study(ledger=DIR): the declaration goes to DIR (the folder a shipped run commits), each finished arm x
+    seed writes DIR/<arm>_s<seed>.parquet with its provenance, and a second run into a fresh ``out`` (another
+    clone: no checkpoints) reads every run back from DIR, trains nothing, and reads the same per-seed values."""
+    from brorl_lab.study import runner
+    from brorl_lab.study.results import read_provenance
+
+    study, ledger = tiny_study(), tmp_path / "ledger"
+    res = runner.run_study(study, tmp_path / "one", jobs=1, threads=1, progress=False, ledger=ledger)
+    assert (ledger / "declaration.json").is_file() and not (tmp_path / "one" / "declaration.json").exists()
+    files = sorted(p.name for p in ledger.glob("*_s*.parquet"))
+    assert files == ["brorl_s0.parquet", "brorl_s1.parquet", "prorl_s0.parquet", "prorl_s1.parquet"]
+    assert all(read_provenance(ledger / f)["started_at"] for f in files)
+    again = runner.run_study(study, tmp_path / "two", jobs=1, threads=1, progress=False, ledger=ledger)
+    assert not (tmp_path / "two" / "arms").exists() or not any((tmp_path / "two" / "arms").iterdir())
+    assert again.report["headline"]["per_seed"] == res.report["headline"]["per_seed"]
+
 def test_a_run_meant_for_shipping_refuses_an_uncommitted_declaration_in_one_line(tmp_path):
     from brorl_lab.cli import main
 

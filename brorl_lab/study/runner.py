@@ -200,15 +200,20 @@ class StudyResult:
 
 def run_study(study: Study, out: str | Path, *, jobs: Optional[int] = 1, ray: Optional[str] = None,
               threads: Optional[int] = None, progress: bool = True, ship: bool = False,
-              command: Optional[str] = None) -> StudyResult:
+              command: Optional[str] = None, ledger: Optional[str | Path] = None) -> StudyResult:
     """Run ``study`` into ``out`` (module docstring): declaration (enforced for ``study.full_size`` or ``ship``),
     the arm x seed grid (``out/arms/<arm>_s<seed>``, resumable; ``jobs`` at a time, or Ray tasks at ``ray``, at
     ``threads`` torch threads each), the per-seed files with provenance, the readings. An unfinished grid (Ctrl-C,
-    a stop) returns ``finished=False`` with nothing but the arms' checkpoints written: the same call resumes."""
+    a stop) returns ``finished=False`` with nothing but the arms' checkpoints written: the same call resumes.
+    ``ledger``: a folder to commit (e.g. notebooks/figures/paid/<name>) that holds the declaration and one small
+    file per finished arm x seed (:func:`run_grid`), so a shipped run can be declared in git although ``out`` (the
+    checkpoints) is not, and resumes on another clone from the committed files."""
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)  # with a ledger every run may be read back and nothing made it
     arms = study.configs(threads=threads)
     grid = run_grid(study.name, arms, seeds=study.seeds, out=out, declaration=study.declaration(),
-                    ship=ship or study.full_size, jobs=jobs, ray=ray, threads=threads, progress=progress)
+                    declare_in=ledger, ledger=ledger, ship=ship or study.full_size, jobs=jobs, ray=ray,
+                    threads=threads, progress=progress)
     df, start, declared = grid.metrics, grid.start, grid.declared
     if not grid.finished:
         return StudyResult(study, out, False, {}, "stopped before every arm spent its budget: run the same command "
