@@ -510,7 +510,7 @@ def readme_fields(f: Files) -> dict:
     out.update({k: rg[k] for k in ("regime_above", "regime_above_built", "regime_above_chosen",
                                    "regime_verdict", "regime_ahead", "regime_behind", "regime_settings", "hours")})
     out["regime_runs"] = 2 * len(f(f"{FIG}/regime_seeds.csv"))
-    out["frontier_rows"] = frontier_headline(f)
+    out["frontier_rows"] = frontier_headline(f) + frontier_per_update_headline(f)
     out["allocation_rows"] = allocation_headline(f)
     from brorl_lab.study.regime import RHO_RULE
 
@@ -952,6 +952,34 @@ def frontier_headline(f: Files) -> str:
                     f"the declared reading: {where or 'no mark resolved'}; at the budget ({count(last['mark'])}): "
                     f"**{last['reading']}**{'; ' + noise_verdict(f, b) if noise_verdict(f, b) else ''} | "
                     f"{gaps} points | [frontier](docs/results/frontier.md) |\n")
+    return "".join(rows)
+
+
+def frontier_per_update_headline(f: Files) -> str:
+    """The README's per-update rows, one per complete branch point ("" while none is): the declared per_update_gap
+    reading (:func:`brorl_lab.study.frontier.per_update_reading`) tallied over the updates marks, and the gap at the
+    last one."""
+    from brorl_lab.study import frontier as FR
+
+    gap = f(f"{FRONTIER_LEDGER}/declaration.json")["readings"]["per_update_gap"]
+    rows = []
+    for b in frontier_complete(f.root):
+        pts_ = _frontier_reading(f, b)["axes"]["cum_updates"]["points"]
+        large, small = max(pts_["arm"].unique(), key=FR.arm_n), min(pts_["arm"].unique(), key=FR.arm_n)
+        t, _ = FR.per_update_reading(pts_, large=large, small=small, level=gap["level"], effect=gap["effect"])
+        if t.empty:
+            continue
+        tally = ", ".join(f"{w} at {n}" for w, n in (("ahead", int((t["lo"] > 0).sum())),
+                                                      ("behind", int((t["hi"] < 0).sum())),
+                                                      ("not resolved", int(((t["lo"] <= 0) & (t["hi"] >= 0)).sum())))
+                          if n)
+        last = t.iloc[-1]
+        rows.append(f"| each update gains more at large N (Theorem 1), carried to many steps | the rollout frontier from "
+                    f"the {b} branch point at equal optimizer updates, N={FR.arm_n(large)} against N={FR.arm_n(small)}"
+                    f", each at its piloted lr, {int(last['n'])} paired seeds, {len(t)} updates marks: "
+                    f"N={FR.arm_n(large)} {tally} | {pts(last['gap'])} [{pts(last['lo'])}, {pts(last['hi'])}] points "
+                    f"at {count(last['mark'])} updates | [frontier](docs/results/frontier.md#the-per-update-question-"
+                    f"item-5-theorem-1s-claim-carried-to-many-steps) |\n")
     return "".join(rows)
 
 
