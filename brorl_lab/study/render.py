@@ -1152,6 +1152,14 @@ def frontier_fields(f: Files) -> dict:
         hours = sum(float(f.provenance(n).get("wall_s", 0.0)) for n in by_stage[st]) / 3600
         stages.append(f"| `{st}` | {d['what']} | {len(by_stage[st])} of {planned} | {d['seeds'][0]}-{d['seeds'][-1]} "
                       f"| {hours:.2f} |")
+    noise = [n for n in frontier_files(f.root) if n.split("/")[-2] == "noise"]
+    planned_noise = len(FR.noise_points(None)) + len(decl["designs"]["ratio"]) * len(decl["branch_points"])
+    noise_h = sum(float(f.provenance(n).get("wall_s", 0.0)) for n in noise) / 3600
+    stages.append(f"| `noise-stage` | the noise scale (declared {decl['noise_scale']['declared']}): each branch point at "
+                  f"two N, each 4:1 arm's end | {len(noise)} of {planned_noise} points | {decl['noise_scale']['seed']} | "
+                  f"{noise_h:.2f} |" if "noise_scale" in decl else "")
+    total_h = sum(float(f.provenance(n).get("wall_s", 0.0)) for n in names + noise) / 3600
+    stages = [r for r in stages if r] + [f"| all | | | | {total_h:.2f} |"]
     pilots = [st for st in FR.PILOT_STAGES if by_stage.get(st)]
     pilot = "No lr pilot run has finished yet." if not pilots else ""
     if pilots:
