@@ -261,7 +261,7 @@ def test_the_per_update_reading_pairs_the_largest_n_with_the_smallest_at_each_ma
 
 
 def test_the_noise_clause_says_below_only_when_every_point_of_the_branch_is_below(monkeypatch):
-    """render.noise_verdict: all of a branch point's points below B_simple's interval -> the 'below its critical
+    """render.noise_clause: all of a branch point's points below B_simple's interval -> the 'below its critical
     batch' sentence; any point inside or above -> a tally and no such sentence; points without a matching update
     ("-") and other branch points are not counted."""
     from brorl_lab.study import render as R
@@ -270,10 +270,10 @@ def test_the_noise_clause_says_below_only_when_every_point_of_the_branch_is_belo
         return pd.DataFrame({"branch": ["learned"] * len(sides) + ["takeoff"], "side": [*sides, "above its interval"]})
 
     monkeypatch.setattr(R, "_noise_points", lambda f: frame(["below its interval"] * 3 + ["-"]))
-    text = R.noise_verdict(None, "learned")
+    text = R.noise_clause(None, "learned")
     assert "at every one of its 3 points" in text and "below its critical batch" in text
     monkeypatch.setattr(R, "_noise_points", lambda f: frame(["below its interval", "inside its interval"]))
-    text = R.noise_verdict(None, "learned")
+    text = R.noise_clause(None, "learned")
     assert "over 2 points: below at 1, inside at 1" in text and "critical batch" not in text
     monkeypatch.setattr(R, "_noise_points", lambda f: frame(["-"]))
-    assert R.noise_verdict(None, "learned") == ""
+    assert R.noise_clause(None, "learned") == ""

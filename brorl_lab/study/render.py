@@ -950,7 +950,7 @@ def frontier_headline(f: Files) -> str:
                     f"refills, each arm at its piloted lr, {int(pts_['seed'].nunique())} paired seeds, "
                     f"{len(t)} budget marks of generated samples ({frontier_summary(t, pts_['arm'].unique())}); "
                     f"the declared reading: {where or 'no mark resolved'}; at the budget ({count(last['mark'])}): "
-                    f"**{last['reading']}**{'; ' + noise_verdict(f, b) if noise_verdict(f, b) else ''} | "
+                    f"**{last['reading']}**{'; ' + noise_clause(f, b) if noise_clause(f, b) else ''} | "
                     f"{gaps} points | [frontier](docs/results/frontier.md) |\n")
     return "".join(rows)
 
@@ -1104,11 +1104,11 @@ def frontier_noise_text(f: Files) -> str:
                     f"{r.side} |")
     missing = len(FR.noise_points(None)) - len(summary[~summary["where"].str.contains("-")])
     note = "" if missing <= 0 else f"\n\n{missing} branch-point point(s) of the stage not measured yet."
-    verdicts = [v for b in frontier_complete(f.root) if (v := noise_verdict(f, b))]
+    verdicts = [v for b in frontier_complete(f.root) if (v := noise_clause(f, b))]
     return "\n".join(rows) + note + "".join(f"\n\n{v[0].upper()}{v[1:]}." for v in verdicts)
 
 
-def noise_verdict(f: Files, branch: str) -> str:
+def noise_clause(f: Files, branch: str) -> str:
     """One clause on a complete branch point's noise points ("" without them): how many of its points (the branch
     point and the arms' ends) had the matching arm's update below B_simple's interval, inside it, above it."""
     t = _noise_points(f)
