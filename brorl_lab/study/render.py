@@ -61,8 +61,6 @@ LEGACY: dict[str, str] = {
     f"{FIG}/paid_learned_lr_sqrt8_points.csv": _PREDATES + _DIRTY,
     f"{FIG}/paid_learned_lr_half_points.csv": _PREDATES + _DIRTY,
     f"{FIG}/paid_learned_pilot_points.csv": _PREDATES,
-    f"{FIG}/paid_takeoff_points.csv": _PREDATES + _DIRTY,
-    f"{FIG}/paid_takeoff_metrics.parquet": _PREDATES + _DIRTY,
     f"{FIG}/paid_takeoff_pilot_points.csv": _PREDATES,
     f"{FIG}/regime_map.csv": _PREDATES + _DIRTY,
     f"{FIG}/regime_seeds.csv": _PREDATES + _DIRTY,
@@ -77,7 +75,6 @@ LEGACY: dict[str, str] = {
     f"{FIG}/paid_learned_lr_sqrt8_metrics.parquet": _PREDATES + _DIRTY,
     f"{FIG}/paid_learned_lr_half_metrics.parquet": _PREDATES + _DIRTY,
     f"{FIG}/paid_learned_pilot_verdict.json": _PREDATES,
-    f"{FIG}/paid_takeoff_verdict.json": _PREDATES + _DIRTY,
     f"{FIG}/paid_takeoff_pilot_verdict.json": _PREDATES,
 }
 # Figures a page shows that no shipped file can redraw (the run's per-seed curves were not shipped): kept as shipped,
@@ -222,6 +219,10 @@ def flagship_fields(f: Files) -> dict:
     out["learned_mde"] = pts(head["mde"], sign=False)
     out["wall_learned"] = count(f.provenance(f"{FIG}/paid_learned_points.csv")["wall_s"])
     out["wall_takeoff"] = count(f.provenance(f"{FIG}/paid_takeoff_points.csv")["wall_s"])
+    tk = f.provenance(f"{FIG}/paid_takeoff_points.csv")
+    out["takeoff_command"] = tk["command"]
+    out["takeoff_machine"] = (f"{tk['machine']['cpu']}, {tk['machine']['cpu_count']} cores, "
+                              f"{'started ' + tk['started_at'] if tk.get('started_at') else 'start not recorded'}")
     ablations = {k: f(f"{FIG}/paid_learned_lr_{k}_points.csv") for k in ("sqrt8", "half")}
     walls = [f.provenance(f"{FIG}/paid_learned_lr_{k}_points.csv")["wall_s"] / 60 for k in ablations]
     out["wall_ablation"] = f"{np.mean(walls):.0f} minutes"
@@ -503,7 +504,7 @@ def readme_fields(f: Files) -> dict:
     treading = headline_reading(tp.to_dict()).split(":")[0]
     keep = ("budget", "plateau_gain", "learned_seeds", "learned_head", "takeoff_seeds", "takeoff_head",
             "takeoff_updates", "takeoff_updates_gap", "updates_ratio", "mech_brorl", "rare_share", "wall_learned",
-            "wall_takeoff", "pilot_seeds", "learned_sd", "learned_seeds_needed")
+            "wall_takeoff", "takeoff_command", "takeoff_machine", "pilot_seeds", "learned_sd", "learned_seeds_needed")
     out = {k: fl[k] for k in keep}
     out["learned_reading"], out["takeoff_reading"] = reading, treading
     out.update({k: th[k] for k in ("theorem_seeds", "theorem_n_lo", "theorem_n_hi", "theorem_dq_lo", "theorem_dq_hi")})
