@@ -655,31 +655,16 @@ def noise_table(branches: Sequence[str], ns: Sequence[int], *, b_small: int = NO
                 b_big: int = NOISE_DESIGN["b_big"], repeats: int = NOISE_DESIGN["repeats"], seed: int = 0,
                 prompts: Optional[Mapping[int, int]] = None, draws: int = 2000) -> tuple[pd.DataFrame, pd.DataFrame]:
     """B_simple (:mod:`brorl_lab.rl.noise_scale`) at each branch point (:data:`BRANCH_POINTS`: its families, the
-    flagship recipe's loss) and N. Returns (per-repeat rows, summary): the summary has one row per (branch, N): the
-    estimate in groups with its bootstrap interval, |G|^2 and tr(Sigma) with theirs, the share of bootstrap draws
-    with |G|^2 <= 0, the informative-group rate q over every collection round, and B in rollouts (x N) and in
-    generated samples (x N / q)."""
-    from brorl_lab.core.models import load_policy
-    from brorl_lab.rl.noise_scale import measure_noise_scale, noise_scale_interval, noise_scale_units
-    from brorl_lab.study.recipe import recipe_config
-
+    flagship recipe's loss) and N: :func:`measure_noise_point` at each, read by :func:`noise_summary`. Returns
+    (per-repeat rows, summary): the summary has one row per (branch, N): the estimate in groups with its bootstrap
+    interval, |G|^2 and tr(Sigma) with theirs, the share of bootstrap draws with |G|^2 <= 0, the informative-group
+    rate q over every collection round, and B in rollouts (x N) and in generated samples (x N / q)."""
     prompts = {**NOISE_DESIGN["prompts"], **(prompts or {})}
-    reps, summary = [], []
-    for branch in branches:
-        model, families, lr = BRANCH_POINTS[branch]
-        for n in ns:
-            cfg = recipe_config(model=model, tasks=families, lr=lr, rollouts_per_prompt=n,
-                                prompts_per_step=prompts.get(n, ratio_prompts(n)))
-            policy, tok = load_policy(cfg.model, device=cfg.device)
-            df = measure_noise_scale(cfg, b_small=b_small, b_big=b_big, repeats=repeats, seed=seed, policy=policy,
-                                     tokenizer=tok).assign(branch=branch)
-            reps.append(df)
-            r = noise_scale_interval(df["sq_small"], df["sq_big"], b_small, b_big, draws=draws, seed=seed)
-            q = float(df["kept_groups"].sum() / df["generated_groups"].sum())
-            summary.append({"branch": branch, "N": n, "q": q, **{k: r[k] for k in (
-                "b_simple", "lo", "hi", "g2", "g2_lo", "g2_hi", "trace", "trace_lo", "trace_hi", "nonpositive_g2",
-                "repeats", "b_small", "b_big", "method")}, **noise_scale_units(r, n, q)})
-    return pd.concat(reps, ignore_index=True), pd.DataFrame(summary)
+    reps = pd.concat([measure_noise_point(branch, branch, BRANCH_POINTS[branch][0], n,
+                                          prompts.get(n, ratio_prompts(n)), seed=seed, b_small=b_small, b_big=b_big,
+                                          repeats=repeats) for branch in branches for n in ns], ignore_index=True)
+    summary = noise_summary(reps, draws=draws, seed=seed)
+    return reps.drop(columns="where"), summary.drop(columns="where")
 
 
 def noise_points(runs: Optional[str | Path] = None, *, branches: Optional[Sequence[str]] = None
@@ -703,11 +688,12 @@ def noise_points(runs: Optional[str | Path] = None, *, branches: Optional[Sequen
     return out
 
 
-def measure_noise_point(where: str, branch: str, model: str | Path, n: int, prompts: int, *, seed: int = 0
-                        ) -> pd.DataFrame:
+def measure_noise_point(where: str, branch: str, model: str | Path, n: int, prompts: int, *, seed: int = 0,
+                        b_small: int = NOISE_DESIGN["b_small"], b_big: int = NOISE_DESIGN["b_big"],
+                        repeats: int = NOISE_DESIGN["repeats"]) -> pd.DataFrame:
     """One point of the noise stage: :func:`brorl_lab.rl.noise_scale.measure_noise_scale` at ``model`` (the branch
-    point's families and lr, the flagship recipe's loss) with N = ``n`` and ``prompts`` per collection round, the
-    declared two batch sizes and repeats. One row per repeat, with ``where`` and ``branch``."""
+    point's families and lr, the flagship recipe's loss) with N = ``n`` and ``prompts`` per collection round, at two
+    batch sizes and ``repeats`` (default the declared ones). One row per repeat, with ``where`` and ``branch``."""
     from brorl_lab.core.models import load_policy
     from brorl_lab.rl.noise_scale import measure_noise_scale
     from brorl_lab.study.recipe import recipe_config
@@ -715,8 +701,8 @@ def measure_noise_point(where: str, branch: str, model: str | Path, n: int, prom
     _, families, lr = BRANCH_POINTS[branch]
     cfg = recipe_config(model=str(model), tasks=families, lr=lr, rollouts_per_prompt=n, prompts_per_step=prompts)
     policy, tok = load_policy(cfg.model, device=cfg.device)
-    df = measure_noise_scale(cfg, b_small=NOISE_DESIGN["b_small"], b_big=NOISE_DESIGN["b_big"],
-                             repeats=NOISE_DESIGN["repeats"], seed=seed, policy=policy, tokenizer=tok)
+    df = measure_noise_scale(cfg, b_small=b_small, b_big=b_big, repeats=repeats, seed=seed, policy=policy,
+                             tokenizer=tok)
     return df.assign(where=where, branch=branch)
 
 
@@ -749,6 +735,7 @@ def run_noise_stage(*, runs: str | Path = "runs/frontier", ledger: Optional[str 
     import torch
     from tqdm.auto import tqdm
 
+    from brorl_lab.study.recipe import resolve_experiment_model
     from brorl_lab.study.results import provenance, read_provenance, require_preregistered, start_of_run, write_provenance
 
     root = Path(ledger) if ledger else LEDGER / "noise"
@@ -764,8 +751,6 @@ def run_noise_stage(*, runs: str | Path = "runs/frontier", ledger: Optional[str 
         df.to_csv(f, index=False)
         extra = dict(started_at=start["started_at"], declaration=declared, reading=f"{__name__}.noise_summary") \
             if ship else dict(status="exploratory", note="not pre-registered (--exploratory)")
-        from brorl_lab.study.recipe import resolve_experiment_model
-
         write_provenance(f, provenance(command or f"{__name__}.run_noise_stage()",
                                        {where: resolve_experiment_model(str(model))},
                                        time.perf_counter() - t0, commit=start["commit"], **extra))
@@ -1010,7 +995,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     command = "python -m brorl_lab.study.frontier " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     if args.cmd in ("noise-stage", "run"):
-        return (_cmd_noise_stage if args.cmd == "noise-stage" else _cmd_run)(args, command)
+        from brorl_lab.core.validation import UserError
+
+        try:
+            return (_cmd_noise_stage if args.cmd == "noise-stage" else _cmd_run)(args, command)
+        except (UserError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1045,16 +1036,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _cmd_noise_stage(args, command: str) -> int:
     """``noise-stage``: :func:`run_noise_stage`, then the summary of the points measured so far."""
-    import sys
-
-    from brorl_lab.core.validation import UserError
-
-    try:
-        files = run_noise_stage(runs=args.runs, ship=not args.exploratory, branches=args.branches, command=command,
-                                ledger=Path(args.runs) / "noise_ledger" if args.exploratory else None)
-    except (UserError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    files = run_noise_stage(runs=args.runs, ship=not args.exploratory, branches=args.branches, command=command,
+                            ledger=Path(args.runs) / "noise_ledger" if args.exploratory else None)
     print(noise_summary(pd.concat([pd.read_csv(f) for f in files], ignore_index=True))
           [["where", "N", "q", "b_simple", "lo", "hi"]].to_string(index=False))
     return 0
@@ -1062,17 +1045,9 @@ def _cmd_noise_stage(args, command: str) -> int:
 
 def _cmd_run(args, command: str) -> int:
     """``run <stage>``: :func:`run_stage` through the study runner; exit 130 when stopped before the end."""
-    import sys
-
-    from brorl_lab.core.validation import UserError
-
-    try:
-        grid = run_stage(args.stage, out=args.out, ledger=Path(args.out) / "ledger" if args.exploratory else None,
-                         ship=not args.exploratory, jobs=args.jobs, threads=args.threads, command=command,
-                         branches=args.branches)
-    except (UserError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    grid = run_stage(args.stage, out=args.out, ledger=Path(args.out) / "ledger" if args.exploratory else None,
+                     ship=not args.exploratory, jobs=args.jobs, threads=args.threads, command=command,
+                     branches=args.branches)
     print(f"{args.stage}: {'finished' if grid.finished else 'stopped: run the same command again to resume'}; "
           f"{grid.metrics['run'].nunique() if len(grid.metrics) else 0} arm x seed runs in {grid.ledger}")
     if args.stage in PILOT_STAGES and (grid.ledger / "lr_picks.csv").is_file() and grid.finished:
