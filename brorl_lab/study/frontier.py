@@ -689,11 +689,12 @@ def noise_points(runs: Optional[str | Path] = None, *, branches: Optional[Sequen
 
 
 def measure_noise_point(where: str, branch: str, model: str | Path, n: int, prompts: int, *, seed: int = 0,
-                        b_small: int = NOISE_DESIGN["b_small"], b_big: int = NOISE_DESIGN["b_big"],
-                        repeats: int = NOISE_DESIGN["repeats"]) -> pd.DataFrame:
+                        b_small: Optional[int] = None, b_big: Optional[int] = None, repeats: Optional[int] = None
+                        ) -> pd.DataFrame:
     """One point of the noise stage: :func:`brorl_lab.rl.noise_scale.measure_noise_scale` at ``model`` (the branch
     point's families and lr, the flagship recipe's loss) with N = ``n`` and ``prompts`` per collection round, at two
-    batch sizes and ``repeats`` (default the declared ones). One row per repeat, with ``where`` and ``branch``."""
+    batch sizes and ``repeats`` (None: :data:`NOISE_DESIGN`'s, the declared ones, read at the call). One row per
+    repeat, with ``where`` and ``branch``."""
     from brorl_lab.core.models import load_policy
     from brorl_lab.rl.noise_scale import measure_noise_scale
     from brorl_lab.study.recipe import recipe_config
@@ -701,8 +702,8 @@ def measure_noise_point(where: str, branch: str, model: str | Path, n: int, prom
     _, families, lr = BRANCH_POINTS[branch]
     cfg = recipe_config(model=str(model), tasks=families, lr=lr, rollouts_per_prompt=n, prompts_per_step=prompts)
     policy, tok = load_policy(cfg.model, device=cfg.device)
-    df = measure_noise_scale(cfg, b_small=b_small, b_big=b_big, repeats=repeats, seed=seed, policy=policy,
-                             tokenizer=tok)
+    df = measure_noise_scale(cfg, b_small=b_small or NOISE_DESIGN["b_small"], b_big=b_big or NOISE_DESIGN["b_big"],
+                             repeats=repeats or NOISE_DESIGN["repeats"], seed=seed, policy=policy, tokenizer=tok)
     return df.assign(where=where, branch=branch)
 
 
