@@ -951,9 +951,28 @@ def frontier_headline(f: Files) -> str:
                     f"refills, each arm at its piloted lr, {int(pts_['seed'].nunique())} paired seeds, "
                     f"{len(t)} budget marks of generated samples ({frontier_summary(t, pts_['arm'].unique())}); "
                     f"the declared reading: {where or 'no mark resolved'}; at the budget ({count(last['mark'])}): "
-                    f"**{last['reading']}**{'; ' + noise_clause(f, b) if noise_clause(f, b) else ''} | "
+                    f"**{last['reading']}**{''.join('; ' + c for c in [noise_clause(f, b)] if c)} | "
                     f"{gaps} points | [frontier](docs/results/frontier.md) |\n")
     return "".join(rows)
+
+
+def _per_update(f: Files, branch: str) -> tuple[str, str, pd.DataFrame, dict]:
+    """(largest-N arm, smallest-N arm, :func:`brorl_lab.study.frontier.per_update_reading`'s table and sizing) on a
+    complete branch point's optimizer-updates axis, at the declared per_update_gap's level and effect."""
+    from brorl_lab.study import frontier as FR
+
+    gap = f(f"{FRONTIER_LEDGER}/declaration.json")["readings"]["per_update_gap"]
+    pts_ = _frontier_reading(f, branch)["axes"]["cum_updates"]["points"]
+    large, small = max(pts_["arm"].unique(), key=FR.arm_n), min(pts_["arm"].unique(), key=FR.arm_n)
+    t, sized = FR.per_update_reading(pts_, large=large, small=small, level=gap["level"], effect=gap["effect"])
+    return large, small, t, sized
+
+
+def _tally(lo: pd.Series, hi: pd.Series, words: Sequence[str] = ("ahead", "behind", "not resolved")) -> str:
+    """How many intervals [lo, hi] lie above 0, below 0, or hold it, as "ahead at 3, not resolved at 5" (empty
+    counts left out)."""
+    counts = (int((lo > 0).sum()), int((hi < 0).sum()), int(((lo <= 0) & (hi >= 0)).sum()))
+    return ", ".join(f"{w} at {n}" for w, n in zip(words, counts) if n)
 
 
 def frontier_per_update_headline(f: Files) -> str:
@@ -962,18 +981,12 @@ def frontier_per_update_headline(f: Files) -> str:
     last one."""
     from brorl_lab.study import frontier as FR
 
-    gap = f(f"{FRONTIER_LEDGER}/declaration.json")["readings"]["per_update_gap"]
     rows = []
     for b in frontier_complete(f.root):
-        pts_ = _frontier_reading(f, b)["axes"]["cum_updates"]["points"]
-        large, small = max(pts_["arm"].unique(), key=FR.arm_n), min(pts_["arm"].unique(), key=FR.arm_n)
-        t, _ = FR.per_update_reading(pts_, large=large, small=small, level=gap["level"], effect=gap["effect"])
+        large, small, t, _ = _per_update(f, b)
         if t.empty:
             continue
-        tally = ", ".join(f"{w} at {n}" for w, n in (("ahead", int((t["lo"] > 0).sum())),
-                                                      ("behind", int((t["hi"] < 0).sum())),
-                                                      ("not resolved", int(((t["lo"] <= 0) & (t["hi"] >= 0)).sum())))
-                          if n)
+        tally = _tally(t["lo"], t["hi"])
         last = t.iloc[-1]
         rows.append(f"| each update gains more at large N (Theorem 1), carried to many steps | the rollout frontier from "
                     f"the {b} branch point at equal optimizer updates, N={FR.arm_n(large)} against N={FR.arm_n(small)}"
@@ -1030,13 +1043,10 @@ def frontier_per_update_text(f: Files) -> str:
     needs for the declared gap at 80% power."""
     from brorl_lab.study import frontier as FR
 
-    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
-    gap = decl["readings"]["per_update_gap"]
+    gap = f(f"{FRONTIER_LEDGER}/declaration.json")["readings"]["per_update_gap"]
     out = []
     for b in frontier_complete(f.root):
-        pts_ = _frontier_reading(f, b)["axes"]["cum_updates"]["points"]
-        large, small = (max(pts_["arm"].unique(), key=FR.arm_n), min(pts_["arm"].unique(), key=FR.arm_n))
-        t, sized = FR.per_update_reading(pts_, large=large, small=small, level=gap["level"], effect=gap["effect"])
+        large, small, t, sized = _per_update(f, b)
         word = lambda r: "ahead" if r.lo > 0 else "behind" if r.hi < 0 else "not resolved"  # noqa: E731
         if t.empty:
             out += [f"### From the {b} branch point", "", "Fewer than 2 paired seeds at every updates mark: not read.",
@@ -1064,16 +1074,26 @@ def _groups_per_update(f: Files, branch: str) -> dict[str, float]:
     return {a: float(r.cum_trained_samples / r.cum_updates / FR.arm_n(a)) for a, r in ends.iterrows()}
 
 
+def _noise_files(root: Path) -> list[str]:
+    """The noise stage's ledger files among the frontier's files."""
+    return [n for n in frontier_files(root) if n.split("/")[-2] == "noise"]
+
+
 def _noise_points(f: Files) -> pd.DataFrame:
     """:func:`brorl_lab.study.frontier.noise_summary` of the noise ledger's files, with per point ``arm`` (the arm
     measured, or at a branch point the 4:1 arm of that N), ``held`` (the informative groups one update of that arm
     holds, once its branch point's ratio runs are complete, else NaN) and ``side`` (the update below, inside or
-    above B_simple's interval, or "-"). Empty without files."""
+    above B_simple's interval, or "-"). Empty without files. Computed once a render (its bootstrap is the costly
+    part): the page's table, its clause and the README's row read it."""
     from brorl_lab.study import frontier as FR
 
-    names = [n for n in frontier_files(f.root) if n.split("/")[-2] == "noise"]
+    key = (id(f), "noise")
+    if key in _READINGS:
+        return _READINGS[key]
+    names = _noise_files(f.root)
     if not names:
-        return pd.DataFrame()
+        _READINGS[key] = pd.DataFrame()
+        return _READINGS[key]
     summary = FR.noise_summary(pd.concat([f(n) for n in names], ignore_index=True))
     per_update = {b: _groups_per_update(f, b) for b in frontier_complete(f.root)}
     arms, held, side = [], [], []
@@ -1085,7 +1105,8 @@ def _noise_points(f: Files) -> pd.DataFrame:
         held.append(h)
         side.append("-" if np.isnan(h) else "below its interval" if h < r.lo else "above its interval" if h > r.hi
                     else "inside its interval")
-    return summary.assign(arm=arms, held=held, side=side)
+    _READINGS[key] = summary.assign(arm=arms, held=held, side=side)
+    return _READINGS[key]
 
 
 def frontier_noise_text(f: Files) -> str:
@@ -1153,14 +1174,14 @@ def frontier_fields(f: Files) -> dict:
         hours = sum(float(f.provenance(n).get("wall_s", 0.0)) for n in by_stage[st]) / 3600
         stages.append(f"| `{st}` | {d['what']} | {len(by_stage[st])} of {planned} | {d['seeds'][0]}-{d['seeds'][-1]} "
                       f"| {hours:.2f} |")
-    noise = [n for n in frontier_files(f.root) if n.split("/")[-2] == "noise"]
+    noise = _noise_files(f.root)
     planned_noise = len(FR.noise_points(None)) + len(decl["designs"]["ratio"]) * len(decl["branch_points"])
     noise_h = sum(float(f.provenance(n).get("wall_s", 0.0)) for n in noise) / 3600
     stages.append(f"| `noise-stage` | the noise scale (declared {decl['noise_scale']['declared']}): each branch point at "
                   f"two N, each 4:1 arm's end | {len(noise)} of {planned_noise} points | {decl['noise_scale']['seed']} | "
-                  f"{noise_h:.2f} |" if "noise_scale" in decl else "")
+                  f"{noise_h:.2f} |")
     total_h = sum(float(f.provenance(n).get("wall_s", 0.0)) for n in names + noise) / 3600
-    stages = [r for r in stages if r] + [f"| all | | | | {total_h:.2f} |"]
+    stages.append(f"| all | | | | {total_h:.2f} |")
     pilots = [st for st in FR.PILOT_STAGES if by_stage.get(st)]
     pilot = "No lr pilot run has finished yet." if not pilots else ""
     if pilots:
@@ -1283,11 +1304,8 @@ def allocation_headline(f: Files) -> str:
             continue
         t = r.table[r.table["branch"] == b]
         seeds = int(r.points[(r.points["branch"] == b) & (r.points["arm"] == stage)]["seed"].nunique())
-        tally = "; ".join(
-            f"against N={FR.arm_n(u)}: " + ", ".join(f"{w} at {n}" for w, n in (
-                ("ahead", int((t[f"lo_{u}"] > 0).sum())), ("behind", int((t[f"hi_{u}"] < 0).sum())),
-                ("not resolved", int(((t[f"lo_{u}"] <= 0) & (t[f"hi_{u}"] >= 0)).sum()))) if n)
-            for u in AL.ALLOCATION.uniform_arms)
+        tally = "; ".join(f"against N={FR.arm_n(u)}: {_tally(t[f'lo_{u}'], t[f'hi_{u}'])}"
+                          for u in AL.ALLOCATION.uniform_arms)
         last = t.iloc[-1]
         gaps = "; ".join(f"{stage} - N={FR.arm_n(u)}: {pts(last[f'gap_{u}'])} [{pts(last[f'lo_{u}'])}, "
                          f"{pts(last[f'hi_{u}'])}]" for u in AL.ALLOCATION.uniform_arms)
