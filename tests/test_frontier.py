@@ -139,6 +139,13 @@ def test_declaration_and_configs():
         F.FRONTIER.stage_arms("ratio", picks=picks, branches=["somewhere"])
     with pytest.raises(ValueError, match="round_cap"):
         F.Frontier(round_cap=4)
+    # the seed amendment: the two ablations on the first 5 of the primary's paired seeds, the primary on all 10
+    shipped = F.FRONTIER.to_declaration()
+    assert [shipped["stages"][st]["seeds"] for st in ("ratio", "fixed", "capped")] == [list(range(10)), [0, 1, 2, 3, 4],
+                                                                                     [0, 1, 2, 3, 4]]
+    assert shipped["seed_amendment"]["stages"] == ["fixed", "capped"] and "seed_amendment" not in decl
+    with pytest.raises(ValueError, match=r"ablation_seeds: got \[10\]; allowed: a non-empty subset of seeds"):
+        F.Frontier(ablation_seeds=(10,))
 
 
 def test_budgets_from_pilot_and_its_table():

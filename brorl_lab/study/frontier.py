@@ -335,7 +335,8 @@ class Frontier:
     pilot), ``capped_round_cap`` the ablation's (the recipe's 4). ``seeds`` the main runs' paired seeds (>= 10: the
     race's rule), ``lr_grid`` / ``lr_seeds`` / ``lr_pilot_budget`` the lr pilot's, whose rule is :func:`pick_lr`;
     ``lr_pilot_long_budget`` the amendment's (stage 'lr_pilot_long': the same grid, seeds and rule at a longer budget
-    for the branch points it names, whose picks replace the first pilot's there)."""
+    for the branch points it names, whose picks replace the first pilot's there); ``ablation_seeds`` the seed
+    amendment's (:data:`SEED_AMENDMENT`: the ablation stages 'fixed' and 'capped' on the first of the paired seeds)."""
 
     name: str = "frontier"
     branches: tuple = ("takeoff", "learned")
@@ -349,6 +350,7 @@ class Frontier:
     seeds: tuple = tuple(range(10))
     lr_grid: tuple = LR_GRID
     lr_seeds: tuple = LR_PILOT_SEEDS
+    ablation_seeds: Optional[tuple] = None  # the seed amendment: the ablation stages' seeds (None: :attr:`seeds`)
     lr_pilot_budget: Mapping = field(default_factory=dict)
     lr_pilot_long_budget: Mapping = field(default_factory=dict)  # the amendment: branch -> a longer pilot's budget
     race_level: float = 0.10
@@ -364,6 +366,9 @@ class Frontier:
         for b, v in self.budgets.items():
             check_int(f"budgets[{b!r}]", v, 1)
         check_int("round_cap", self.round_cap, self.capped_round_cap + 1)
+        if self.ablation_seeds is not None and not (self.ablation_seeds and set(self.ablation_seeds) <= set(self.seeds)):
+            raise ValueError(f"ablation_seeds: got {list(self.ablation_seeds)}; allowed: a non-empty subset of seeds "
+                             f"{list(self.seeds)} (each ablation run is paired with the primary run of its seed)")
 
     def arms(self, design: str = "ratio", *, optional: bool = False) -> dict[str, tuple[int, int]]:
         """{arm name: (N, prompts per step)} of ``design`` ('ratio': the 4:1 design, with ``optional`` its N = 4
@@ -404,9 +409,14 @@ class Frontier:
 
     # ---- the stages, run by the study runner (study.runner.run_grid), each arm x seed into the ledger ---------------
     def stage_seeds(self, stage: str) -> tuple:
-        """The paired seeds of ``stage``: the lr pilot's :attr:`lr_seeds`, every other stage's :attr:`seeds`."""
+        """The paired seeds of ``stage``: the lr pilots' :attr:`lr_seeds`, the ablations' :attr:`ablation_seeds`
+        (when the seed amendment sets them), every other stage's :attr:`seeds`."""
         check_stage(stage)
-        return tuple(self.lr_seeds if stage in PILOT_STAGES else self.seeds)
+        if stage in PILOT_STAGES:
+            return tuple(self.lr_seeds)
+        if stage in ABLATION_STAGES and self.ablation_seeds is not None:
+            return tuple(self.ablation_seeds)
+        return tuple(self.seeds)
 
     def pilot_budgets(self, stage: str) -> Mapping:
         """{branch: budget} of an lr pilot stage: 'lr_pilot' every branch point, 'lr_pilot_long' the amendment's."""
@@ -485,6 +495,8 @@ class Frontier:
                    "kl_bound": "study.compare.COLLAPSE kl_max (nats/token)",
                    "sqrt_rule_reported": f"{here}.sqrt_rule_lr"},
             "seeds": list(self.seeds),
+            **({"seed_amendment": {**SEED_AMENDMENT, "seeds": list(self.ablation_seeds)}}
+               if self.ablation_seeds is not None else {}),
             "readings": {"best_n_per_mark": f"{here}.best_n", "frontier": f"{here}.frontier_table",
                          "axes": ["cum_samples", "cum_trained_samples", "cum_updates", "cum_wall_s"],
                          "race": {"reading": f"{here}.takeoff_races", "level": self.race_level,
@@ -813,9 +825,19 @@ LR_AMENDMENT = {"declared": "2026-12-07",
                         "0.4-3.1% held-out pass@1: too short for the rule to see an lr's effect from takeoff"),
                 "picks": ("a branch point in pilot_long_budget takes its picks from lr_pilot_long/lr_picks.csv, "
                           "every other from lr_pilot/lr_picks.csv")}
+#: The seed amendment (declared 2026-12-07, before the first run of either ablation stage; evidence and costs in
+#: docs/results/frontier_design.md): what is still to run as declared is about 19 h of `--jobs 2` on the 2-core
+#: machine, beyond the issue's 6-hour envelope, whose rule is to cut seeds before the budget. The primary stage keeps
+#: its 10 paired seeds (the race's rule); the two ablations run on the first 5 of them, paired with the primary's.
+SEED_AMENDMENT = {"declared": "2026-12-07", "stages": ["fixed", "capped"],
+                  "why": ("the two ablations at 10 seeds and both branch points are about 12 h of --jobs 2 (learned "
+                          "runs measured at 405 s each, takeoff runs estimated at 864 s from the longer lr pilot's); at "
+                          "5 paired seeds a per-seed gap sd of 0.47 points (learned ratio stage, n512x16 - n16x64 at "
+                          "its budget) gives a 95% interval of about +-0.58 points, and the takeoff paid rerun's sd "
+                          "of about 1.2 points about +-1.5")}
 FRONTIER = Frontier(budgets={"takeoff": 1_048_576, "learned": 917_504}, round_cap=63,
                     lr_pilot_budget={"takeoff": 131_072, "learned": 114_688},
-                    lr_pilot_long_budget={"takeoff": 655_360})
+                    lr_pilot_long_budget={"takeoff": 655_360}, ablation_seeds=tuple(range(5)))
 
 
 #: The stages of the frontier, in the order they run (``python -m brorl_lab.study.frontier run STAGE``).
@@ -826,6 +848,7 @@ STAGES = {"lr_pilot": "each 4:1 arm at each lr of the grid, lr_seeds, the pilot 
           "fixed": "IsoCompute's fixed-batch design: 8,192 samples and 2 updates per step in every arm",
           "capped": "the ablation: the 4:1 arms with the recipe's round cap of 4"}
 PILOT_STAGES = ("lr_pilot", "lr_pilot_long")
+ABLATION_STAGES = ("fixed", "capped")
 LEDGER = Path(__file__).resolve().parents[2] / "notebooks" / "figures" / "frontier"  # committed, one file per run
 
 
