@@ -837,6 +837,27 @@ def cmd_render(args) -> int:
     return 0
 
 
+def cmd_adopt(args) -> int:
+    """Copy a study clone's finished, clean-provenance results files into this checkout (study.results.adopt), then
+    say what to run next; exit 1 when a file here differs from the clone's (left untouched), 2 on a bad source."""
+    from brorl_lab.study.results import adopt
+
+    try:
+        got = adopt(args.source, REPO_ROOT, dry_run=args.dry_run)
+    except ValueError as e:
+        print(f"adopt: {e}", file=sys.stderr)
+        return 2
+    verb = "would adopt" if args.dry_run else "adopted"
+    print(f"{verb} {len(got['adopted'])} results files, {len(got['same'])} already here, "
+          f"{len(got['conflicts'])} conflicting, {len(got['refused'])} refused")
+    for kind in ("conflicts", "refused"):
+        for line in got[kind]:
+            print(f"  {kind[:-1] if kind == 'conflicts' else 'refused'}: {line}")
+    if got["adopted"] and not args.dry_run:
+        print("next: python -m brorl_lab render, then commit notebooks/figures, docs/results and README.md")
+    return 1 if got["conflicts"] else 0
+
+
 def cmd_launch(args) -> int:
     from brorl_lab.core.rundir import check_writable
     from brorl_lab.lab.verl_launch import launch_verl, load_config
@@ -1196,6 +1217,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "from the shipped results files (study.render)")
     rd.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the first differing line")
     rd.set_defaults(func=cmd_render)
+    ad = sub.add_parser("adopt", help="copy the finished results files (each with a clean, known commit in its "
+                        "provenance) of a study clone's notebooks/figures into this checkout; nothing here is "
+                        "overwritten")
+    ad.add_argument("source", help="the study clone (a checkout of this repository that ran a study)")
+    ad.add_argument("--dry-run", action="store_true", help="list what would be copied; copy nothing")
+    ad.set_defaults(func=cmd_adopt)
     sub.metavar = "{" + ",".join(sub.choices) + "}"  # the usage line lists every command
     return p
 

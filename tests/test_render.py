@@ -169,3 +169,54 @@ def test_render_check_exits_1_naming_the_first_differing_line(rendered, monkeypa
     assert err.startswith(f"{FLAGSHIP}:10:") and len(err.strip().splitlines()) == 1
     monkeypatch.setattr(R, "render", lambda: {FLAGSHIP: rendered[FLAGSHIP]})
     assert main(["render", "--check"]) == 0
+
+
+def test_adopt_copies_a_clones_new_clean_results_and_overwrites_nothing(tmp_path, capsys):
+    """`python -m brorl_lab adopt CLONE`: a study clone's new results files come over with their records when the
+    record names a clean commit of this history and a declaration; a dirty or unknown commit and a record without a
+    start are refused; a file here with other bytes is a conflict, left as it was; a copy stopped between the data
+    and its record is finished by the next adopt; a file the clone's own commit holds is not its result."""
+    from brorl_lab import cli
+    from brorl_lab.study.results import adopt
+
+    def git(*args, cwd):
+        return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+    main = tmp_path / "main"
+    (main / "notebooks/figures/s").mkdir(parents=True)
+    (main / "notebooks/figures/s/old.csv").write_text("old\n")
+    git("init", "-q", cwd=main)
+    git("-c", "user.email=t@t", "-c", "user.name=t", "add", "-A", cwd=main)
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x", cwd=main)
+    head = git("rev-parse", "--short", "HEAD", cwd=main)
+    git("clone", "-q", str(main), str(tmp_path / "clone"), cwd=tmp_path)
+    ledger = tmp_path / "clone/notebooks/figures/s"
+    record = {"command": "c", "checkpoints": {}, "machine": {}, "wall_s": 1.0, "date": "d", "started_at": "d",
+              "declaration": {"path": "p", "commit": head}}
+    files = {"good": head, "dirty": f"{head}-dirty", "stranger": "0123456", "clash": head, "half": head}
+    for name, commit in files.items():
+        (ledger / f"{name}_s0.csv").write_text(f"{name}\n")
+        (ledger / f"{name}_s0.csv{SUFFIX}").write_text(json.dumps({**record, "commit": commit}))
+    (ledger / f"nostart_s0.csv").write_text("x\n")
+    (ledger / f"nostart_s0.csv{SUFFIX}").write_text(json.dumps({k: v for k, v in record.items() if k != "started_at"}
+                                                               | {"commit": head}))
+    (main / "notebooks/figures/s/clash_s0.csv").write_text("mine\n")
+    (main / "notebooks/figures/s/half_s0.csv").write_text("half\n")  # the data copied, its record not yet
+
+    dry = adopt(tmp_path / "clone", main, dry_run=True)
+    assert sorted(dry["adopted"]) == ["notebooks/figures/s/good_s0.csv", "notebooks/figures/s/half_s0.csv"]
+    assert not (main / "notebooks/figures/s/good_s0.csv").exists()
+    got = adopt(tmp_path / "clone", main)
+    assert got["conflicts"] == ["notebooks/figures/s/clash_s0.csv"] and got["same"] == []
+    assert sorted(r.split(":")[0] for r in got["refused"]) == [f"notebooks/figures/s/{n}_s0.csv"
+                                                               for n in ("dirty", "nostart", "stranger")]
+    assert "lacks ['started_at']" in next(r for r in got["refused"] if "nostart" in r)
+    assert (main / "notebooks/figures/s/good_s0.csv").read_text() == "good\n"
+    assert (main / f"notebooks/figures/s/half_s0.csv{SUFFIX}").is_file()
+    assert (main / "notebooks/figures/s/clash_s0.csv").read_text() == "mine\n"  # nothing here overwritten
+    assert not (main / "notebooks/figures/s/dirty_s0.csv").exists()
+    again = adopt(tmp_path / "clone", main)
+    assert again["adopted"] == [] and sorted(again["same"]) == ["notebooks/figures/s/good_s0.csv",
+                                                                "notebooks/figures/s/half_s0.csv"]
+    assert cli.main(["adopt", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip().startswith("adopt: source: ")

@@ -220,3 +220,63 @@ def is_shippable(record: Mapping) -> list[str]:
                           Path(__file__).resolve().parent) is None:
         why.append(f"declaration commit {decl['commit']} is not an ancestor of the run's commit {commit}")
     return why
+
+
+def adopt(source: str | Path, into: str | Path, *, under: str = "notebooks/figures", dry_run: bool = False) -> dict:
+    """Bring a study clone's finished results into this checkout: every results file the clone wrote under
+    ``source/under`` (new or changed against its own commit) that has a shipped provenance record beside it (:data:`SHIPPED_KEYS`) is copied with its record into the same place
+    in ``into`` when ``into`` has neither. What the repository history needs to trust it is checked first: the record
+    names a clean commit (no ``-dirty``) that ``into``'s git history holds, and a declaration. A file already there
+    with the same bytes is counted as ``same``; one there with other bytes is a ``conflict`` and left untouched
+    (nothing already written is lost). Returns {"adopted", "same", "conflicts", "refused": [relative paths, a
+    refusal with its reason]}; ``dry_run`` copies nothing. Then ``python -m brorl_lab render`` and a commit ship
+    them: the way a long study run from a clean clone reaches ``main``, one finished arm x seed at a time."""
+    import filecmp
+    import shutil
+
+    source, into = Path(source).resolve(), Path(into).resolve()
+    if not (source / under).is_dir():
+        raise ValueError(f"source: {str(source)!r} has no {under}/; allowed: a checkout of this repository "
+                         "(a study clone) that ran a study")
+    # what the clone wrote: its files under ``under`` that its own commit does not hold (new or changed)
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", under], cwd=source,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    written = {source / line[3:].strip('"') for line in status}
+    out: dict[str, list[str]] = {"adopted": [], "same": [], "conflicts": [], "refused": []}
+    known: dict[str, bool] = {}
+    for record in sorted(p for p in (source / under).rglob(f"*{SUFFIX}") if p in written):
+        data = record.with_name(record.name[: -len(SUFFIX)])
+        rel = data.relative_to(source)
+        if not data.is_file():
+            continue
+        pair = [(data, into / rel), (record, into / rel.with_name(record.name))]
+        there = [dst.is_file() and filecmp.cmp(src, dst, shallow=False) for src, dst in pair]
+        if all(there):
+            out["same"].append(str(rel))
+            continue
+        try:
+            prov = json.loads(record.read_text())
+        except ValueError:
+            out["refused"].append(f"{rel}: its provenance record is not JSON")
+            continue
+        commit = str(prov.get("commit", ""))
+        if commit not in known:
+            known[commit] = bool(commit) and not commit.endswith("-dirty") and subprocess.run(
+                ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=into, capture_output=True).returncode == 0
+        missing = [k for k in SHIPPED_KEYS if k not in prov]
+        if missing or not known[commit]:
+            why = f"its record lacks {missing}" if missing else f"commit {commit!r} is dirty or not in this history"
+            out["refused"].append(f"{rel}: {why}")
+            continue
+        # the data first: a record never stands beside a missing file (a copy stopped between the two leaves the
+        # data alone, and the next adopt finishes it)
+        todo = [(src, dst) for (src, dst), ok in zip(pair, there) if not ok]
+        if any(dst.exists() for _, dst in todo):
+            out["conflicts"].append(str(rel))
+            continue
+        out["adopted"].append(str(rel))
+        if not dry_run:
+            (into / rel).parent.mkdir(parents=True, exist_ok=True)
+            for src, dst in todo:
+                shutil.copyfile(src, dst)
+    return out
