@@ -64,7 +64,13 @@ def test_the_loop_on_the_students_pieces_raises_held_out_pass_at_1(tmp_path, mon
     points at seeds 0, 1, 2 (runs of 160 steps, read at step 80; they end at +23.0, +20.2, +18.5: a plateau near
     0.43); after 100 steps +20.2 and +19.5 (seeds 0, 2). Not the 20 points the notebook's defaults reach on
     spell_backward (stated in its first cell): gcd's rise plateaus there, and it is mostly the base learning to
-    choose between the commonest answers, 1 and 2 (its answers before and after show it), not to compute a GCD."""
+    choose between the commonest answers, 1 and 2 (its answers before and after show it), not to compute a GCD.
+
+    Other test sizes tried for a rise of 20 points (2026-12-07 evening, one seed each unless said, 16 x 8, 100 x 4
+    held-out): gcd at lr 3e-4 +18.3 and +19.2 (seeds 0, 1; 80 steps), +17.5 (seed 2, 120 steps), at 16 x 16 +19.5:
+    gcd's rise tops out near 0.42. From the takeoff base products -0.5, simple_equations +4.0 (lr 2e-4) and +7.0
+    (5e-4), chain_sum -3.0 and -2.7; from data/default_model chain_sum -8.5 and simple_equations -4.0 (80 steps
+    each): no task here reaches 20 points in a test-sized run; spell_backward does at the notebook's defaults."""
     from helpers_notebooks import execute_small
 
     run = execute_small(NOTEBOOK, tmp_path, LOOP_TEST, monkeypatch)
