@@ -4,7 +4,8 @@ be set before vllm is first imported, so it is set for the whole session.
 Two workers (``make test``: ``pytest -n 2 --dist loadgroup``, pytest-xdist). Each worker runs torch at one thread,
 and so does every process it starts (OMP_NUM_THREADS=1): two torch processes that each take both cores thrash
 (ARCHITECTURE.md). Work is handed out in units (:func:`scope_of`): a module, or a part of one listed in SPLIT, so
-that a module- or session-scoped fixture (a trained tiny run, a built book, a bench run) is built once; the modules
+that a module- or session-scoped fixture (a trained tiny run, a built book, a bench run) is built once; the modules in
+BOOK_UNIT go with the tiny book, whose folder they share; the modules
 in SERIAL and every Ray test (a test named ``..._ray_...``) share one unit, run on one worker one after another (they
 watch the repository or the process group, or start a local Ray cluster).
 
@@ -51,6 +52,11 @@ SERIAL = ("test_browser", "test_ray_engine")
 # Modules handed out in parts: each test function (its parametrizations together) is a unit of its own, except
 # the named groups, which stay together because their tests share an expensive module-scoped fixture.
 SPLIT: dict[str, dict[str, tuple[str, ...]]] = {}
+# One unit with the tiny book (it keeps the book's name and measured seconds): the modules whose notebooks the book
+# executes at their test size, so each is executed once, into the session's book folder (``tiny_book_out``), and read
+# by its tests and by the book's build (helpers_notebooks.executed_in_book).
+BOOK_UNIT = ("test_book", "test_notebooks_flagship", "test_theory_notebook", "test_theorem_notebook",
+             "test_allocation_notebook")
 DURATIONS = Path(__file__).with_name("durations.json")
 
 
@@ -72,6 +78,8 @@ def scope_of(nodeid: str) -> str:
     stem = Path(module).stem
     if stem in SERIAL or RAY_TEST.search(function):
         return "serial"
+    if stem in BOOK_UNIT:
+        return "tests/test_book.py"
     if stem in SPLIT:
         group = next((g for g, members in SPLIT[stem].items() if function in members), function)
         return f"{module}::{group}"
@@ -115,6 +123,16 @@ def pytest_xdist_make_scheduler(config, log):
             self._assign_work_unit(node)
 
     return LongestFirstScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def tiny_book_out(tmp_path_factory) -> Path:
+    """The session's tiny-book folder: what the notebook tests execute into (helpers_notebooks.executed_in_book) and
+    the book's build (tests/test_book.py) completes; $BRORL_BOOK_TEST_OUT keeps one between sessions (the builder's
+    cache then skips every notebook whose key has not changed)."""
+    if os.environ.get("BRORL_BOOK_TEST_OUT"):
+        return Path(os.environ["BRORL_BOOK_TEST_OUT"])
+    return tmp_path_factory.mktemp("book")
 
 
 def pytest_configure(config):

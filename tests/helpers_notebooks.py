@@ -53,6 +53,50 @@ def assert_notebook_pair_in_sync(name: str, params, notebooks: Path = NOTEBOOKS)
 
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
+BUILDER = NOTEBOOKS.parent / "docs" / "book" / "build_book.py"
+
+
+def book_builder():
+    """docs/book/build_book.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_book", BUILDER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_preset(stem: str) -> dict:
+    """The parameters the tiny book runs notebooks/<stem> with (docs/book/presets.yml): the size its tests read."""
+    return dict(book_builder().load_presets("tiny")[stem])
+
+
+def read_outputs(path: Path) -> dict:
+    """An executed notebook's code outputs: ``outputs`` (all), ``kinds`` (display mime types), ``text`` (stream
+    text) and ``figures`` (plotly JSON), after asserting no cell raised."""
+    nb = nbformat.read(path, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    shown = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
+    return {"outputs": outputs, "kinds": [k for o in shown for k in o.data],
+            "text": "".join(o.get("text", "") for o in outputs if o.output_type == "stream"),
+            "figures": [o.data[PLOTLY] for o in shown if PLOTLY in o.data]}
+
+
+def executed_in_book(out: Path, stem: str) -> dict:
+    """notebooks/<stem> as the tiny book executes it, read from the book folder ``out`` (its ``executed/`` copy),
+    executed here first by the builder's own ``execute`` when the book has not run it yet: same preset, same cache
+    key, same kernel environment (text progress bars), cwd ``out/work``. The tiny book's build (tests/test_book.py,
+    the same folder: tests/conftest.py's ``tiny_book_out``) then finds it cached, so a notebook the book shows is
+    executed once per test session and its tests read the very outputs the book renders. Returns
+    :func:`read_outputs` plus ``work``, the folder its relative run directories are in."""
+    book = book_builder()
+    params = book.load_presets("tiny")[stem]
+    assert not book.reads_runs(params), f"{stem} reads the other notebooks' runs: only the whole book runs it"
+    key = book.notebook_key(stem, params, "tiny", book.code_digest(), [])
+    if not book.cached(stem, key, out):
+        book.execute(stem, params, key, out, "tiny")
+    return {**read_outputs(out / "executed" / f"{stem}.ipynb"), "work": out / "work"}
 
 
 def execute_small(notebook: Path, tmp_path: Path, parameters: dict, monkeypatch) -> dict:
@@ -65,13 +109,7 @@ def execute_small(notebook: Path, tmp_path: Path, parameters: dict, monkeypatch)
     out = tmp_path / f"{notebook.stem}_out.ipynb"
     papermill.execute_notebook(str(notebook), str(out), parameters=parameters, kernel_name="python3",
                                cwd=str(tmp_path), progress_bar=False)
-    nb = nbformat.read(out, as_version=4)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    shown = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
-    return {"outputs": outputs, "kinds": [k for o in shown for k in o.data],
-            "text": "".join(o.get("text", "") for o in outputs if o.output_type == "stream"),
-            "figures": [o.data[PLOTLY] for o in shown if PLOTLY in o.data]}
+    return read_outputs(out)
 
 
 def exercise_names(notebook: Path) -> list[str]:

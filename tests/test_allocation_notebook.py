@@ -4,21 +4,21 @@ one real allocated rollout on the shipped model."""
 from pathlib import Path
 
 import pytest
-from helpers_notebooks import PLOTLY, WIDGET, assert_notebook_pair_in_sync, execute_small
+from helpers_notebooks import PLOTLY, WIDGET, assert_notebook_pair_in_sync, executed_in_book, tiny_preset
 
 pytest.importorskip("papermill")
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01c_allocation.ipynb"
-SMALL = dict(prompts=16, reps=2, budget=8, probe=2, cap=64, kind="mixture", a=0.3, b=3.0, solved=0.25,
-             unsolved=0.25, budgets=[4, 16], live_prompts=2, seed=1)
+SMALL = tiny_preset(NOTEBOOK.stem)  # the tiny book's size (docs/book/presets.yml)
 
 
 def test_notebook_pair_is_in_sync_with_outputs_cleared():
     assert_notebook_pair_in_sync("01c_allocation", SMALL)
 
 
-def test_notebook_runs_headless_with_its_widget(tmp_path, monkeypatch):
-    run = execute_small(NOTEBOOK, tmp_path, SMALL, monkeypatch)
+def test_notebook_runs_headless_with_its_widget(tiny_book_out):
+    """The run the tiny book shows (executed once per session: helpers_notebooks.executed_in_book)."""
+    run = executed_in_book(tiny_book_out, NOTEBOOK.stem)
     assert WIDGET in run["kinds"]  # the allocation explorer
     assert run["kinds"].count(PLOTLY) >= 3  # s_N(p), N_p against p, the budget sweep
     sweep = next(f for f in run["figures"] if "per 1,000" in str(f["layout"].get("title", "")))

@@ -12,7 +12,6 @@ no request left the folder.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -24,20 +23,16 @@ from urllib.parse import unquote, urldefrag, urlparse
 
 import nbformat
 import pytest
+from helpers_notebooks import BUILDER, book_builder
 from test_browser import CHROMIUM, chromium, wait_for  # noqa: F401 - chromium: the shared browser fixture
 
 REPO = Path(__file__).resolve().parents[1]
-BUILDER = REPO / "docs" / "book" / "build_book.py"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 TEXT_BAR = re.compile(r"100%\|[^\n]*\| *(\d+)/\1 ")  # tqdm's text bar at its end, e.g. "100%|####| 30/30 [..."
 
 
-def builder():
-    spec = importlib.util.spec_from_file_location("build_book", BUILDER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+builder = book_builder
 
 
 def test_every_notebook_has_a_preset_of_each_size_its_parameters_cell_declares():
@@ -87,12 +82,12 @@ def test_every_relative_link_of_a_book_page_points_at_a_file_the_book_stages():
 
 
 @pytest.fixture(scope="module")
-def tiny_book(tmp_path_factory):
-    """`make book` at the tiny preset: (build folder, seconds it took). The folder is a tmp one, or
-    $BRORL_BOOK_TEST_OUT: a folder kept between runs, where the builder's cache skips every notebook whose key has
-    not changed (a rerun then costs the Sphinx build, about 20 s)."""
-    out = Path(os.environ["BRORL_BOOK_TEST_OUT"]) if os.environ.get("BRORL_BOOK_TEST_OUT") \
-        else tmp_path_factory.mktemp("book")
+def tiny_book(tiny_book_out):
+    """`make book` at the tiny preset: (build folder, seconds it took). The folder is the session's
+    (tests/conftest.py's ``tiny_book_out``: the notebook tests of this unit executed theirs into it already, and the
+    builder's cache skips those), or $BRORL_BOOK_TEST_OUT: a folder kept between runs, where every notebook whose key
+    has not changed is skipped (a rerun then costs the Sphinx build, about 20 s)."""
+    out = tiny_book_out
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(BUILDER), "--preset", "tiny", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})

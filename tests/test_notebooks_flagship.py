@@ -6,12 +6,12 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync, exercise_names
+from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync, executed_in_book, exercise_names, tiny_preset
 
 papermill = pytest.importorskip("papermill")
 
 PLOTLY = "application/vnd.plotly.v1+json"
-QUICK = dict(prompts_per_step=4, rollouts_per_prompt=8, trainer_steps=2, seed=0, torch_threads=1, use_solutions=True)
+QUICK = tiny_preset("00_quickstart")  # the tiny book's size (docs/book/presets.yml), its run in runs/quickstart
 #: notebook 02 (the flagship through study.runner) at a test size: the shipped branch points, arms shrunk through the
 #: arm table, a budget of 64 generated samples, 2 paired seeds
 FLAGSHIP = dict(seeds=[0, 1], budget=64, points=2, eval_prompts=4, eval_samples=2, jobs=1, torch_threads=1,
@@ -54,9 +54,10 @@ def printed(outputs: list) -> str:
     return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
 
 
-def test_quickstart_shows_every_stage_and_a_trainer_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    outputs = run("00_quickstart", tmp_path, {**QUICK, "run_dir": str(tmp_path / "run")})
+def test_quickstart_shows_every_stage_and_a_trainer_run(tiny_book_out):
+    """The run the tiny book shows (executed once per session: helpers_notebooks.executed_in_book)."""
+    book = executed_in_book(tiny_book_out, "00_quickstart")
+    outputs = book["outputs"]
     html = shown(outputs, "text/html")
     text = shown(outputs)
     assert "RolloutBatch(prompts=4, n=8, samples=32" in html and "<table" in html  # the batch's HTML table
@@ -64,7 +65,7 @@ def test_quickstart_shows_every_stage_and_a_trainer_run(tmp_path, monkeypatch):
     assert "UpdateReport(loss=" in text and "grad_norm=" in text
     assert "engine weights equal the updated policy: True" in printed(outputs)
     assert "your advantages match rl.algo.grpo on" in printed(outputs)  # the exercise, with its solution filled in
-    metrics = pd.read_parquet(tmp_path / "run" / "quickstart" / "metrics.parquet")
+    metrics = pd.read_parquet(book["work"] / QUICK["run_dir"] / "quickstart" / "metrics.parquet")
     assert list(metrics["step"]) == [0, 1, 2] and metrics["eval/mean/pass@1"].notna().sum() == 2
     figures = [o.data[PLOTLY] for o in outputs if PLOTLY in o.get("data", {})]  # it ends with a picture
     assert len(figures) == 1 and {a["text"] for a in figures[0]["layout"]["annotations"]} == {

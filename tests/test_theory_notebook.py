@@ -4,14 +4,14 @@ reference solutions filled in (notebooks/solutions/), every check passes; with a
 from pathlib import Path
 
 import pytest
-from helpers_notebooks import PLOTLY, WIDGET, assert_notebook_pair_in_sync, execute_small, exercise_names
+from helpers_notebooks import (PLOTLY, WIDGET, assert_notebook_pair_in_sync, executed_in_book, execute_small,
+                               exercise_names, tiny_preset)
 
 pytest.importorskip("papermill")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOK = NOTEBOOKS / "01_mass_balance_theory.ipynb"
-SMALL = dict(vocab=3000, n_correct=250, steps=30, n_values=[4, 512], trials=200, explorer_trials=30,
-             budget_draws=1024, budget_n_values=[4, 64, 1024], seed=1, use_solutions=True)
+SMALL = tiny_preset(NOTEBOOK.stem)  # the tiny book's size (docs/book/presets.yml), solutions filled in
 EXERCISES = ["logit_update", "three_terms", "losing_vocabulary", "p_drawn_at_least_once", "large_n_limit_by_hand",
              "losing_update"]
 
@@ -21,8 +21,9 @@ def test_notebook_pair_is_in_sync_with_outputs_cleared():
     assert exercise_names(NOTEBOOK) == EXERCISES
 
 
-def test_notebook_runs_headless_with_plotly_figures(tmp_path, monkeypatch):
-    run = execute_small(NOTEBOOK, tmp_path, SMALL, monkeypatch)
+def test_notebook_runs_headless_with_plotly_figures(tiny_book_out):
+    """The run the tiny book shows (executed once per session: helpers_notebooks.executed_in_book)."""
+    run = executed_in_book(tiny_book_out, NOTEBOOK.stem)
     kinds, text, figures = run["kinds"], run["text"], run["figures"]
     assert kinds.count(PLOTLY) >= 7  # first-order check, Lemma 2, two sweeps, Fig. 3 (with and without decay), budget
     assert WIDGET in kinds  # the explorer
