@@ -4,8 +4,9 @@
    rendered plot (title text and bar shapes read from the page's SVG).
 2. A small notebook trains a tiny model with the live TrainingDashboard; the curves must grow in the page, and a
    click on its Stop button must stop the run after the current step (status.json says "interrupted").
-3. Pages opened from disk with every network request refused (offline): the HTML `python -m brorl_lab demo` writes
-   draws every figure its executed notebook holds, and a `report` page draws every plot it embeds.
+3. Pages opened from disk with every network request refused (offline): a `report` page draws every plot it
+   embeds (the HTML `python -m brorl_lab demo` writes is opened the same way by tests/test_notebooks_flagship.py,
+   beside the demo run it reads).
 
 The server's root is a tmp directory: a copy of notebooks/01_mass_balance_theory.ipynb with small sizes injected
 the way papermill injects parameters (a cell after the "parameters" cell), and the dashboard notebook; the runs it
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from helpers_notebooks import write_notebook
+from helpers_notebooks import tiny_preset, write_notebook
 from helpers_runs import make_tiny_runs
 
 from brorl_lab.lab.widgets import DASHBOARD_STOP_LABEL, EXPLORER_N_DESCRIPTION, EXPLORER_TITLE
@@ -41,9 +42,8 @@ SHOTS = REPO / "runs" / "browser"
 CHROMIUM = os.environ.get("BRORL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
-# Small enough that Run All finishes in seconds on two shared cores (the same sizes as test_theory_notebook).
-SMALL = dict(vocab=3000, n_correct=250, steps=30, n_values=[4, 512], trials=200, explorer_trials=30,
-             budget_draws=1024, budget_n_values=[4, 64, 1024], seed=1, use_solutions=True)
+# Small enough that Run All finishes in seconds on two shared cores: the tiny book's size, as test_theory_notebook.
+SMALL = tiny_preset(NOTEBOOK.stem)
 HIST_TITLE = "Monte-Carlo draws of ΔQ_pos at"
 BAR_PATHS = ".trace.bars .point path"  # one SVG path per bar (error bars are separate paths)
 DASHBOARD_NB = "live_dashboard.ipynb"
@@ -328,24 +328,6 @@ def rendered_plots(chromium, page_path: Path, shot: str) -> int:
         return drawn.count()
     finally:
         page.close()
-
-
-def test_the_demo_html_shows_every_figure_offline(chromium, tmp_path, monkeypatch):
-    """`make demo` in small: the flagship notebook under papermill, then its nbconvert HTML in the browser."""
-    from test_notebooks_flagship import SCALING
-
-    from brorl_lab import cli
-    from brorl_lab.lab.sweep import notebook_parameters
-
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    nb = REPO / "notebooks" / cli.FLAGSHIP
-    params = {**SCALING, **({"export_png": False} if "export_png" in notebook_parameters(nb) else {})}
-    out = tmp_path / "demo"
-    assert cli.main(["demo", "--out", str(out), *(f"--param={k}={v!r}" for k, v in params.items())]) == 0
-    executed = nbformat.read(out / nb.name, as_version=4)
-    figures = sum(PLOTLY in o.get("data", {}) for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-    assert figures >= 3
-    assert rendered_plots(chromium, out / f"{nb.stem}.html", "demo_html.png") == figures
 
 
 def test_a_report_page_draws_its_plots_offline(chromium, tmp_path):

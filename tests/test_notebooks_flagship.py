@@ -1,5 +1,6 @@
 """Runs notebooks/00_quickstart.ipynb and notebooks/02_rollout_scaling.ipynb headless under papermill, tiny sizes."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import nbformat
 import pandas as pd
 import pytest
 from helpers_notebooks import NOTEBOOKS, assert_notebook_pair_in_sync, executed_in_book, exercise_names, tiny_preset
+from test_browser import CHROMIUM, chromium, rendered_plots  # noqa: F401 - chromium: the shared browser fixture
 
 papermill = pytest.importorskip("papermill")
 
@@ -84,21 +86,33 @@ def test_quickstart_stub_fails_its_check(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "quickstart").exists()
 
 
-def test_the_flagship_notebook_runs_the_study_through_the_runner_and_the_demo_cli_and_paid_read_agree(
-        tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
     """`make demo` in small (`python -m brorl_lab demo`: notebook 02 under papermill, the flagship through
-    study.runner at a test size): both branch points run, a progress line comes while the arms run, the figures
-    show live and shipped seeds, and the closing line holds the reading that the runner and the CLI's `paid --read`
-    give of the same files (one reading, by behaviour: the demo, the notebook and the CLI agree)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    study.runner at a test size), once for the tests below: (out folder, its executed notebook's outputs)."""
     from brorl_lab.cli import main
     from brorl_lab.study import runner
 
-    monkeypatch.setenv(runner.HEARTBEAT_ENV, "1")  # the kernel's plain progress line: every second here
-    out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), *(f"--param={k}={v!r}" for k, v in FLAGSHIP.items())]) == 0
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OMP_NUM_THREADS", "1")
+    mp.setenv(runner.HEARTBEAT_ENV, "1")  # the kernel's plain progress line: every second here
+    out = tmp_path_factory.mktemp("demo")
+    try:
+        assert main(["demo", "--out", str(out), *(f"--param={k}={v!r}" for k, v in FLAGSHIP.items())]) == 0
+    finally:
+        mp.undo()
     nb = nbformat.read(out / "02_rollout_scaling.ipynb", as_version=4)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    return out, [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def test_the_flagship_notebook_runs_the_study_through_the_runner_and_the_demo_cli_and_paid_read_agree(demo, capsys):
+    """The demo: both branch points run, a progress line comes while the arms run, the figures show live and
+    shipped seeds, and the closing line holds the reading that the runner and the CLI's `paid --read` give of the
+    same files (one reading, by behaviour: the demo, the notebook and the CLI agree)."""
+    from brorl_lab.cli import main
+    from brorl_lab.study import runner
+
+    out, outputs = demo
     assert not [o for o in outputs if o.output_type == "error"]
     text = printed(outputs)
     figures = [o.data[PLOTLY] for o in outputs if o.output_type in ("display_data", "execute_result")
@@ -120,3 +134,15 @@ def test_the_flagship_notebook_runs_the_study_through_the_runner_and_the_demo_cl
         assert capsys.readouterr().out.strip() == runner.headline_line(live)
         assert runner.reading_of_points(live) in runner.headline_line(live)
     assert "-0.63 [-1.09, -0.17] points at 131,072 generated samples, 20 paired seeds: BroRL behind" in closing[0]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)),
+                    reason=f"no Chromium executable at {CHROMIUM} (set BRORL_CHROMIUM to one)")
+def test_the_demo_html_shows_every_figure_offline(demo, chromium):  # noqa: F811 - the shared browser fixture
+    """The demo's nbconvert HTML, opened from disk in headless Chromium with every non-file request refused: it
+    draws every plotly figure the executed notebook holds."""
+    out, outputs = demo
+    figures = sum(PLOTLY in o.get("data", {}) for o in outputs)
+    assert figures >= 3
+    assert rendered_plots(chromium, out / "02_rollout_scaling.html", "demo_html.png") == figures
