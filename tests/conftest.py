@@ -56,7 +56,7 @@ SPLIT: dict[str, dict[str, tuple[str, ...]]] = {}
 # executes at their test size, so each is executed once, into the session's book folder (``tiny_book_out``), and read
 # by its tests and by the book's build (helpers_notebooks.executed_in_book).
 BOOK_UNIT = ("test_book", "test_notebooks_flagship", "test_theory_notebook", "test_theorem_notebook",
-             "test_allocation_notebook")
+             "test_allocation_notebook", "test_notebooks_analysis")
 DURATIONS = Path(__file__).with_name("durations.json")
 
 

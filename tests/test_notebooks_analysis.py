@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from helpers_notebooks import assert_notebook_pair_in_sync
+from helpers_notebooks import assert_notebook_pair_in_sync, executed_in_book, tiny_preset
 from helpers_runs import make_tiny_runs, run_names
 
 from brorl_lab.lab import tracking
@@ -22,8 +22,7 @@ NB03 = NOTEBOOKS / "03_prorl_stabilisers.ipynb"
 NB04 = NOTEBOOKS / "04_sweep_analysis.ipynb"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
-TINY03 = dict(steps=2, N=4, prompts=2, seeds=[0], reset_every=1, eval_every=1, eval_prompts=4, torch_threads=1,
-              live=False)  # reset_kl_threshold left at 0: scaled to the baseline's measured KL
+TINY03 = tiny_preset(NB03.stem)  # the tiny book's size; reset_kl_threshold left at 0: scaled to the baseline's KL
 ARMS = ("baseline", "no KL", "reset every K", "reset on KL", "symmetric clip")
 
 
@@ -60,9 +59,10 @@ def titled(figs: list[dict], text: str) -> dict:
     return next(f for f in figs if text in str(f["layout"].get("title", {}).get("text", "")))
 
 
-def test_03_trains_every_arm_and_draws_the_ablations(tmp_path, monkeypatch):
-    run_dir = tmp_path / "runs03"
-    outputs = execute(NB03, tmp_path / "03_out.ipynb", {**TINY03, "run_dir": str(run_dir)}, monkeypatch)
+def test_03_trains_every_arm_and_draws_the_ablations(tiny_book_out):
+    """The run the tiny book shows (executed once per session: helpers_notebooks.executed_in_book)."""
+    book = executed_in_book(tiny_book_out, NB03.stem)
+    outputs, run_dir = book["outputs"], book["work"] / TINY03["run_dir"]
     figs = figures(outputs)
     assert len(figs) == 3
     displayed = {k for o in outputs if o.output_type == "display_data" for k in o.data}
