@@ -186,7 +186,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
         stream_mib=size.stream_mib)
     # vllm's KV cache holds every row of a call at once (its 1 GiB CPU default would queue some at N=512)
     kv_gib = 1.25 * size.total * cfg.max_position_embeddings * kv_bytes_per_token(cfg) / 2 ** 30
-    built, start_s = start_engines(path, names, threads, cfg.max_position_embeddings, kv_cache_gib=kv_gib)
+    built, start_s = start_engines(path, names, threads, cfg.max_position_embeddings, kv_cache_gib=kv_gib,
+                                   eager=smoke)
     lo, hi = min(size.ns), max(size.ns)
     try:
         tok = built["torch"].tokenizer
@@ -261,7 +262,8 @@ def run(smoke: bool = False, threads=None) -> list[dict]:  # noqa: C901 - one be
         rows.append(row(GROUP, f"long rollout {name} samples/s N={hi} / N={lo}",
                         ratio(sps[(name, hi)], sps[(name, lo)]), "x", note=BRORL_GPU_SCALING))
     if "vllm" in start_s:
-        rows.append(row(GROUP, "long vllm engine start (once, excluded above)", start_s["vllm"], "s"))
+        rows.append(row(GROUP, "long vllm engine start (once, excluded above)", start_s["vllm"], "s",
+                        note="eager (smoke: no compile)" if smoke else "incl. compile/warm-up"))
 
     # ---- decode MFU and its profile ---------------------------------------------------------------------------
     decode_s = median(seconds[("torch", hi)])

