@@ -124,7 +124,10 @@ def test_declaration_and_configs():
     assert pilot["learned-n16x64-lr0.0001"].max_samples == 114_688
     picks = {b: {"n16x64": 4e-4, "n64x32": 2e-4, "n512x16": 1e-4} for b in ("takeoff", "learned")}
     fixed = F.FRONTIER.stage_arms("fixed", picks=picks)  # every fixed-batch arm at the n512x16 pick
-    assert {c.lr for c in fixed.values()} == {1e-4} and len(fixed) == 6
+    assert {c.lr for c in fixed.values()} == {1e-4} and len(fixed) == 4  # n512x16 is the ratio stage's run
+    ratio = F.FRONTIER.stage_arms("ratio", picks=picks)
+    assert F.FRONTIER.shared_fixed_arms() == ("n512x16",) and "takeoff-n512x16" not in fixed
+    assert F.FRONTIER.configs("takeoff", "fixed", lrs={"n512x16": 1e-4})["n512x16"] == ratio["takeoff-n512x16"]
     assert F.FRONTIER.stage_arms("capped", picks=picks)["takeoff-n16x64"].max_resample_rounds == 4
     with pytest.raises(ValueError, match="picks: no lr picks"):
         F.FRONTIER.stage_arms("ratio")

@@ -453,8 +453,14 @@ class Frontier:
             large = max(self.arms("ratio"), key=arm_n)  # BroRL's shape (n512x16), shared by both designs
             lrs = ({a: picks[b][large] for a in self.arms("fixed")} if design == "fixed" else dict(picks[b]))
             arms = self.configs(b, design, lrs=lrs, capped=stage == "capped")
-            out.update({f"{b}-{a}": c for a, c in arms.items()})
+            shared = self.shared_fixed_arms() if design == "fixed" else ()
+            out.update({f"{b}-{a}": c for a, c in arms.items() if a not in shared})
         return out
+
+    def shared_fixed_arms(self) -> tuple:
+        """The fixed-batch arms that are also 4:1 arms (n512x16: same N, prompts, lr pick, protocol and budget, so
+        the same run): the 'fixed' stage does not run them again; its reading takes them from the 'ratio' ledger."""
+        return tuple(a for a in self.arms("fixed") if a in self.arms("ratio"))
 
     def to_declaration(self) -> dict:
         """The study as declared before the run, plain JSON (what :func:`brorl_lab.study.results.write_declaration`
@@ -471,6 +477,8 @@ class Frontier:
                            "at": "every budget mark up to the run's budget", "metric": METRIC},
             "fixed_batch_lr": ("every fixed-batch arm at the pick of the largest-N 4:1 arm (n512x16: the samples and "
                                "updates per step they all share)"),
+            "fixed_batch_shared": {"arms": list(self.shared_fixed_arms()),
+                                   "from": "the ratio stage's runs (the same config: not run again by stage fixed)"},
             "branch_points": {b: {"model": BRANCH_POINTS[b][0], "families": BRANCH_POINTS[b][1],
                                   "lr": BRANCH_POINTS[b][2]} for b in self.branches},
             "designs": {"ratio": {a: {"rollouts_per_prompt": n, "prompts_per_step": p}

@@ -825,8 +825,12 @@ def frontier_complete(root: Path = ROOT, stage: str = "ratio") -> list[str]:
     are read (the reading is declared for a complete stage)."""
     decl = json.loads((Path(root) / FRONTIER_LEDGER / "declaration.json").read_text())
     design = decl["designs"]["fixed_batch" if stage == "fixed" else "ratio"]
-    have = {q.name for q in (Path(root) / FRONTIER_LEDGER / stage).glob("*_s*.parquet")}
-    return [b for b in decl["branch_points"] if all(f"{b}-{a}_s{s}.parquet" in have for a in design
+    shared = decl.get("fixed_batch_shared", {}).get("arms", []) if stage == "fixed" else []
+
+    def have(a: str) -> set:  # a shared fixed-batch arm's runs are the ratio stage's
+        return {q.name for q in (Path(root) / FRONTIER_LEDGER / ("ratio" if a in shared else stage)).glob("*_s*.parquet")}
+
+    return [b for b in decl["branch_points"] if all(f"{b}-{a}_s{s}.parquet" in have(a) for a in design
                                                      for s in decl["stages"][stage]["seeds"])]
 
 
@@ -1165,7 +1169,7 @@ def frontier_fields(f: Files) -> dict:
     pilot_arms = len(decl["designs"]["ratio"]) * len(decl["lr"]["grid"])
     arms_per_design = {"lr_pilot": pilot_arms, "lr_pilot_long": pilot_arms,
                        "ratio": len(decl["designs"]["ratio"]), "capped": len(decl["designs"]["ratio"]),
-                       "fixed": len(decl["designs"]["fixed_batch"])}
+                       "fixed": len(decl["designs"]["fixed_batch"]) - len(decl.get("fixed_batch_shared", {}).get("arms", []))}
     stages = ["| stage | what | arm x seed runs finished | seeds | their wall time, summed over runs (h) |",
               "|---|---|---:|---|---:|"]
     for st in [st for st in FR.STAGES if st in decl["stages"]]:
