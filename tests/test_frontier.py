@@ -287,3 +287,28 @@ def test_the_noise_clause_says_below_only_when_every_point_of_the_branch_is_belo
     assert "over 2 points: below at 1, inside at 1" in text and "critical batch" not in text
     monkeypatch.setattr(R, "_noise_points", lambda f: frame(["-"]))
     assert R.noise_clause(None, "learned") == ""
+
+
+def test_race_table_censors_each_axis_at_its_horizon_and_counts_who_got_there_first():
+    """The takeoff race on three axes, on a table with known answers: N=16 reaches +10 points at 200 samples (seeds
+    0-2), N=512 at 100 samples in seed 0 only; on updates the horizon is the shortest run's end (N=512's 4 updates),
+    so N=16's hit at update 8 lies past it and counts as censored there."""
+    rows = []
+    for seed in range(3):
+        for arm, hit_at, per_update in (("n16x64", 200, 25), ("n512x16", 100 if seed == 0 else None, 100)):
+            for s in range(0, 401, 100 if arm == "n512x16" else 50):
+                up = s // per_update
+                v = 0.02 + (0.11 if hit_at is not None and s >= hit_at else 0.0)
+                rows.append({"arm": arm, "seed": seed, "step": s, "cum_samples": s, "cum_updates": up,
+                             "cum_wall_s": s / 10, "eval/spell_backward/pass@1": v})
+    table, times = F.race_table(pd.DataFrame(rows), reference="n16x64", level=0.10, budget=400,
+                                metric="eval/spell_backward/pass@1")
+    by = table.set_index("x")
+    s = by.loc["cum_samples"]
+    assert (s.reached_arm, s.reached_reference, s.first_arm, s.first_reference, s.ties) == (1, 3, 1, 2, 0)
+    assert s.horizon == 400 and s.resolved  # N=16 reached it in 3 of 3 seeds
+    assert s.restricted_mean_gap == pytest.approx(((100 - 200) + (400 - 200) * 2) / 3)
+    u = by.loc["cum_updates"]
+    assert u.horizon == 4 and u.reached_reference == 0 and not u.resolved  # N=16 hits at update 8 > 4
+    samples = times[times["axis"] == "cum_samples"].set_index(["arm", "seed"])
+    assert samples.loc[("n512x16", 1), "time"] == 400 and not samples.loc[("n512x16", 1), "reached"]

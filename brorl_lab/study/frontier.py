@@ -203,6 +203,26 @@ def takeoff_races(df: pd.DataFrame, *, reference: str, level: float = 0.10, budg
 
 
 RACE_RESOLVED_SHARE = 0.8  # the race reads only when the reference arm reached the level in >= 80% of seeds
+RACE_AXES = ("cum_samples", "cum_updates", "cum_wall_s")  # the issue's: generated samples, updates, wall time
+
+
+def race_table(df: pd.DataFrame, *, reference: str, level: float, budget: float, metric: str
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The takeoff race (:func:`takeoff_races`) on each of :data:`RACE_AXES`: generated samples censored at the
+    declared ``budget``; optimizer updates and wall time censored at the common horizon, the shortest run's end on
+    that axis (every run was observed up to it; an evaluation past it is not counted). ``df``: per-run metrics
+    with ``arm`` and ``seed``. Returns (one row per axis and arm against ``reference`` with ``horizon``; per axis,
+    arm and seed the time to the level and whether it was reached, :func:`brorl_lab.study.paid.time_to_level`)."""
+    from brorl_lab.study.paid import time_to_level
+
+    races, times = [], []
+    for axis in RACE_AXES:
+        horizon = float(budget) if axis == "cum_samples" else float(df.groupby(["arm", "seed"])[axis].max().min())
+        seen = df if axis == "cum_samples" else df[df[axis] <= horizon]
+        races.append(takeoff_races(seen, reference=reference, level=level, budget=horizon, metric=metric, x=axis)
+                     .assign(horizon=horizon))
+        times.append(time_to_level(seen, level, budget=horizon, metric=metric, x=axis).assign(axis=axis))
+    return pd.concat(races, ignore_index=True), pd.concat(times, ignore_index=True)
 GAP_EFFECT = 0.005  # the per-update question is powered for a 0.5-point gap (80% power, 95% two-sided)
 
 

@@ -1068,6 +1068,46 @@ def frontier_per_update_text(f: Files) -> str:
     return "\n".join(out).rstrip("\n") or "No branch point has all its `ratio` runs yet."
 
 
+RACE_UNITS = {"cum_samples": ("generated samples", count), "cum_updates": ("optimizer updates", count),
+              "cum_wall_s": ("wall seconds", lambda v: f"{v:,.0f}")}
+
+
+def frontier_race_text(f: Files) -> str:
+    """The takeoff race (item 4; the declaration's ``race`` reading) once every takeoff ``ratio`` run is in the
+    ledger: per axis (:func:`brorl_lab.study.frontier.race_table`) each arm against N=16, the seeds that reached the
+    level, who got there first, the restricted mean time gap with its paired t interval and whether the race reads
+    (N=16 reached it in the declared share of seeds); then each seed's time on every axis, censored ones marked."""
+    from brorl_lab.study import frontier as FR
+
+    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+    race = decl["readings"]["race"]
+    if "takeoff" not in frontier_complete(f.root):
+        return "Read once every takeoff `ratio` run is in the ledger (the stages table above counts them)."
+    t = FR.split_arm(_frontier_runs(f, "ratio", "takeoff"))
+    reference = min(t["arm"].unique(), key=FR.arm_n)
+    table, times = FR.race_table(t, reference=reference, level=race["level"], budget=decl["budget"]["per_branch"]
+                                 ["takeoff"], metric=f"eval/{race['family']}/pass@1")
+    n_ref = FR.arm_n(reference)
+    out = [f"| axis (censored at) | arm | reached +{100 * race['level']:.0f} points: arm / N={n_ref} | first: arm / "
+           f"N={n_ref} / ties | restricted mean time, arm - N={n_ref} [95% t] | reads |", "|---|---|---:|---:|---:|---|"]
+    table = table.assign(order=table["x"].map(FR.RACE_AXES.index), n_arm=table["arm"].map(FR.arm_n))
+    for r in table.sort_values(["order", "n_arm"]).itertuples():
+        name, fmt = RACE_UNITS[r.x]
+        out.append(f"| {name} ({fmt(r.horizon)}) | N={FR.arm_n(r.arm)} | {r.reached_arm} / {r.reached_reference} of "
+                   f"{r.n} | {r.first_arm} / {r.first_reference} / {r.ties} | {fmt(r.restricted_mean_gap)} "
+                   f"[{fmt(r.lo)}, {fmt(r.hi)}] | {'yes' if r.resolved else 'no: N=' + str(n_ref) + ' reached it in ' + f'{100 * r.reference_share:.0f}% of seeds'} |")
+    arms = sorted(times["arm"].unique(), key=FR.arm_n)
+    out += ["", f"Each seed's time to +{100 * race['level']:.0f} points (censored: `>` the horizon, never reached "
+                "within it):", "", "| axis | seed | " + " | ".join(f"N={FR.arm_n(a)}" for a in arms) + " |",
+            "|---|---:|" + "---:|" * len(arms)]
+    times = times.assign(order=times["axis"].map(FR.RACE_AXES.index)).sort_values(["order", "seed"])
+    for (axis, seed), g in times.groupby(["axis", "seed"], sort=False):
+        fmt = RACE_UNITS[axis][1]
+        cell = {r.arm: (fmt(r.time) if r.reached else f"> {fmt(r.time)}") for r in g.itertuples()}
+        out.append(f"| {RACE_UNITS[axis][0]} | {seed} | " + " | ".join(cell.get(a, "-") for a in arms) + " |")
+    return "\n".join(out)
+
+
 def _groups_per_update(f: Files, branch: str) -> dict[str, float]:
     """{arm: informative groups in one optimizer update} of a complete ratio branch point, pooled over its runs
     (samples trained on per update over N)."""
@@ -1219,6 +1259,7 @@ def frontier_fields(f: Files) -> dict:
                  "to start before).")
     return {"frontier_stages": "\n".join(stages), "frontier_lr_pilot": pilot, "frontier_picks": picks,
             "frontier_ratio": frontier_ratio_text(f), "frontier_per_update": frontier_per_update_text(f),
+            "frontier_race": frontier_race_text(f),
             "frontier_noise": frontier_noise_text(f),
             "frontier_eval": f"{decl['evaluation']['prompts_per_family']} prompts x "
                              f"{decl['evaluation']['samples_per_prompt']} samples per family",
