@@ -312,3 +312,32 @@ def test_every_regime_setting_interval_is_recomputed_from_the_shipped_per_seed_f
         r = t_interval((g["brorl"] - g["prorl"]).to_numpy(float))
         assert r["n"] >= 8 and r["n"] == table.loc[name, "n"], name
         assert np.allclose([r["mean"], r["lo"], r["hi"]], table.loc[name, ["gap", "lo", "hi"]].to_numpy(float)), name
+
+
+def test_the_readme_race_row_is_recomputed_from_the_ledger_files():
+    """The README's takeoff race row (once every takeoff ratio run is in the ledger; none before): each arm's
+    restricted mean gap to N=16 in generated samples, recomputed here from the per-run files alone (per seed the
+    first evaluation at least the declared level above step 0's, else the budget; a paired t interval), must be the
+    interval the row quotes."""
+    from brorl_lab.lab.stats import paired_t_interval
+    from brorl_lab.study.render import frontier_complete
+
+    decl = json.loads((REPO / "notebooks/figures/frontier/declaration.json").read_text())
+    rows = [r[0] for r in headline_rows((REPO / "README.md").read_text()) if "the takeoff race from" in r[0]]
+    assert len(rows) == ("takeoff" in frontier_complete())
+    race, budget = decl["readings"]["race"], decl["budget"]["per_branch"]["takeoff"]
+    metric = f"eval/{race['family']}/pass@1"
+    times: dict[str, dict[int, float]] = {}
+    for path in sorted((REPO / "notebooks/figures/frontier/ratio").glob("takeoff-*_s*.parquet")):
+        t = pd.read_parquet(path).dropna(subset=[metric]).sort_values("step")
+        hit = t[t[metric] >= t[metric].iloc[0] + race["level"]]
+        arm, seed = path.stem.rsplit("_s", 1)
+        times.setdefault(arm.split("-", 1)[1], {})[int(seed)] = min(float(hit["cum_samples"].iloc[0]) if len(hit)
+                                                                     else budget, budget)
+    for row in rows:
+        w = pd.DataFrame(times)
+        ref = min(w.columns, key=lambda a: int(a[1:a.index("x")]))
+        for arm in (a for a in w.columns if a != ref):
+            r = paired_t_interval(w[arm].to_numpy(), w[ref].to_numpy())
+            quoted = f"N={arm[1:arm.index('x')]} - N={ref[1:ref.index('x')]}: {r['mean']:,.0f} [{r['lo']:,.0f}, {r['hi']:,.0f}]"
+            assert quoted in row, (quoted, row)

@@ -511,7 +511,7 @@ def readme_fields(f: Files) -> dict:
     out.update({k: rg[k] for k in ("regime_above", "regime_above_built", "regime_above_chosen",
                                    "regime_verdict", "regime_ahead", "regime_behind", "regime_settings", "hours")})
     out["regime_runs"] = 2 * len(f(f"{FIG}/regime_seeds.csv"))
-    out["frontier_rows"] = frontier_headline(f) + frontier_per_update_headline(f)
+    out["frontier_rows"] = frontier_headline(f) + frontier_per_update_headline(f) + frontier_race_headline(f)
     out["allocation_rows"] = allocation_headline(f)
     from brorl_lab.study.regime import RHO_RULE
 
@@ -1072,6 +1072,56 @@ RACE_UNITS = {"cum_samples": ("generated samples", count), "cum_updates": ("opti
               "cum_wall_s": ("wall seconds", lambda v: f"{v:,.0f}")}
 
 
+_RACES: dict[int, Optional[tuple]] = {}  # one render's takeoff race, by Files
+
+
+def _race(f: Files) -> Optional[tuple]:
+    """(the declared race, the reference arm, :func:`brorl_lab.study.frontier.race_table`'s two tables) of the
+    complete takeoff ratio stage, once a render (the page's section and the README's row read it); None before."""
+    from brorl_lab.study import frontier as FR
+
+    if id(f) not in _RACES:
+        _RACES[id(f)] = None
+        if "takeoff" in frontier_complete(f.root):
+            decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+            race = decl["readings"]["race"]
+            t = FR.split_arm(_frontier_runs(f, "ratio", "takeoff"))
+            reference = min(t["arm"].unique(), key=FR.arm_n)
+            _RACES[id(f)] = (race, reference, *FR.race_table(
+                t, reference=reference, level=race["level"], budget=decl["budget"]["per_branch"]["takeoff"],
+                metric=f"eval/{race['family']}/pass@1"))
+    return _RACES[id(f)]
+
+
+def frontier_race_headline(f: Files) -> str:
+    """The README's takeoff race row once the takeoff ratio stage is complete ("" before): on generated samples, the
+    seeds each arm reached the level in and each arm's restricted mean gap to N=16 with its interval, or that the race
+    does not read (N=16 short of the declared share)."""
+    from brorl_lab.study import frontier as FR
+
+    got = _race(f)
+    if got is None:
+        return ""
+    race, reference, table, _ = got
+    s = table[table["x"] == "cum_samples"].assign(n_arm=lambda d: d["arm"].map(FR.arm_n)).sort_values("n_arm")
+    first = s.iloc[0]
+    n_ref, level = FR.arm_n(reference), f"+{100 * race['level']:.0f}"
+    reached = ", ".join([f"N={n_ref} {int(first['reached_reference'])} of {int(first['n'])}"]
+                        + [f"N={r.n_arm} {r.reached_arm} of {r.n}" for r in s.itertuples()])
+    if not first["resolved"]:
+        verdict = (f"not read: N={n_ref} reached it in {100 * first['reference_share']:.0f}% of seeds, short of the "
+                   f"declared {100 * race['resolved_share']:.0f}%")
+    else:
+        verdict = "; ".join(f"N={r.n_arm} {'sooner' if r.hi < 0 else 'later' if r.lo > 0 else 'not separated'}"
+                            for r in s.itertuples())
+    gaps = "; ".join(f"N={r.n_arm} - N={n_ref}: {count(r.restricted_mean_gap)} [{count(r.lo)}, {count(r.hi)}]"
+                     for r in s.itertuples())
+    return (f"| how fast each N takes off from a base that rarely solves the task | the takeoff race from the takeoff "
+            f"branch point: generated samples until held-out pass@1 on {race['family']} rose {level} points, censored "
+            f"at the budget ({count(first['horizon'])}), {int(first['n'])} paired seeds; seeds that reached it: {reached}; against N={n_ref}: **{verdict}** | "
+            f"{gaps} generated samples (restricted mean) | [frontier](docs/results/frontier.md#the-takeoff-race-item-4) |\n")
+
+
 def frontier_race_text(f: Files) -> str:
     """The takeoff race (item 4; the declaration's ``race`` reading) once every takeoff ``ratio`` run is in the
     ledger: per axis (:func:`brorl_lab.study.frontier.race_table`) each arm against N=16, the seeds that reached the
@@ -1079,14 +1129,10 @@ def frontier_race_text(f: Files) -> str:
     (N=16 reached it in the declared share of seeds); then each seed's time on every axis, censored ones marked."""
     from brorl_lab.study import frontier as FR
 
-    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
-    race = decl["readings"]["race"]
-    if "takeoff" not in frontier_complete(f.root):
+    got = _race(f)
+    if got is None:
         return "Read once every takeoff `ratio` run is in the ledger (the stages table above counts them)."
-    t = FR.split_arm(_frontier_runs(f, "ratio", "takeoff"))
-    reference = min(t["arm"].unique(), key=FR.arm_n)
-    table, times = FR.race_table(t, reference=reference, level=race["level"], budget=decl["budget"]["per_branch"]
-                                 ["takeoff"], metric=f"eval/{race['family']}/pass@1")
+    race, reference, table, times = got
     n_ref = FR.arm_n(reference)
     out = [f"| axis (censored at) | arm | reached +{100 * race['level']:.0f} points: arm / N={n_ref} | first: arm / "
            f"N={n_ref} / ties | restricted mean time, arm - N={n_ref} [95% t] | reads |", "|---|---|---:|---:|---:|---|"]
