@@ -312,3 +312,19 @@ def test_race_table_censors_each_axis_at_its_horizon_and_counts_who_got_there_fi
     assert u.horizon == 4 and u.reached_reference == 0 and not u.resolved  # N=16 hits at update 8 > 4
     samples = times[times["axis"] == "cum_samples"].set_index(["arm", "seed"])
     assert samples.loc[("n512x16", 1), "time"] == 400 and not samples.loc[("n512x16", 1), "reached"]
+
+
+def test_capped_reading_pairs_each_arm_with_its_fill_to_full_run_of_the_same_seed():
+    """capped - fill-to-full per arm and mark, paired by seed, on tables with known answers: the capped n16x64 runs
+    sit 1 point below theirs at every evaluation (seeds 0-2; the primary's seed 3 has no capped pair), and the cap
+    bound on half the capped steps, on none of fill-to-full's."""
+    def runs(arm, seeds, shift, hit):
+        return pd.DataFrame([{"arm": f"takeoff-{arm}", "seed": s, "step": k, "cum_samples": 100 * k,
+                              "eval/mean/pass@1": 0.1 + 0.01 * k + 0.001 * s + shift, "ds_cap_hit": hit and k % 2 == 1}
+                             for s in seeds for k in range(5)])
+    capped = runs("n16x64", range(3), -0.01, True)
+    primary = runs("n16x64", range(4), 0.0, False)
+    t = F.capped_reading(capped, primary, marks=[200, 400])
+    assert list(t["mark"]) == [200, 400] and set(t["arm"]) == {"n16x64"} and (t["n"] == 3).all()
+    assert t["gap"].tolist() == pytest.approx([-0.01, -0.01])
+    assert t["cap_bound_capped"].iloc[0] == pytest.approx(0.5) and t["cap_bound_fill"].iloc[0] == 0

@@ -203,6 +203,26 @@ def takeoff_races(df: pd.DataFrame, *, reference: str, level: float = 0.10, budg
 
 
 RACE_RESOLVED_SHARE = 0.8  # the race reads only when the reference arm reached the level in >= 80% of seeds
+def capped_reading(capped: pd.DataFrame, primary: pd.DataFrame, *, marks: Sequence[float],
+                   metric: str = METRIC) -> pd.DataFrame:
+    """The refill cap's ablation (stage 'capped'): per arm and budget mark, the capped protocol minus fill-to-full
+    (the primary 'ratio' runs of the same arm and seed) in held-out pass@1, paired over the seeds both ran
+    (:func:`brorl_lab.study.paid.paired_at_grid` on each run's first evaluation at or past the mark), with each
+    protocol's share of steps on which its refill cap bound. ``capped``, ``primary``: ledger tables (arm names
+    ``<branch>-<arm>``). One row per arm and mark."""
+    from brorl_lab.study.paid import grid_points, paired_at_grid
+
+    both = pd.concat([split_arm(capped).assign(protocol="capped"), split_arm(primary).assign(protocol="fill")])
+    rows = []
+    for arm, g in both.groupby("arm", sort=False):
+        pts = grid_points(g.assign(arm=g["protocol"]), list(marks), metric=metric)
+        bound = g[g["step"] > 0].groupby("protocol")["ds_cap_hit"].apply(lambda s: float(s.astype(float).mean()))
+        t = paired_at_grid(pts, a="capped", b="fill")
+        rows.append(t.assign(arm=arm, n_arm=arm_n(arm), cap_bound_capped=bound.get("capped", np.nan),
+                             cap_bound_fill=bound.get("fill", np.nan)))
+    return pd.concat(rows, ignore_index=True).sort_values(["n_arm", "mark"], ignore_index=True)
+
+
 RACE_AXES = ("cum_samples", "cum_updates", "cum_wall_s")  # the issue's: generated samples, updates, wall time
 
 
@@ -532,7 +552,10 @@ class Frontier:
                          "per_update_gap": {"reading": "study.paid.paired_at_grid on cum_updates",
                                             "seeds_rule": f"{here}.seeds_for_gap", "effect": self.gap_effect,
                                             "power": 0.8, "level": 0.95},
-                         "noise_scale": f"{here}.noise_table"},
+                         "noise_scale": f"{here}.noise_table",
+                         "fixed_batch": (f"{here}.ratio_reading on the fixed stage's runs with the shared arms' "
+                                         "ratio runs of the same seeds: the best N per mark at equal samples per update"),
+                         "capped": f"{here}.capped_reading (capped minus fill-to-full, paired by arm and seed)"},
             "noise_scale": {
                 "declared": NOISE_DECLARED, "estimator": "rl.noise_scale (McCandlish et al. 2018, B_simple, two batch "
                 "sizes in informative groups)", "b_small": NOISE_DESIGN["b_small"], "b_big": NOISE_DESIGN["b_big"],

@@ -1068,6 +1068,56 @@ def frontier_per_update_text(f: Files) -> str:
     return "\n".join(out).rstrip("\n") or "No branch point has all its `ratio` runs yet."
 
 
+def _stage_runs(f: Files, stage: str, branch: str, arms: Sequence[str] = (), seeds: Sequence[int] = ()) -> pd.DataFrame:
+    """The ledger runs of ``stage`` at ``branch``; with ``arms``/``seeds``, only those (a shared arm's or the paired
+    primary runs of an ablation's seeds)."""
+    df = _frontier_runs(f, stage, branch)
+    if arms:
+        df = df[df["arm"].isin([f"{branch}-{a}" for a in arms])]
+    return df[df["seed"].isin(seeds)] if seeds else df
+
+
+def frontier_fixed_text(f: Files) -> str:
+    """The fixed-batch design (stage 'fixed') per complete branch point: the declared ``fixed_batch`` reading
+    (:func:`brorl_lab.study.frontier.ratio_reading` on its runs and the shared arms' ratio runs of its seeds), the
+    best N at each budget mark of generated samples."""
+    from brorl_lab.study import frontier as FR
+
+    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+    seeds, shared = decl["stages"]["fixed"]["seeds"], decl.get("fixed_batch_shared", {}).get("arms", [])
+    out = []
+    for b in frontier_complete(f.root, "fixed"):
+        df = pd.concat([_stage_runs(f, "fixed", b, seeds=seeds), _stage_runs(f, "ratio", b, shared, seeds)],
+                       ignore_index=True)
+        ax = FR.ratio_reading(df, decl["budget"]["marks"][b], metric=decl["evaluation"]["metric"])["axes"]["cum_samples"]
+        out += [f"### From the {b} branch point", "",
+                f"At equal generated samples ({frontier_summary(ax['table'], ax['points']['arm'].unique())}):", ""]
+        out += _best_n_rows(ax["points"], ax["table"], "cum_samples") + [""]
+    return "\n".join(out).rstrip("\n") or "No branch point has all its `fixed` runs yet."
+
+
+def frontier_capped_text(f: Files) -> str:
+    """The refill cap's ablation (stage 'capped') per complete branch point: the declared ``capped`` reading
+    (:func:`brorl_lab.study.frontier.capped_reading`), per arm and budget mark capped minus fill-to-full with its
+    paired interval, and the share of steps on which each protocol's cap bound."""
+    from brorl_lab.study import frontier as FR
+
+    decl = f(f"{FRONTIER_LEDGER}/declaration.json")
+    seeds = decl["stages"]["capped"]["seeds"]
+    out = []
+    for b in frontier_complete(f.root, "capped"):
+        t = FR.capped_reading(_stage_runs(f, "capped", b), _stage_runs(f, "ratio", b, seeds=seeds),
+                              marks=decl["budget"]["marks"][b], metric=decl["evaluation"]["metric"])
+        word = lambda r: "capped ahead" if r.lo > 0 else "capped behind" if r.hi < 0 else "not resolved"  # noqa: E731
+        out += [f"### From the {b} branch point", "",
+                "| arm | generated samples (mark) | capped - fill-to-full, points [95% t] | pairs | reading | cap bound "
+                "on: capped / fill-to-full |", "|---|---:|---:|---:|---|---:|"]
+        out += [f"| {r.arm} | {count(r.mark)} | {pts(r.gap)} [{pts(r.lo)}, {pts(r.hi)}] | {r.n} | {word(r)} | "
+                f"{100 * r.cap_bound_capped:.1f}% / {100 * r.cap_bound_fill:.1f}% |" for r in t.itertuples()]
+        out.append("")
+    return "\n".join(out).rstrip("\n") or "No branch point has all its `capped` runs yet."
+
+
 RACE_UNITS = {"cum_samples": ("generated samples", count), "cum_updates": ("optimizer updates", count),
               "cum_wall_s": ("wall seconds", lambda v: f"{v:,.0f}")}
 
@@ -1305,7 +1355,8 @@ def frontier_fields(f: Files) -> dict:
                  "to start before).")
     return {"frontier_stages": "\n".join(stages), "frontier_lr_pilot": pilot, "frontier_picks": picks,
             "frontier_ratio": frontier_ratio_text(f), "frontier_per_update": frontier_per_update_text(f),
-            "frontier_race": frontier_race_text(f),
+            "frontier_race": frontier_race_text(f), "frontier_fixed": frontier_fixed_text(f),
+            "frontier_capped": frontier_capped_text(f),
             "frontier_noise": frontier_noise_text(f),
             "frontier_eval": f"{decl['evaluation']['prompts_per_family']} prompts x "
                              f"{decl['evaluation']['samples_per_prompt']} samples per family",
