@@ -197,7 +197,7 @@ def test_adopt_copies_a_clones_new_clean_results_and_overwrites_nothing(tmp_path
     for name, commit in files.items():
         (ledger / f"{name}_s0.csv").write_text(f"{name}\n")
         (ledger / f"{name}_s0.csv{SUFFIX}").write_text(json.dumps({**record, "commit": commit}))
-    (ledger / f"nostart_s0.csv").write_text("x\n")
+    (ledger / "nostart_s0.csv").write_text("x\n")
     (ledger / f"nostart_s0.csv{SUFFIX}").write_text(json.dumps({k: v for k, v in record.items() if k != "started_at"}
                                                                | {"commit": head}))
     (main / "notebooks/figures/s/clash_s0.csv").write_text("mine\n")

@@ -4,8 +4,15 @@ reference solutions filled in (notebooks/solutions/), every check passes; with a
 from pathlib import Path
 
 import pytest
-from helpers_notebooks import (PLOTLY, WIDGET, assert_notebook_pair_in_sync, executed_in_book, execute_small,
-                               exercise_names, tiny_preset)
+from helpers_notebooks import (
+    PLOTLY,
+    WIDGET,
+    assert_notebook_pair_in_sync,
+    execute_small,
+    executed_in_book,
+    exercise_names,
+    tiny_preset,
+)
 
 pytest.importorskip("papermill")
 

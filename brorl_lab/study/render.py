@@ -1168,7 +1168,8 @@ def frontier_race_headline(f: Files) -> str:
                      for r in s.itertuples())
     return (f"| how fast each N takes off from a base that rarely solves the task | the takeoff race from the takeoff "
             f"branch point: generated samples until held-out pass@1 on {race['family']} rose {level} points, censored "
-            f"at the budget ({count(first['horizon'])}), {int(first['n'])} paired seeds; seeds that reached it: {reached}; against N={n_ref}: **{verdict}** | "
+            f"at the budget ({count(first['horizon'])}), {int(first['n'])} paired seeds; seeds that reached it: "
+            f"{reached}; against N={n_ref}: **{verdict}** | "
             f"{gaps} generated samples (restricted mean) | [frontier](docs/results/frontier.md#the-takeoff-race-item-4) |\n")
 
 
@@ -1184,6 +1185,10 @@ def frontier_race_text(f: Files) -> str:
         return "Read once every takeoff `ratio` run is in the ledger (the stages table above counts them)."
     race, reference, table, times = got
     n_ref = FR.arm_n(reference)
+
+    def reads(r) -> str:
+        return "yes" if r.resolved else f"no: N={n_ref} reached it in {100 * r.reference_share:.0f}% of seeds"
+
     out = [f"| axis (censored at) | arm | reached +{100 * race['level']:.0f} points: arm / N={n_ref} | first: arm / "
            f"N={n_ref} / ties | restricted mean time, arm - N={n_ref} [95% t] | reads |", "|---|---|---:|---:|---:|---|"]
     table = table.assign(order=table["x"].map(FR.RACE_AXES.index), n_arm=table["arm"].map(FR.arm_n))
@@ -1191,7 +1196,7 @@ def frontier_race_text(f: Files) -> str:
         name, fmt = RACE_UNITS[r.x]
         out.append(f"| {name} ({fmt(r.horizon)}) | N={FR.arm_n(r.arm)} | {r.reached_arm} / {r.reached_reference} of "
                    f"{r.n} | {r.first_arm} / {r.first_reference} / {r.ties} | {fmt(r.restricted_mean_gap)} "
-                   f"[{fmt(r.lo)}, {fmt(r.hi)}] | {'yes' if r.resolved else 'no: N=' + str(n_ref) + ' reached it in ' + f'{100 * r.reference_share:.0f}% of seeds'} |")
+                   f"[{fmt(r.lo)}, {fmt(r.hi)}] | {reads(r)} |")
     arms = sorted(times["arm"].unique(), key=FR.arm_n)
     out += ["", f"Each seed's time to +{100 * race['level']:.0f} points (censored: `>` the horizon, never reached "
                 "within it):", "", "| axis | seed | " + " | ".join(f"N={FR.arm_n(a)}" for a in arms) + " |",

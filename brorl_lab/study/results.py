@@ -222,11 +222,30 @@ def is_shippable(record: Mapping) -> list[str]:
     return why
 
 
+def _untrusted(record: Path, into: Path, known: dict[str, bool]) -> Optional[str]:
+    """Why ``record`` cannot back a shipped file in the checkout ``into`` (None: it can): not JSON, a key of
+    :data:`SHIPPED_KEYS` missing, or a commit that is dirty or not in ``into``'s history (``known`` caches each
+    commit's answer)."""
+    try:
+        prov = json.loads(record.read_text())
+    except ValueError:
+        return "its provenance record is not JSON"
+    missing = [k for k in SHIPPED_KEYS if k not in prov]
+    if missing:
+        return f"its record lacks {missing}"
+    commit = str(prov.get("commit", ""))
+    if commit not in known:
+        known[commit] = bool(commit) and not commit.endswith("-dirty") and subprocess.run(
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=into, capture_output=True).returncode == 0
+    return None if known[commit] else f"commit {commit!r} is dirty or not in this history"
+
+
 def adopt(source: str | Path, into: str | Path, *, under: str = "notebooks/figures", dry_run: bool = False) -> dict:
     """Bring a study clone's finished results into this checkout: every results file the clone wrote under
-    ``source/under`` (new or changed against its own commit) that has a shipped provenance record beside it (:data:`SHIPPED_KEYS`) is copied with its record into the same place
-    in ``into`` when ``into`` has neither. What the repository history needs to trust it is checked first: the record
-    names a clean commit (no ``-dirty``) that ``into``'s git history holds, and a declaration. A file already there
+    ``source/under`` (new or changed against its own commit) that has a shipped provenance record beside it
+    (:data:`SHIPPED_KEYS`) is copied with its record into the same place in ``into`` when ``into`` has neither.
+    What the repository history needs to trust it is checked first (:func:`_untrusted`): the record names a clean
+    commit (no ``-dirty``) that ``into``'s git history holds, a start and a declaration. A file already there
     with the same bytes is counted as ``same``; one there with other bytes is a ``conflict`` and left untouched
     (nothing already written is lost). Returns {"adopted", "same", "conflicts", "refused": [relative paths, a
     refusal with its reason]}; ``dry_run`` copies nothing. Then ``python -m brorl_lab render`` and a commit ship
@@ -254,18 +273,8 @@ def adopt(source: str | Path, into: str | Path, *, under: str = "notebooks/figur
         if all(there):
             out["same"].append(str(rel))
             continue
-        try:
-            prov = json.loads(record.read_text())
-        except ValueError:
-            out["refused"].append(f"{rel}: its provenance record is not JSON")
-            continue
-        commit = str(prov.get("commit", ""))
-        if commit not in known:
-            known[commit] = bool(commit) and not commit.endswith("-dirty") and subprocess.run(
-                ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=into, capture_output=True).returncode == 0
-        missing = [k for k in SHIPPED_KEYS if k not in prov]
-        if missing or not known[commit]:
-            why = f"its record lacks {missing}" if missing else f"commit {commit!r} is dirty or not in this history"
+        why = _untrusted(record, into, known)
+        if why:
             out["refused"].append(f"{rel}: {why}")
             continue
         # the data first: a record never stands beside a missing file (a copy stopped between the two leaves the
