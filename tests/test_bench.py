@@ -328,5 +328,7 @@ def test_units_split_a_module_but_keep_a_shared_fixture_together(monkeypatch):
         == "tests/test_m.py::test_three"
     assert conftest.scope_of("tests/test_other.py::test_three") == "tests/test_other.py"
     assert conftest.scope_of("tests/test_other.py::test_ray_runs") == "serial"
+    # the modules whose notebooks the tiny book executes share its unit, so they share its session folder
+    assert {conftest.scope_of(f"tests/{m}.py::test_x") for m in conftest.BOOK_UNIT} == {"tests/test_book.py"}
     assert conftest.unit_estimate({"units": {"u": 9.0}, "other_test_s": 0.5}, "u", 3) == 9.0
     assert conftest.unit_estimate({"units": {}, "other_test_s": 0.5}, "v", 3) == 1.5
