@@ -127,7 +127,8 @@ def test_declaration_and_configs():
     assert {c.lr for c in fixed.values()} == {1e-4} and len(fixed) == 4  # n512x16 is the ratio stage's run
     ratio = F.FRONTIER.stage_arms("ratio", picks=picks)
     assert F.FRONTIER.shared_fixed_arms() == ("n512x16",) and "takeoff-n512x16" not in fixed
-    assert F.FRONTIER.configs("takeoff", "fixed", lrs={"n512x16": 1e-4})["n512x16"] == ratio["takeoff-n512x16"]
+    assert F.FRONTIER.configs("takeoff", "fixed", lrs={"n512x16": 1e-4}, race_evals=True)["n512x16"] \
+        == ratio["takeoff-n512x16"]
     assert F.FRONTIER.stage_arms("capped", picks=picks)["takeoff-n16x64"].max_resample_rounds == 4
     with pytest.raises(ValueError, match="picks: no lr picks"):
         F.FRONTIER.stage_arms("ratio")
@@ -149,6 +150,14 @@ def test_declaration_and_configs():
     assert shipped["seed_amendment"]["stages"] == ["fixed", "capped"] and "seed_amendment" not in decl
     with pytest.raises(ValueError, match=r"ablation_seeds: got \[10\]; allowed: a non-empty subset of seeds"):
         F.Frontier(ablation_seeds=(10,))
+    # the race amendment: from takeoff the main stages also evaluate every 32,768 samples; the marks stay, the
+    # learned branch point and the pilots are unchanged (their ledgers' configs still match)
+    main = F.FRONTIER.stage_arms("ratio", picks=picks)
+    dense = main["takeoff-n16x64"].eval_at_samples
+    assert set(F.FRONTIER.budget_marks("takeoff")) <= set(dense) and len(dense) == 2 + 32
+    assert main["learned-n16x64"].eval_at_samples == F.FRONTIER.budget_marks("learned")
+    assert long["takeoff-n16x64-lr0.0001"].eval_at_samples == F.log_marks(655_360 * 8 // 5)[:-1] + [655_360]
+    assert shipped["evaluation"]["race_every"]["samples"] == {"takeoff": 32_768}
 
 
 def test_budgets_from_pilot_and_its_table():

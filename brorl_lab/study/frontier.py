@@ -376,7 +376,9 @@ class Frontier:
     race's rule), ``lr_grid`` / ``lr_seeds`` / ``lr_pilot_budget`` the lr pilot's, whose rule is :func:`pick_lr`;
     ``lr_pilot_long_budget`` the amendment's (stage 'lr_pilot_long': the same grid, seeds and rule at a longer budget
     for the branch points it names, whose picks replace the first pilot's there); ``ablation_seeds`` the seed
-    amendment's (:data:`SEED_AMENDMENT`: the ablation stages 'fixed' and 'capped' on the first of the paired seeds)."""
+    amendment's (:data:`SEED_AMENDMENT`: the ablation stages 'fixed' and 'capped' on the first of the paired seeds);
+    ``race_eval_every`` the race amendment's (:data:`RACE_AMENDMENT`: at these branch points the main stages also
+    evaluate every that many generated samples, so a time to the race's level is read to that resolution)."""
 
     name: str = "frontier"
     branches: tuple = ("takeoff", "learned")
@@ -391,6 +393,7 @@ class Frontier:
     lr_grid: tuple = LR_GRID
     lr_seeds: tuple = LR_PILOT_SEEDS
     ablation_seeds: Optional[tuple] = None  # the seed amendment: the ablation stages' seeds (None: :attr:`seeds`)
+    race_eval_every: Mapping = field(default_factory=dict)  # the race amendment: branch -> samples between evals
     lr_pilot_budget: Mapping = field(default_factory=dict)
     lr_pilot_long_budget: Mapping = field(default_factory=dict)  # the amendment: branch -> a longer pilot's budget
     race_level: float = 0.10
@@ -426,17 +429,21 @@ class Frontier:
         return log_marks(self.budgets[branch], self.marks)
 
     def configs(self, branch: str, design: str = "ratio", *, lrs: Optional[Mapping[str, float]] = None,
-                capped: bool = False, optional: bool = False, budget: Optional[int] = None) -> dict[str, Config]:
+                capped: bool = False, optional: bool = False, budget: Optional[int] = None,
+                race_evals: bool = False) -> dict[str, Config]:
         """{arm: Config} from ``branch``: the flagship recipe, each arm's N and prompts per step, its lr (``lrs``
         {arm: lr} from :func:`pick_lr`, default the branch point's own), paid the branch's budget in generated
         samples (``budget``: a shorter one, e.g. the lr pilot's) and evaluated at its marks up to that budget
-        (:attr:`eval_prompts` prompts x :attr:`eval_samples` samples per family); dynamic sampling refilled up to
+        (:attr:`eval_prompts` prompts x :attr:`eval_samples` samples per family; ``race_evals``: also every
+        :attr:`race_eval_every` samples where it names the branch point); dynamic sampling refilled up to
         :attr:`round_cap` rounds (``capped``: :attr:`capped_round_cap`); no reset (the paid study's arms)."""
         from brorl_lab.study.recipe import recipe_config
 
         model, families, lr0 = BRANCH_POINTS[branch]
         budget = budget or self.budgets.get(branch)
-        marks = sorted({m for m in self.budget_marks(branch) if m <= budget} | {budget})  # the pilot reads its end
+        marks = {m for m in self.budget_marks(branch) if m <= budget} | {budget}  # the pilot reads its end
+        every = self.race_eval_every.get(branch) if race_evals else None
+        marks = sorted(marks | (set(range(every, budget + 1, every)) if every else set()))
         out = {}
         for arm, (n, p) in self.arms(design, optional=optional).items():
             out[arm] = recipe_config(
@@ -492,7 +499,7 @@ class Frontier:
             design = "fixed" if stage == "fixed" else "ratio"
             large = max(self.arms("ratio"), key=arm_n)  # BroRL's shape (n512x16), shared by both designs
             lrs = ({a: picks[b][large] for a in self.arms("fixed")} if design == "fixed" else dict(picks[b]))
-            arms = self.configs(b, design, lrs=lrs, capped=stage == "capped")
+            arms = self.configs(b, design, lrs=lrs, capped=stage == "capped", race_evals=True)
             shared = self.shared_fixed_arms() if design == "fixed" else ()
             out.update({f"{b}-{a}": c for a, c in arms.items() if a not in shared})
         return out
@@ -514,7 +521,10 @@ class Frontier:
                             "ledger": f"notebooks/figures/frontier/{st}/<branch>-<arm>[-lr<lr>]_s<seed>.parquet"}
                        for st in STAGES},
             "evaluation": {"prompts_per_family": self.eval_prompts, "samples_per_prompt": self.eval_samples,
-                           "at": "every budget mark up to the run's budget", "metric": METRIC},
+                           "at": "every budget mark up to the run's budget", "metric": METRIC,
+                           **({"race_every": {"samples": dict(self.race_eval_every),
+                                              "stages": ["ratio", "fixed", "capped"], **RACE_AMENDMENT}}
+                              if self.race_eval_every else {})},
             "fixed_batch_lr": ("every fixed-batch arm at the pick of the largest-N 4:1 arm (n512x16: the samples and "
                                "updates per step they all share)"),
             "fixed_batch_shared": {"arms": list(self.shared_fixed_arms()),
@@ -886,9 +896,21 @@ SEED_AMENDMENT = {"declared": "2026-12-07", "stages": ["fixed", "capped"],
                           "5 paired seeds a per-seed gap sd of 0.47 points (learned ratio stage, n512x16 - n16x64 at "
                           "its budget) gives a 95% interval of about +-0.58 points, and the takeoff paid rerun's sd "
                           "of about 1.2 points about +-1.5")}
+#: The race amendment (declared 2026-12-07 after the first 2 of the takeoff ratio stage's 30 runs, which are
+#: discarded and run again; docs/results/frontier_design.md): the declared evaluations sit at the log-spaced budget
+#: marks only, so a time to +10 points is known only to the mark after it (between 524,288 and 1,048,576, the last
+#: two, lies half the budget), and a crossing at the last mark ties with a run censored there. From the takeoff base
+#: the main stages also evaluate every 32,768 generated samples (32 evaluations of 200 x 8, about 3% of a run's
+#: time); the marks, the readings and the budget are unchanged.
+RACE_AMENDMENT = {"declared": "2026-12-07",
+                  "why": ("evaluations only at the log-spaced marks read a time to the race's level to the next mark "
+                          "(the last interval is half the budget), and a crossing at the last mark ties with a run "
+                          "censored there: the first two takeoff ratio runs (n16x64 and n64x32, seed 0) crossed "
+                          "between 524,288 and 1,048,576; they are discarded and run again")}
 FRONTIER = Frontier(budgets={"takeoff": 1_048_576, "learned": 917_504}, round_cap=63,
                     lr_pilot_budget={"takeoff": 131_072, "learned": 114_688},
-                    lr_pilot_long_budget={"takeoff": 655_360}, ablation_seeds=tuple(range(5)))
+                    lr_pilot_long_budget={"takeoff": 655_360}, ablation_seeds=tuple(range(5)),
+                    race_eval_every={"takeoff": 32_768})
 
 
 #: The stages of the frontier, in the order they run (``python -m brorl_lab.study.frontier run STAGE``).
