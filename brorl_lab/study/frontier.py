@@ -187,9 +187,17 @@ def takeoff_races(df: pd.DataFrame, *, reference: str, level: float = 0.10, budg
     :func:`~brorl_lab.study.paid.race`: censored at the budget, restricted mean, who got there first), on axis
     ``x``. One row per arm: the race's keys, each arm's share of seeds that reached the level and ``resolved``
     (the issue's rule: the reference reached the level in >= 80% of seeds, :data:`RACE_RESOLVED_SHARE`)."""
-    from brorl_lab.study.paid import race, time_to_level
+    from brorl_lab.study.paid import time_to_level
 
-    times = time_to_level(df, level, budget=budget, metric=metric, x=x)
+    return races_of(time_to_level(df, level, budget=budget, metric=metric, x=x), reference=reference, level=level,
+                    budget=budget, x=x)
+
+
+def races_of(times: pd.DataFrame, *, reference: str, level: float, budget: float, x: str) -> pd.DataFrame:
+    """:func:`takeoff_races` on a :func:`brorl_lab.study.paid.time_to_level` table already made (the rows it
+    returns)."""
+    from brorl_lab.study.paid import race
+
     ref_share = float(times.loc[times["arm"] == reference, "reached"].mean())
     rows = []
     for arm in [a for a in dict.fromkeys(times["arm"]) if a != reference]:
@@ -203,6 +211,9 @@ def takeoff_races(df: pd.DataFrame, *, reference: str, level: float = 0.10, budg
 
 
 RACE_RESOLVED_SHARE = 0.8  # the race reads only when the reference arm reached the level in >= 80% of seeds
+GAP_EFFECT = 0.005  # the per-update question is powered for a 0.5-point gap (80% power, 95% two-sided)
+
+
 def capped_reading(capped: pd.DataFrame, primary: pd.DataFrame, *, marks: Sequence[float],
                    metric: str = METRIC) -> pd.DataFrame:
     """The refill cap's ablation (stage 'capped'): per arm and budget mark, the capped protocol minus fill-to-full
@@ -239,11 +250,10 @@ def race_table(df: pd.DataFrame, *, reference: str, level: float, budget: float,
     for axis in RACE_AXES:
         horizon = float(budget) if axis == "cum_samples" else float(df.groupby(["arm", "seed"])[axis].max().min())
         seen = df if axis == "cum_samples" else df[df[axis] <= horizon]
-        races.append(takeoff_races(seen, reference=reference, level=level, budget=horizon, metric=metric, x=axis)
-                     .assign(horizon=horizon))
-        times.append(time_to_level(seen, level, budget=horizon, metric=metric, x=axis).assign(axis=axis))
+        t = time_to_level(seen, level, budget=horizon, metric=metric, x=axis)
+        races.append(races_of(t, reference=reference, level=level, budget=horizon, x=axis).assign(horizon=horizon))
+        times.append(t.assign(axis=axis))
     return pd.concat(races, ignore_index=True), pd.concat(times, ignore_index=True)
-GAP_EFFECT = 0.005  # the per-update question is powered for a 0.5-point gap (80% power, 95% two-sided)
 
 
 def seeds_for_gap(per_seed_gaps: Sequence[float], effect: float = GAP_EFFECT) -> dict:

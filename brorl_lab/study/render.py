@@ -840,7 +840,7 @@ def _frontier_runs(f: Files, stage: str, branch: str) -> pd.DataFrame:
     return pd.concat([f(n) for n in names], ignore_index=True)
 
 
-_READINGS: dict[tuple[int, str], dict] = {}  # one render's frontier readings, by Files and branch point
+_READINGS: dict[tuple[int, str], object] = {}  # one render's frontier readings, by Files and what is read
 
 
 def _frontier_reading(f: Files, branch: str) -> dict:
@@ -1122,25 +1122,24 @@ RACE_UNITS = {"cum_samples": ("generated samples", count), "cum_updates": ("opti
               "cum_wall_s": ("wall seconds", lambda v: f"{v:,.0f}")}
 
 
-_RACES: dict[int, Optional[tuple]] = {}  # one render's takeoff race, by Files
-
-
 def _race(f: Files) -> Optional[tuple]:
     """(the declared race, the reference arm, :func:`brorl_lab.study.frontier.race_table`'s two tables) of the
-    complete takeoff ratio stage, once a render (the page's section and the README's row read it); None before."""
+    complete takeoff ratio stage, once a render (kept in :data:`_READINGS`, cleared by every render; the page's
+    section and the README's row read it); None before."""
     from brorl_lab.study import frontier as FR
 
-    if id(f) not in _RACES:
-        _RACES[id(f)] = None
+    key = (id(f), "race")
+    if key not in _READINGS:
+        _READINGS[key] = None
         if "takeoff" in frontier_complete(f.root):
             decl = f(f"{FRONTIER_LEDGER}/declaration.json")
             race = decl["readings"]["race"]
             t = FR.split_arm(_frontier_runs(f, "ratio", "takeoff"))
             reference = min(t["arm"].unique(), key=FR.arm_n)
-            _RACES[id(f)] = (race, reference, *FR.race_table(
+            _READINGS[key] = (race, reference, *FR.race_table(
                 t, reference=reference, level=race["level"], budget=decl["budget"]["per_branch"]["takeoff"],
                 metric=f"eval/{race['family']}/pass@1"))
-    return _RACES[id(f)]
+    return _READINGS[key]
 
 
 def frontier_race_headline(f: Files) -> str:
