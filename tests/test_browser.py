@@ -47,7 +47,6 @@ SMALL = tiny_preset(NOTEBOOK.stem)
 HIST_TITLE = "Monte-Carlo draws of ΔQ_pos at"
 BAR_PATHS = ".trace.bars .point path"  # one SVG path per bar (error bars are separate paths)
 DASHBOARD_NB = "live_dashboard.ipynb"
-PLOTLY = "application/vnd.plotly.v1+json"
 # notebook 01's plots: first order, Lemma 2, 2 N-sweeps, Fig. 3 twice, budget, and the explorer's three
 NOTEBOOK_01_PLOTS = 10
 DASHBOARD_STEPS = 100_000  # hours of training: only the Stop button can end it within the test

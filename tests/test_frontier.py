@@ -152,10 +152,9 @@ def test_declaration_and_configs():
         F.Frontier(ablation_seeds=(10,))
     # the race amendment: from takeoff the main stages also evaluate every 32,768 samples; the marks stay, the
     # learned branch point and the pilots are unchanged (their ledgers' configs still match)
-    main = F.FRONTIER.stage_arms("ratio", picks=picks)
-    dense = main["takeoff-n16x64"].eval_at_samples
+    dense = ratio["takeoff-n16x64"].eval_at_samples
     assert set(F.FRONTIER.budget_marks("takeoff")) <= set(dense) and len(dense) == 2 + 32
-    assert main["learned-n16x64"].eval_at_samples == F.FRONTIER.budget_marks("learned")
+    assert ratio["learned-n16x64"].eval_at_samples == F.FRONTIER.budget_marks("learned")
     assert long["takeoff-n16x64-lr0.0001"].eval_at_samples == F.log_marks(655_360 * 8 // 5)[:-1] + [655_360]
     assert shipped["evaluation"]["race_every"]["samples"] == {"takeoff": 32_768}
 

@@ -19,7 +19,6 @@ QUICK = tiny_preset("00_quickstart")  # the tiny book's size (docs/book/presets.
 FLAGSHIP = dict(seeds=[0, 1], budget=64, points=2, eval_prompts=4, eval_samples=2, jobs=1, torch_threads=1,
                 arm_table={"prorl": dict(rollouts_per_prompt=2, prompts_per_step=4),
                            "brorl": dict(rollouts_per_prompt=8, prompts_per_step=2)})
-SCALING = FLAGSHIP  # the name tests/test_browser.py imports
 
 
 @pytest.mark.parametrize("name, params", [("00_quickstart", QUICK), ("02_rollout_scaling", FLAGSHIP)])
