@@ -972,7 +972,15 @@ def _per_update(f: Files, branch: str) -> tuple[str, str, pd.DataFrame, dict]:
     return large, small, t, sized
 
 
-def _tally(lo: pd.Series, hi: pd.Series, words: Sequence[str] = ("ahead", "behind", "not resolved")) -> str:
+SIDES = ("ahead", "behind", "not resolved")  # an interval [lo, hi] above 0, below 0, holding it
+
+
+def _side(lo: float, hi: float, words: Sequence[str] = SIDES) -> str:
+    """Where one interval [lo, hi] lies: ``words[0]`` above 0, ``words[1]`` below 0, ``words[2]`` holding it."""
+    return words[0] if lo > 0 else words[1] if hi < 0 else words[2]
+
+
+def _tally(lo: pd.Series, hi: pd.Series, words: Sequence[str] = SIDES) -> str:
     """How many intervals [lo, hi] lie above 0, below 0, or hold it, as "ahead at 3, not resolved at 5" (empty
     counts left out)."""
     counts = (int((lo > 0).sum()), int((hi < 0).sum()), int(((lo <= 0) & (hi >= 0)).sum()))
@@ -1051,7 +1059,6 @@ def frontier_per_update_text(f: Files) -> str:
     out = []
     for b in frontier_complete(f.root):
         large, small, t, sized = _per_update(f, b)
-        word = lambda r: "ahead" if r.lo > 0 else "behind" if r.hi < 0 else "not resolved"  # noqa: E731
         if t.empty:
             out += [f"### From the {b} branch point", "", "Fewer than 2 paired seeds at every updates mark: not read.",
                     ""]
@@ -1059,7 +1066,7 @@ def frontier_per_update_text(f: Files) -> str:
         out += [f"### From the {b} branch point", "",
                 f"| optimizer updates (mark) | N={FR.arm_n(large)} - N={FR.arm_n(small)}, points [95% t] | pairs | "
                 f"N={FR.arm_n(large)} per update |", "|---:|---:|---:|---|"]
-        out += [f"| {count(r.mark)} | {pts(r.gap)} [{pts(r.lo)}, {pts(r.hi)}] | {r.n} | {word(r)} |"
+        out += [f"| {count(r.mark)} | {pts(r.gap)} [{pts(r.lo)}, {pts(r.hi)}] | {r.n} | {_side(r.lo, r.hi)} |"
                 for r in t.itertuples()]
         out += ["", f"The per-seed gaps at the last mark ({count(t['mark'].iloc[-1])} updates) have an sd of "
                     f"{100 * sized['sd']:.2f} points over {sized['from_seeds']} seeds: a gap of "
@@ -1108,11 +1115,11 @@ def frontier_capped_text(f: Files) -> str:
     for b in frontier_complete(f.root, "capped"):
         t = FR.capped_reading(_stage_runs(f, "capped", b), _stage_runs(f, "ratio", b, seeds=seeds),
                               marks=decl["budget"]["marks"][b], metric=decl["evaluation"]["metric"])
-        word = lambda r: "capped ahead" if r.lo > 0 else "capped behind" if r.hi < 0 else "not resolved"  # noqa: E731
         out += [f"### From the {b} branch point", "",
                 "| arm | generated samples (mark) | capped - fill-to-full, points [95% t] | pairs | reading | cap bound "
                 "on: capped / fill-to-full |", "|---|---:|---:|---:|---|---:|"]
-        out += [f"| {r.arm} | {count(r.mark)} | {pts(r.gap)} [{pts(r.lo)}, {pts(r.hi)}] | {r.n} | {word(r)} | "
+        out += [f"| {r.arm} | {count(r.mark)} | {pts(r.gap)} [{pts(r.lo)}, {pts(r.hi)}] | {r.n} | "
+                f"{_side(r.lo, r.hi, ('capped ahead', 'capped behind', 'not resolved'))} | "
                 f"{100 * r.cap_bound_capped:.1f}% / {100 * r.cap_bound_fill:.1f}% |" for r in t.itertuples()]
         out.append("")
     return "\n".join(out).rstrip("\n") or "No branch point has all its `capped` runs yet."
@@ -1161,7 +1168,7 @@ def frontier_race_headline(f: Files) -> str:
         verdict = (f"not read: N={n_ref} reached it in {100 * first['reference_share']:.0f}% of seeds, short of the "
                    f"declared {100 * race['resolved_share']:.0f}%")
     else:
-        verdict = "; ".join(f"N={r.n_arm} {'sooner' if r.hi < 0 else 'later' if r.lo > 0 else 'not separated'}"
+        verdict = "; ".join(f"N={r.n_arm} {_side(r.lo, r.hi, ('later', 'sooner', 'not separated'))}"
                             for r in s.itertuples())
     gaps = "; ".join(f"N={r.n_arm} - N={n_ref}: {count(r.restricted_mean_gap)} [{count(r.lo)}, {count(r.hi)}]"
                      for r in s.itertuples())
