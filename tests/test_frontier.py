@@ -150,6 +150,10 @@ def test_declaration_and_configs():
     assert shipped["seed_amendment"]["stages"] == ["fixed", "capped"] and "seed_amendment" not in decl
     with pytest.raises(ValueError, match=r"ablation_seeds: got \[10\]; allowed: a non-empty subset of seeds"):
         F.Frontier(ablation_seeds=(10,))
+    with pytest.raises(ValueError, match=r"race_eval_every\['takeoff'\]"):
+        F.Frontier(race_eval_every={"takeoff": 0})
+    with pytest.raises(ValueError, match="race_eval_every: got branch 'moon'; allowed: takeoff, learned"):
+        F.Frontier(race_eval_every={"moon": 4096})
     # the race amendment: from takeoff the main stages also evaluate every 32,768 samples; the marks stay, the
     # learned branch point and the pilots are unchanged (their ledgers' configs still match)
     dense = ratio["takeoff-n16x64"].eval_at_samples

@@ -419,6 +419,10 @@ class Frontier:
         for b, v in self.budgets.items():
             check_int(f"budgets[{b!r}]", v, 1)
         check_int("round_cap", self.round_cap, self.capped_round_cap + 1)
+        for b, v in self.race_eval_every.items():
+            if b not in BRANCH_POINTS:
+                raise ValueError(f"race_eval_every: got branch {b!r}; allowed: {', '.join(BRANCH_POINTS)}")
+            check_int(f"race_eval_every[{b!r}]", v, 1)
         if self.ablation_seeds is not None and not (self.ablation_seeds and set(self.ablation_seeds) <= set(self.seeds)):
             raise ValueError(f"ablation_seeds: got {list(self.ablation_seeds)}; allowed: a non-empty subset of seeds "
                              f"{list(self.seeds)} (each ablation run is paired with the primary run of its seed)")
